@@ -1,0 +1,69 @@
+"""Exceptions raised for bad input. Each names the file, line, layer or value at fault."""
+
+from __future__ import annotations
+
+import os
+
+
+class DarknetMetalError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class CfgError(DarknetMetalError, ValueError):
+    """A `.cfg` file that cannot describe a network.
+
+    Attributes ``path``, ``line`` (1-based, or None) and ``key`` (or None) locate the fault.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        line: int | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.path = os.fspath(path) if path is not None else None
+        self.line = line
+        self.key = key
+        self.reason = message
+        where = self.path or "<cfg>"
+        if line is not None:
+            where += f":{line}"
+        if key is not None:
+            where += f": key '{key}'"
+        super().__init__(f"{where}: {message}")
+
+
+class WeightsError(DarknetMetalError, ValueError):
+    """A `.weights` file that does not hold exactly what the cfg needs.
+
+    Attributes ``path`` and ``layer`` (0-based cfg layer index, or None) locate the fault.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        layer: int | None = None,
+    ) -> None:
+        self.path = os.fspath(path) if path is not None else None
+        self.layer = layer
+        self.reason = message
+        where = self.path or "<weights>"
+        if layer is not None:
+            where += f": layer {layer}"
+        super().__init__(f"{where}: {message}")
+
+
+class ImageError(DarknetMetalError, ValueError):
+    """An image that cannot be read or has the wrong shape or type."""
+
+
+class ModelNotFoundError(DarknetMetalError, FileNotFoundError):
+    """A bundled model whose weights are not in the cache and cannot be downloaded."""
+
+
+class DeviceError(DarknetMetalError, RuntimeError):
+    """A compute device that is unavailable or failed."""
