@@ -1,0 +1,1 @@
+"""Cython CPU reference kernels: im2col, convolution, activations and the other layers."""

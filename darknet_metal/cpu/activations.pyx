@@ -1,0 +1,495 @@
+# cython: language_level=3
+"""Darknet's activation functions and their derivatives: the CPU reference.
+
+Formulas, constants and the float32 order of operations are Darknet's (``activations.hpp``
+and ``activations.cpp``), so float32 results match Darknet's bit for bit where the C library
+agrees (``expf``, ``tanhf``, ``logf``). Points where Darknet's arithmetic is unusual and is
+kept on purpose:
+
+- ``tanh`` is ``2/(1 + exp(-2x)) - 1`` (not libm's tanh), also inside ``mish``;
+- ``mish`` is ``x * tanh(softplus(x))`` with Darknet's softplus threshold 20
+  (``x`` above 20, ``exp(x)`` below -20);
+- ``gelu`` is ``0.5x(1 + tanh(0.797885x + 0.035677x^3))`` with the constants in double
+  precision as C promotes them; its derivative uses 0.0356774 as Darknet's does;
+- ``elu``/``selu`` multiply both branches by a 0/1 mask, so an overflowing ``exp`` gives
+  NaN for large inputs exactly as in Darknet;
+- ``revleaky`` is the same function as ``leaky`` (slope 0.1);
+- the ``normalize_channels*`` activations work across the channels of each pixel with
+  Darknet's epsilon 1e-4 in the denominator; their "derivatives" are Darknet's (the delta
+  is multiplied by ``sum(y * delta)`` over the pixel's channels).
+
+Derivatives follow Darknet's ``gradient_array``: for most activations the argument is the
+activation's *output* ``y`` (``logistic``: ``(1-y)y``, ``tanh``: ``1-y^2``, ...). The
+exceptions take the *input* ``x``: ``mish``, ``swish`` and ``hard_mish`` (Darknet keeps the
+input for them) and ``gelu`` (its formula is written in terms of the input, although
+Darknet's backward pass feeds it the output).
+"""
+
+cimport cython
+from cython cimport floating
+from cython.parallel cimport prange
+from libc.float cimport FLT_MAX
+from libc.math cimport exp, expf, floor, floorf, log, logf, pow, powf, tanh, tanhf
+
+import numpy as np
+
+from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
+
+_ENUM = {
+    "linear": ACT_LINEAR, "leaky": ACT_LEAKY, "relu": ACT_RELU, "relu6": ACT_RELU6,
+    "logistic": ACT_LOGISTIC, "loggy": ACT_LOGGY, "tanh": ACT_TANH, "elu": ACT_ELU,
+    "selu": ACT_SELU, "gelu": ACT_GELU, "mish": ACT_MISH, "swish": ACT_SWISH,
+    "hard_mish": ACT_HARD_MISH, "hardtan": ACT_HARDTAN, "lhtan": ACT_LHTAN, "plse": ACT_PLSE,
+    "stair": ACT_STAIR, "ramp": ACT_RAMP, "relie": ACT_RELIE, "revleaky": ACT_REVLEAKY,
+    "normalize_channels": ACT_NORM_CHAN,
+    "normalize_channels_softmax": ACT_NORM_CHAN_SOFTMAX,
+    "normalize_channels_softmax_maxval": ACT_NORM_CHAN_SOFTMAX_MAXVAL,
+}
+# The ids are shared with the Metal kernels through darknet_metal.activations: a silent
+# mismatch would apply the wrong function, so refuse to load instead.
+if len(ACTIVATIONS) != ACT_COUNT or any(ACTIVATION_ID[k] != v for k, v in _ENUM.items()):
+    raise ImportError("darknet_metal.cpu.activations ids disagree with "
+                      "darknet_metal.activations.ACTIVATIONS")
+
+# Elementwise work is split in chunks of this many values for the threads.
+cdef Py_ssize_t _CHUNK = 1 << 15
+
+
+# ----------------------------------------------------------------------------------------
+# Precision-matched libm wrappers: float32 calls the float functions, as Darknet does.
+
+cdef inline floating _exp(floating x) noexcept nogil:
+    if floating is float:
+        return expf(x)
+    else:
+        return exp(x)
+
+
+cdef inline floating _log(floating x) noexcept nogil:
+    if floating is float:
+        return logf(x)
+    else:
+        return log(x)
+
+
+cdef inline floating _floor(floating x) noexcept nogil:
+    if floating is float:
+        return floorf(x)
+    else:
+        return floor(x)
+
+
+cdef inline floating _cube(floating x) noexcept nogil:
+    if floating is float:
+        return powf(x, 3.0)
+    else:
+        return pow(x, 3.0)
+
+
+# ----------------------------------------------------------------------------------------
+# Scalar functions. Every constant is typed ``floating``: Cython would otherwise emit C
+# double literals and the float32 path would compute parts of an expression in double.
+
+@cython.cdivision(True)
+cdef inline floating _logistic(floating x) noexcept nogil:
+    cdef floating one = 1
+    return one / (one + _exp(-x))
+
+
+@cython.cdivision(True)
+cdef inline floating _tanh_darknet(floating x) noexcept nogil:
+    cdef floating one = 1, two = 2
+    return two / (one + _exp(-two * x)) - one
+
+
+cdef inline floating _softplus(floating x, floating threshold) noexcept nogil:
+    cdef floating one = 1
+    if x > threshold:
+        return x
+    elif x < -threshold:
+        return _exp(x)
+    return _log(_exp(x) + one)
+
+
+cdef inline floating _gelu(floating x) noexcept nogil:
+    # C promotes Darknet's unsuffixed constants to double; the tanh itself is float.
+    cdef double arg
+    cdef float one_f = 1
+    if floating is float:
+        arg = 0.797885 * <double>x + 0.035677 * <double>powf(x, 3.0)
+        return <float>(0.5 * <double>x * <double>(one_f + tanhf(<float>arg)))
+    else:
+        return 0.5 * x * (1.0 + tanh(0.797885 * x + 0.035677 * pow(x, 3.0)))
+
+
+@cython.cdivision(True)
+cdef inline floating _gelu_gradient(floating x) noexcept nogil:
+    cdef floating x3 = _cube(x)
+    cdef float a_f, s_f
+    cdef float two_f = 2
+    cdef double a, s
+    if floating is float:
+        a_f = <float>(0.0356774 * <double>x3 + 0.797885 * <double>x)
+        s_f = two_f / (expf(a_f) + expf(-a_f))
+        return <float>(0.5 * <double>tanhf(a_f)
+                       + (0.0535161 * <double>x3 + 0.398942 * <double>x)
+                       * <double>powf(s_f, 2.0)
+                       + 0.5)
+    else:
+        a = 0.0356774 * x3 + 0.797885 * x
+        s = 2.0 / (exp(a) + exp(-a))
+        return 0.5 * tanh(a) + (0.0535161 * x3 + 0.398942 * x) * s * s + 0.5
+
+
+@cython.cdivision(True)
+cdef inline floating _stair(floating x) noexcept nogil:
+    # Darknet converts floor(x) to int to test parity; testing on the float avoids the
+    # undefined conversion for huge inputs and agrees everywhere else.
+    cdef floating two = 2
+    cdef floating fl = _floor(x)
+    cdef floating half = _floor(x / two)
+    if _floor(fl / two) * two == fl:
+        return half
+    return (x - fl) + half
+
+
+@cython.cdivision(True)
+cdef inline floating _activate(floating x, int act) noexcept nogil:
+    cdef floating zero = 0, one = 1, two = 2, four = 4, six = 6
+    cdef floating a
+    if act == ACT_LINEAR:
+        return x
+    elif act == ACT_LEAKY or act == ACT_REVLEAKY:
+        return x if x > zero else <floating>0.1 * x
+    elif act == ACT_RELU:
+        return x * <floating>(x > zero)
+    elif act == ACT_RELU6:
+        a = x if x > zero else zero
+        return a if a < six else six
+    elif act == ACT_LOGISTIC:
+        return _logistic(x)
+    elif act == ACT_LOGGY:
+        return two / (one + _exp(-x)) - one
+    elif act == ACT_TANH:
+        return _tanh_darknet(x)
+    elif act == ACT_ELU:
+        return <floating>(x >= zero) * x + <floating>(x < zero) * (_exp(x) - one)
+    elif act == ACT_SELU:
+        return (<floating>(x >= zero) * <floating>1.0507 * x
+                + <floating>(x < zero) * <floating>1.0507 * <floating>1.6732 * (_exp(x) - one))
+    elif act == ACT_GELU:
+        return _gelu(x)
+    elif act == ACT_MISH:
+        return x * _tanh_darknet(_softplus(x, <floating>20))
+    elif act == ACT_SWISH:
+        return x * _logistic(x)
+    elif act == ACT_HARD_MISH:
+        if x > zero:
+            return x
+        if x > -two:
+            return x * x / two + x
+        return zero
+    elif act == ACT_HARDTAN:
+        if x < -one:
+            return -one
+        if x > one:
+            return one
+        return x
+    elif act == ACT_LHTAN:
+        if x < zero:
+            return <floating>0.001 * x
+        if x > one:
+            return <floating>0.001 * (x - one) + one
+        return x
+    elif act == ACT_PLSE:
+        if x < -four:
+            return <floating>0.01 * (x + four)
+        if x > four:
+            return <floating>0.01 * (x - four) + one
+        return <floating>0.125 * x + <floating>0.5
+    elif act == ACT_STAIR:
+        return _stair(x)
+    elif act == ACT_RAMP:
+        return x * <floating>(x > zero) + <floating>0.1 * x
+    elif act == ACT_RELIE:
+        return x if x > zero else <floating>0.01 * x
+    return x
+
+
+@cython.cdivision(True)
+cdef inline floating _gradient(floating v, int act) noexcept nogil:
+    """Darknet's derivative; ``v`` is the output, or the input for gelu/mish/swish/hard_mish."""
+    cdef floating zero = 0, one = 1, two = 2, six = 6
+    cdef floating t, sp, tsp, s, sw
+    if act == ACT_LINEAR:
+        return one
+    elif act == ACT_LEAKY or act == ACT_REVLEAKY:
+        return one if v > zero else <floating>0.1
+    elif act == ACT_RELU:
+        return <floating>(v > zero)
+    elif act == ACT_RELU6:
+        return <floating>(v > zero and v < six)
+    elif act == ACT_LOGISTIC:
+        return (one - v) * v
+    elif act == ACT_LOGGY:
+        t = (v + one) / two
+        return two * (one - t) * t
+    elif act == ACT_TANH:
+        return one - v * v
+    elif act == ACT_ELU:
+        return <floating>(v >= zero) + <floating>(v < zero) * (v + one)
+    elif act == ACT_SELU:
+        return (<floating>(v >= zero) * <floating>1.0507
+                + <floating>(v < zero) * (v + <floating>1.0507 * <floating>1.6732))
+    elif act == ACT_GELU:
+        return _gelu_gradient(v)
+    elif act == ACT_MISH:
+        # Darknet calls the double exp/tanh here (unsuffixed in its source) and rounds.
+        sp = _softplus(v, <floating>20)
+        t = <floating>(1.0 - exp(-<double>sp))
+        tsp = <floating>tanh(<double>sp)
+        return v * ((one - tsp * tsp) * t) + tsp
+    elif act == ACT_SWISH:
+        s = _logistic(v)
+        sw = v * s
+        return sw + s * (one - sw)
+    elif act == ACT_HARD_MISH:
+        if v > zero:
+            return one
+        if v > -two:
+            return v + one
+        return zero
+    elif act == ACT_HARDTAN:
+        return one if (v > -one and v < one) else zero
+    elif act == ACT_LHTAN:
+        return one if (v > zero and v < one) else <floating>0.001
+    elif act == ACT_PLSE:
+        return <floating>0.01 if (v < zero or v > one) else <floating>0.125
+    elif act == ACT_STAIR:
+        return zero if _floor(v) == v else one
+    elif act == ACT_RAMP:
+        return <floating>(v > zero) + <floating>0.1
+    elif act == ACT_RELIE:
+        return one if v > zero else <floating>0.01
+    return one
+
+
+# ----------------------------------------------------------------------------------------
+# Array kernels (the cdef API in activations.pxd). All run serially: callers parallelise.
+
+cdef void activate_array(floating* x, Py_ssize_t n, int act) noexcept nogil:
+    """Apply elementwise activation ``act`` to x[0:n] in place.
+
+    Channel activations (ACT_NORM_CHAN*) are not elementwise and are left to
+    ``activate_channels``; for them this does nothing.
+    """
+    cdef Py_ssize_t i
+    cdef floating zero = 0
+    if act == ACT_LINEAR or act >= ACT_NORM_CHAN or act < 0:
+        return
+    if act == ACT_LEAKY or act == ACT_REVLEAKY:
+        for i in range(n):
+            x[i] = x[i] if x[i] > zero else <floating>0.1 * x[i]
+    elif act == ACT_LOGISTIC:
+        for i in range(n):
+            x[i] = _logistic(x[i])
+    else:
+        for i in range(n):
+            x[i] = _activate(x[i], act)
+
+
+cdef void gradient_array(const floating* y, Py_ssize_t n, int act,
+                         floating* delta) noexcept nogil:
+    """``delta[i] *= f'(y[i])`` for elementwise ``act`` (see the module docstring for which
+    of output or input ``y`` must be). Does nothing for channel activations."""
+    cdef Py_ssize_t i
+    if act == ACT_LINEAR or act >= ACT_NORM_CHAN or act < 0:
+        return
+    for i in range(n):
+        delta[i] = delta[i] * _gradient(y[i], act)
+
+
+@cython.cdivision(True)
+cdef void activate_channels(floating* x, Py_ssize_t batch, Py_ssize_t channels,
+                            Py_ssize_t spatial, int act) noexcept nogil:
+    """Darknet's normalize_channels[_softmax[_maxval]] in place on x (batch, channels,
+    spatial); each pixel is normalised across its channels."""
+    cdef Py_ssize_t b, p, k
+    cdef floating* base
+    cdef floating total, val, max_val
+    cdef floating zero = 0
+    cdef floating eps = <floating>0.0001
+    if act < ACT_NORM_CHAN or act > ACT_NORM_CHAN_SOFTMAX_MAXVAL:
+        return
+    for b in range(batch):
+        for p in range(spatial):
+            base = x + b * channels * spatial + p
+            total = eps
+            if act == ACT_NORM_CHAN:
+                for k in range(channels):
+                    val = base[k * spatial]
+                    if val > zero:
+                        total = total + val
+                for k in range(channels):
+                    val = base[k * spatial]
+                    base[k * spatial] = val / total if val > zero else zero
+            else:
+                max_val = zero
+                if act == ACT_NORM_CHAN_SOFTMAX_MAXVAL:
+                    max_val = -FLT_MAX
+                    for k in range(channels):
+                        val = base[k * spatial]
+                        if val > max_val or k == 0:
+                            max_val = val
+                for k in range(channels):
+                    total = total + _exp(base[k * spatial] - max_val)
+                for k in range(channels):
+                    base[k * spatial] = _exp(base[k * spatial] - max_val) / total
+
+
+cdef void gradient_channels(const floating* y, Py_ssize_t batch, Py_ssize_t channels,
+                            Py_ssize_t spatial, int act, floating* delta) noexcept nogil:
+    """Darknet's gradient_array_normalize_channels[_softmax] on the layer output ``y``:
+    per pixel ``g = sum_k y_k delta_k``, then ``delta_k *= g`` (only where ``y_k > 0`` for
+    plain normalize_channels)."""
+    cdef Py_ssize_t b, p, k, idx
+    cdef floating grad, zero = 0
+    if act < ACT_NORM_CHAN or act > ACT_NORM_CHAN_SOFTMAX_MAXVAL:
+        return
+    for b in range(batch):
+        for p in range(spatial):
+            grad = zero
+            for k in range(channels):
+                idx = b * channels * spatial + k * spatial + p
+                grad = grad + y[idx] * delta[idx]
+            for k in range(channels):
+                idx = b * channels * spatial + k * spatial + p
+                if act != ACT_NORM_CHAN or y[idx] > zero:
+                    delta[idx] = delta[idx] * grad
+
+
+# ----------------------------------------------------------------------------------------
+# Python entry points.
+
+def _activate_flat(floating[::1] flat, int act):
+    cdef Py_ssize_t n = flat.shape[0]
+    cdef Py_ssize_t nchunks = (n + _CHUNK - 1) // _CHUNK
+    cdef Py_ssize_t c, start
+    if n == 0:
+        return
+    with nogil:
+        if nchunks == 1:
+            activate_array(&flat[0], n, act)
+        else:
+            for c in prange(nchunks, schedule="static"):
+                start = c * _CHUNK
+                activate_array(&flat[start], min(_CHUNK, n - start), act)
+
+
+def _gradient_flat(const floating[::1] y, floating[::1] delta, int act):
+    cdef Py_ssize_t n = y.shape[0]
+    cdef Py_ssize_t nchunks = (n + _CHUNK - 1) // _CHUNK
+    cdef Py_ssize_t c, start
+    if n == 0:
+        return
+    with nogil:
+        if nchunks == 1:
+            gradient_array(&y[0], n, act, &delta[0])
+        else:
+            for c in prange(nchunks, schedule="static"):
+                start = c * _CHUNK
+                gradient_array(&y[start], min(_CHUNK, n - start), act, &delta[start])
+
+
+def _activate_channels_flat(floating[::1] flat, Py_ssize_t batch, Py_ssize_t channels,
+                            Py_ssize_t spatial, int act):
+    cdef Py_ssize_t b, step = channels * spatial
+    if flat.shape[0] == 0:
+        return
+    with nogil:
+        for b in prange(batch, schedule="static"):
+            activate_channels(&flat[b * step], 1, channels, spatial, act)
+
+
+def _gradient_channels_flat(const floating[::1] y, floating[::1] delta, Py_ssize_t batch,
+                            Py_ssize_t channels, Py_ssize_t spatial, int act):
+    cdef Py_ssize_t b, step = channels * spatial
+    if y.shape[0] == 0:
+        return
+    with nogil:
+        for b in prange(batch, schedule="static"):
+            gradient_channels(&y[b * step], 1, channels, spatial, act, &delta[b * step])
+
+
+def activation_id(act) -> int:
+    """Return the integer id of ``act``: a name from ``ACTIVATIONS`` or an id already.
+
+    Raises ValueError for an unknown name or an out-of-range id, TypeError otherwise.
+    """
+    if isinstance(act, str):
+        if act not in ACTIVATION_ID:
+            raise ValueError(f"unknown activation {act!r}; expected one of {list(ACTIVATIONS)}")
+        return ACTIVATION_ID[act]
+    if isinstance(act, (int, np.integer)) and not isinstance(act, bool):
+        if not 0 <= int(act) < len(ACTIVATIONS):
+            raise ValueError(f"activation id {int(act)} out of range 0..{len(ACTIVATIONS) - 1}")
+        return int(act)
+    raise TypeError(f"activation must be a name or an int id, not {type(act).__name__}")
+
+
+def _check_array(name, a, writable):
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, not {type(a).__name__}")
+    if a.dtype not in (np.float32, np.float64):
+        raise ValueError(f"{name} must be float32 or float64, not {a.dtype}")
+    if a.ndim not in (2, 4):
+        raise ValueError(f"{name} must have shape (N, C, H, W) or (N, F), not {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{name} must be writable (it is modified in place)")
+
+
+def _layout(a):
+    """(batch, channels, spatial) of an (N, C, H, W) or (N, F) array."""
+    if a.ndim == 2:
+        return a.shape[0], a.shape[1], 1
+    return a.shape[0], a.shape[1], a.shape[2] * a.shape[3]
+
+
+def activate(x, act) -> None:
+    """Apply Darknet activation ``act`` to ``x`` in place.
+
+    x: C-contiguous float32 or float64 array of shape (N, C, H, W), or (N, F) which is
+    treated as (N, F, 1, 1). act: an activation name or its id (its index in
+    ``darknet_metal.activations.ACTIVATIONS``). The channel activations
+    (``normalize_channels*``) normalise each pixel across C; all others are elementwise.
+    """
+    a = activation_id(act)
+    _check_array("x", x, True)
+    if ACTIVATIONS[a] in CHANNEL_ACTIVATIONS:
+        batch, channels, spatial = _layout(x)
+        _activate_channels_flat(x.reshape(-1), batch, channels, spatial, a)
+    else:
+        _activate_flat(x.reshape(-1), a)
+
+
+def gradient(y_or_x, act, delta) -> None:
+    """Multiply ``delta`` in place by the derivative of ``act``, as Darknet's gradient_array.
+
+    y_or_x: the activation's output for most activations; its input for ``gelu``, ``mish``,
+    ``swish`` and ``hard_mish`` (see the module docstring). delta: same shape and dtype,
+    modified in place. Shapes as for ``activate``.
+    """
+    a = activation_id(act)
+    _check_array("y_or_x", y_or_x, False)
+    _check_array("delta", delta, True)
+    if delta.shape != y_or_x.shape or delta.dtype != y_or_x.dtype:
+        raise ValueError(f"delta must have the shape and dtype of y_or_x {y_or_x.shape} "
+                         f"{y_or_x.dtype}, not {delta.shape} {delta.dtype}")
+    if ACTIVATIONS[a] in CHANNEL_ACTIVATIONS:
+        batch, channels, spatial = _layout(delta)
+        _gradient_channels_flat(y_or_x.reshape(-1), delta.reshape(-1), batch, channels,
+                                spatial, a)
+    else:
+        _gradient_flat(y_or_x.reshape(-1), delta.reshape(-1), a)

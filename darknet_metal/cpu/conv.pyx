@@ -1,0 +1,130 @@
+# cython: language_level=3
+"""Convolution and fully connected layers: im2col + BLAS GEMM, bias and activation fused.
+
+GEMMs go through SciPy's BLAS (``scipy.linalg.cython_blas``), which is column-major: a
+row-major ``C[M, N] = A[M, K] @ B[K, N]`` is issued as the column-major ``C^T = B^T A^T``,
+which reads the same memory without copies.
+"""
+
+from cython cimport floating
+from cython.parallel cimport prange
+from scipy.linalg.cython_blas cimport dgemm, sgemm
+
+from darknet_metal.cpu.activations cimport activate_array
+from darknet_metal.cpu.im2col cimport im2col
+
+import numpy as np
+
+
+cdef inline void gemm_rowmajor(bint trans_a, bint trans_b, int m, int n, int k,
+                               const floating* a, int lda, const floating* b, int ldb,
+                               floating beta, floating* c, int ldc) noexcept nogil:
+    """Row-major ``C[m, n] = op(A) @ op(B) + beta*C`` through column-major BLAS."""
+    cdef char ta = b"T" if trans_b else b"N"
+    cdef char tb = b"T" if trans_a else b"N"
+    cdef floating one = 1
+    if floating is float:
+        sgemm(&ta, &tb, &n, &m, &k, &one, <float*>b, &ldb, <float*>a, &lda, &beta, c, &ldc)
+    else:
+        dgemm(&ta, &tb, &n, &m, &k, &one, <double*>b, &ldb, <double*>a, &lda, &beta, c, &ldc)
+
+
+cdef void bias_activate(floating* out, const floating* bias, Py_ssize_t channels,
+                        Py_ssize_t spatial, int act) noexcept nogil:
+    cdef Py_ssize_t ch, i
+    cdef floating* row
+    for ch in prange(channels, schedule="static"):
+        row = out + ch * spatial
+        for i in range(spatial):
+            row[i] = row[i] + bias[ch]
+        activate_array(row, spatial, act)
+
+
+def conv_out_size(int size_in, int ksize, int stride, int pad) -> int:
+    """Darknet's output size: ``(size_in + 2*pad - ksize) // stride + 1``."""
+    return (size_in + 2 * pad - ksize) // stride + 1
+
+
+def workspace_size(int channels, int ksize, int groups, int out_h, int out_w) -> int:
+    """Elements of im2col workspace one convolution needs (0 for plain 1x1 convolutions)."""
+    return (channels // groups) * ksize * ksize * out_h * out_w
+
+
+def conv2d_forward(const floating[:, :, :, ::1] x, const floating[:, ::1] weights,
+                   const floating[::1] bias, floating[:, :, :, ::1] out,
+                   floating[::1] workspace, int ksize, int stride_x, int stride_y, int pad,
+                   int dilation, int groups, int act):
+    """Darknet convolution forward: ``out = act(conv(x, weights) + bias)``.
+
+    x: (N, C, H, W); weights: (F, C/groups*ksize*ksize) in Darknet's (F, C, ky, kx) order;
+    bias: (F,) (batch norm already folded in); out: (N, F, out_h, out_w) with Darknet's
+    ``out = (in + 2*pad - ksize)//stride + 1``; workspace: at least
+    ``workspace_size(C, ksize, groups, out_h, out_w)`` elements. ``act`` is an elementwise
+    activation id from ``darknet_metal.activations``; channel-mixing activations are applied
+    by the caller. Dilation samples the input every ``dilation`` pixels with padding
+    ``pad*dilation``, as Darknet does.
+    """
+    cdef Py_ssize_t batch = x.shape[0], channels = x.shape[1], height = x.shape[2]
+    cdef Py_ssize_t width = x.shape[3], filters = weights.shape[0]
+    cdef Py_ssize_t out_h = out.shape[2], out_w = out.shape[3]
+    if groups < 1 or channels % groups or filters % groups:
+        raise ValueError(f"conv2d_forward: groups={groups} must divide C={channels} and "
+                         f"F={filters}")
+    cdef Py_ssize_t cg = channels // groups, fg = filters // groups
+    cdef Py_ssize_t k = cg * ksize * ksize, spatial = out_h * out_w
+    if weights.shape[1] != k:
+        raise ValueError(f"conv2d_forward: weights shape ({weights.shape[0]}, {weights.shape[1]}), "
+                         f"expected ({filters}, {k})")
+    if bias.shape[0] != filters:
+        raise ValueError(f"conv2d_forward: bias has {bias.shape[0]} entries, expected {filters}")
+    if out.shape[0] != batch or out.shape[1] != filters:
+        raise ValueError(f"conv2d_forward: out shape ({out.shape[0]}, {out.shape[1]}, ...) does not match "
+                         f"batch {batch} and {filters} filters")
+    if (out_h != (height + 2 * pad * dilation - dilation * (ksize - 1) - 1) // stride_y + 1
+            or out_w != (width + 2 * pad * dilation - dilation * (ksize - 1) - 1) // stride_x + 1):
+        raise ValueError(f"conv2d_forward: out spatial size {out_h}x{out_w} does not match input "
+                         f"{height}x{width} with ksize={ksize} stride=({stride_x},{stride_y}) "
+                         f"pad={pad} dilation={dilation}")
+    cdef bint direct = ksize == 1 and stride_x == 1 and stride_y == 1 and pad == 0
+    if not direct and workspace.shape[0] < k * spatial:
+        raise ValueError(f"conv2d_forward: workspace has {workspace.shape[0]} elements, "
+                         f"needs {k * spatial}")
+    cdef Py_ssize_t b, g
+    cdef const floating* src
+    cdef const floating* operand
+    with nogil:
+        for b in range(batch):
+            for g in range(groups):
+                src = &x[b, g * cg, 0, 0]
+                if direct:
+                    operand = src
+                else:
+                    im2col(src, cg, height, width, ksize, stride_x, stride_y,
+                           pad * dilation, dilation, out_h, out_w, &workspace[0])
+                    operand = &workspace[0]
+                gemm_rowmajor(False, False, <int>fg, <int>spatial, <int>k,
+                              &weights[g * fg, 0], <int>k, operand, <int>spatial, 0,
+                              &out[b, g * fg, 0, 0], <int>spatial)
+            bias_activate(&out[b, 0, 0, 0], &bias[0], filters, spatial, act)
+
+
+def connected_forward(const floating[:, ::1] x, const floating[:, ::1] weights,
+                      const floating[::1] bias, floating[:, ::1] out, int act):
+    """Darknet connected forward: ``out = act(x @ weights.T + bias)``.
+
+    x: (N, inputs); weights: (outputs, inputs) in Darknet's order; bias: (outputs,);
+    out: (N, outputs). ``act`` is an elementwise activation id.
+    """
+    cdef Py_ssize_t batch = x.shape[0], inputs = x.shape[1], outputs = weights.shape[0]
+    if weights.shape[1] != inputs:
+        raise ValueError(f"connected_forward: weights shape ({weights.shape[0]}, {weights.shape[1]}), "
+                         f"expected ({outputs}, {inputs})")
+    if bias.shape[0] != outputs or out.shape[0] != batch or out.shape[1] != outputs:
+        raise ValueError(f"connected_forward: bias {bias.shape[0]} / out "
+                         f"({out.shape[0]}, {out.shape[1]}) do not match ({batch}, {outputs})")
+    cdef Py_ssize_t b
+    with nogil:
+        gemm_rowmajor(False, True, <int>batch, <int>outputs, <int>inputs, &x[0, 0], <int>inputs,
+                      &weights[0, 0], <int>inputs, 0, &out[0, 0], <int>outputs)
+        for b in range(batch):
+            bias_activate(&out[b, 0], &bias[0], outputs, 1, act)

@@ -1,0 +1,145 @@
+# cython: language_level=3
+"""Output heads: the CPU reference for ``[softmax]`` and ``[yolo]`` forward passes.
+
+``softmax_forward`` is Darknet's softmax_cpu as forward_softmax_layer calls it (no
+hierarchical ``tree=`` softmax). ``yolo_forward`` produces Darknet's ``[yolo]``
+``layer.output`` (forward_yolo_layer at inference): box decoding and NMS are separate.
+"""
+
+cimport cython
+from cython cimport floating
+from cython.parallel cimport prange
+from libc.float cimport FLT_MAX
+from libc.math cimport exp, expf
+
+import numpy as np
+
+
+def _check_array(name, a, ndims, like=None):
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, not {type(a).__name__}")
+    if a.ndim not in ndims:
+        raise ValueError(f"{name} must have {' or '.join(f'{d}' for d in ndims)} dimensions, "
+                         f"not shape {a.shape}")
+    if a.dtype not in (np.float32, np.float64):
+        raise ValueError(f"{name} must be float32 or float64, not {a.dtype}")
+    if like is not None and (a.dtype != like.dtype or a.shape != like.shape):
+        raise ValueError(f"{name} must have the shape and dtype of x {like.shape} {like.dtype}, "
+                         f"not {a.shape} {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+
+
+# ----------------------------------------------------------------------------------------
+# softmax
+
+@cython.cdivision(True)
+def _softmax(const floating[:, ::1] x, floating[:, ::1] out, int groups, floating temp):
+    cdef Py_ssize_t batch = x.shape[0], inputs = x.shape[1]
+    cdef Py_ssize_t n = inputs // groups, task, i
+    cdef floating largest, total, e, zero = 0
+    if batch * inputs == 0:
+        return
+    cdef const floating* src = &x[0, 0]
+    cdef floating* dst = &out[0, 0]
+    with nogil:
+        # Group g of sample b starts at b*inputs + g*n == (b*groups + g)*n.
+        for task in prange(batch * groups, schedule="static"):
+            largest = -FLT_MAX
+            for i in range(n):
+                if src[task * n + i] > largest:
+                    largest = src[task * n + i]
+            total = zero
+            for i in range(n):
+                # Darknet calls the double exp on a float argument and stores a float.
+                e = <floating>exp(<double>(src[task * n + i] / temp - largest / temp))
+                total = total + e
+                dst[task * n + i] = e
+            for i in range(n):
+                dst[task * n + i] = dst[task * n + i] / total
+
+
+def softmax_forward(x, out, int groups=1, double temperature=1.0) -> None:
+    """Darknet ``[softmax]`` forward: softmax_cpu(x, F/groups, N, F, groups, F/groups, 1, T).
+
+    x: (N, F) or (N, C, H, W) float32/float64, C-contiguous, each sample taken as F values
+    in memory order; out: same shape and dtype (may be x). Each sample is split into
+    ``groups`` consecutive runs of F/groups values and each run becomes
+    ``exp(x/T - max/T) / sum``, the maximum taken over the run.
+    """
+    _check_array("x", x, (2, 4))
+    _check_array("out", out, (2, 4), like=x)
+    if not out.flags.writeable:
+        raise ValueError("out must be writable")
+    features = x.shape[1] if x.ndim == 2 else x.shape[1] * x.shape[2] * x.shape[3]
+    if groups < 1 or features % groups:
+        raise ValueError(f"softmax groups={groups} must be >= 1 and divide the {features} "
+                         "inputs per sample")
+    if temperature == 0 or not np.isfinite(temperature):
+        raise ValueError(f"softmax temperature must be finite and non-zero, got {temperature}")
+    _softmax(x.reshape(x.shape[0], -1), out.reshape(out.shape[0], -1), groups, temperature)
+
+
+# ----------------------------------------------------------------------------------------
+# yolo
+
+cdef inline floating _exp(floating v) noexcept nogil:
+    if floating is float:
+        return expf(v)
+    else:
+        return exp(v)
+
+
+@cython.cdivision(True)
+def _yolo(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int n, int classes,
+          floating alpha, floating beta, bint new_coords):
+    cdef Py_ssize_t batch = x.shape[0], channels = x.shape[1]
+    cdef Py_ssize_t spatial = x.shape[2] * x.shape[3], entries = 5 + classes
+    cdef Py_ssize_t task, i, base
+    cdef floating one = 1
+    if batch * channels * spatial == 0:
+        return
+    cdef const floating* src = &x[0, 0, 0, 0]
+    cdef floating* dst = &out[0, 0, 0, 0]
+    with nogil:
+        for task in prange(batch * n, schedule="static"):
+            # Anchor a of sample b owns channels [a*entries, (a+1)*entries) of that sample.
+            base = task * entries * spatial
+            for i in range(entries * spatial):
+                dst[base + i] = src[base + i]
+            if not new_coords:
+                for i in range(2 * spatial):
+                    dst[base + i] = one / (one + _exp(-dst[base + i]))
+                for i in range(4 * spatial, entries * spatial):
+                    dst[base + i] = one / (one + _exp(-dst[base + i]))
+            for i in range(2 * spatial):
+                dst[base + i] = dst[base + i] * alpha + beta
+
+
+def yolo_forward(x, out, int n, int classes, double scale_x_y=1.0, bint new_coords=False) -> None:
+    """Darknet ``[yolo]`` forward: the layer's ``output`` as forward_yolo_layer leaves it.
+
+    x: (N, n*(5+classes), H, W), the preceding convolution's output; out: same shape and
+    dtype (may be x). n is the number of anchors in ``mask``. Per anchor the channels are
+    x, y, w, h, objectness, classes. Unless new_coords, the logistic ``1/(1+exp(-v))`` is
+    applied to x, y, objectness and the classes (w, h are left raw); then, always,
+    ``x, y = v*scale_x_y - 0.5*(scale_x_y - 1)`` (computed in float32 for float32 input,
+    as Darknet's scal_add_cpu does).
+    """
+    _check_array("x", x, (4,))
+    _check_array("out", out, (4,), like=x)
+    if not out.flags.writeable:
+        raise ValueError("out must be writable")
+    if n < 1 or classes < 0:
+        raise ValueError(f"yolo needs n >= 1 anchors and classes >= 0, got n={n} "
+                         f"classes={classes}")
+    if x.shape[1] != n * (5 + classes):
+        raise ValueError(f"yolo with n={n} anchors and classes={classes} needs "
+                         f"{n * (5 + classes)} input channels, got {x.shape[1]}")
+    if x.dtype == np.float32:
+        alpha = np.float32(scale_x_y)
+        beta = np.float32(-0.5) * (alpha - np.float32(1))
+    else:
+        alpha = scale_x_y
+        beta = -0.5 * (scale_x_y - 1.0)
+    _yolo(x, out, n, classes, alpha, beta, new_coords)

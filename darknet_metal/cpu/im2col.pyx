@@ -1,0 +1,74 @@
+# cython: language_level=3
+"""im2col: unfold convolution windows into the columns of a GEMM operand.
+
+Layout (Darknet's and Caffe's): row ``(c*ksize + ky)*ksize + kx`` of the column matrix holds,
+for every output pixel ``oy*out_w + ox``, the input at
+``(oy*stride_y - pad + ky*dilation, ox*stride_x - pad + kx*dilation)`` of channel ``c``, or 0
+outside the image. Rows therefore match the flattened ``(n, c, ky, kx)`` weight layout.
+"""
+
+from cython cimport floating
+from cython.parallel cimport prange
+from libc.string cimport memset
+
+import numpy as np
+
+
+cdef void im2col(const floating* im, Py_ssize_t channels, Py_ssize_t height, Py_ssize_t width,
+                 Py_ssize_t ksize, Py_ssize_t stride_x, Py_ssize_t stride_y,
+                 Py_ssize_t pad, Py_ssize_t dilation, Py_ssize_t out_h, Py_ssize_t out_w,
+                 floating* col) noexcept nogil:
+    cdef Py_ssize_t rows = channels * ksize * ksize
+    cdef Py_ssize_t row, c, ky, kx, oy, ox, iy, ix, ox_lo, ox_hi
+    cdef const floating* src
+    cdef floating* dst
+    # Rows are independent: one row per work item keeps writes contiguous per thread.
+    for row in prange(rows, schedule="static"):
+        kx = row % ksize
+        ky = (row // ksize) % ksize
+        c = row // (ksize * ksize)
+        # Valid output columns for this kx: 0 <= ox*stride_x - pad + kx*dilation < width.
+        ox_lo = 0
+        while ox_lo < out_w and ox_lo * stride_x - pad + kx * dilation < 0:
+            ox_lo = ox_lo + 1
+        ox_hi = out_w
+        while ox_hi > ox_lo and (ox_hi - 1) * stride_x - pad + kx * dilation >= width:
+            ox_hi = ox_hi - 1
+        for oy in range(out_h):
+            dst = col + (row * out_h + oy) * out_w
+            iy = oy * stride_y - pad + ky * dilation
+            if iy < 0 or iy >= height or ox_lo >= ox_hi:
+                memset(dst, 0, out_w * sizeof(floating))
+                continue
+            src = im + (c * height + iy) * width
+            if ox_lo > 0:
+                memset(dst, 0, ox_lo * sizeof(floating))
+            ix = ox_lo * stride_x - pad + kx * dilation
+            if stride_x == 1:
+                for ox in range(ox_lo, ox_hi):
+                    dst[ox] = src[ix + ox - ox_lo]
+            else:
+                for ox in range(ox_lo, ox_hi):
+                    dst[ox] = src[ix]
+                    ix = ix + stride_x
+            if ox_hi < out_w:
+                memset(dst + ox_hi, 0, (out_w - ox_hi) * sizeof(floating))
+
+
+def im2col_forward(const floating[:, :, ::1] image, int ksize, int stride_x, int stride_y,
+                   int pad, int dilation, int out_h, int out_w):
+    """Unfold one image (C, H, W) into a (C*ksize*ksize, out_h*out_w) array."""
+    if ksize < 1 or stride_x < 1 or stride_y < 1 or dilation < 1 or pad < 0:
+        raise ValueError(
+            f"im2col: invalid ksize={ksize} stride=({stride_x},{stride_y}) pad={pad} "
+            f"dilation={dilation}"
+        )
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"im2col: invalid output size {out_h}x{out_w}")
+    dtype = np.float32 if floating is float else np.float64
+    out = np.empty((image.shape[0] * ksize * ksize, out_h * out_w), dtype=dtype)
+    cdef floating[:, ::1] col = out
+    with nogil:
+        im2col(&image[0, 0, 0], image.shape[0], image.shape[1], image.shape[2], ksize,
+               stride_x, stride_y, pad, dilation, out_h, out_w, &col[0, 0])
+    return out

@@ -1,0 +1,233 @@
+# cython: language_level=3
+"""Pooling layers: the CPU reference for ``[maxpool]``, ``[local_avgpool]`` and ``[avgpool]``.
+
+Window geometry is Darknet's (``maxpool_layer.cpp``): with total padding ``padding`` (the
+cfg key, default ``size - 1``) the output is ``(w + padding - size) / stride_x + 1`` wide
+(C integer division), window ``(i, j)`` starts at ``(j*stride_x - padding/2,
+i*stride_y - padding/2)``, and positions outside the image are ignored. So ``size=2
+stride=1`` keeps a 13x13 map 13x13, the extra row and column being on the bottom/right.
+A window that lies entirely outside the image yields Darknet's values: ``-FLT_MAX`` for the
+maximum and 0/0 (NaN) for the local average.
+"""
+
+cimport cython
+from cython cimport floating
+from cython.parallel cimport prange
+from libc.float cimport FLT_MAX
+
+import numpy as np
+
+
+def _c_div(int a, int b) -> int:
+    """C's truncating integer division (Darknet's shape arithmetic)."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def pool_output_hw(int h, int w, int size, int stride_x, int stride_y, int padding):
+    """Output (height, width) of a Darknet ``[maxpool]``/``[local_avgpool]`` on an h x w map.
+
+    Raises ValueError for a non-positive size or stride, a negative padding, or an empty
+    output.
+    """
+    if size < 1 or stride_x < 1 or stride_y < 1:
+        raise ValueError(f"pooling needs size >= 1 and strides >= 1, got size={size} "
+                         f"stride_x={stride_x} stride_y={stride_y}")
+    if padding < 0:
+        raise ValueError(f"pooling padding must be >= 0, got {padding}")
+    out_h = _c_div(h + padding - size, stride_y) + 1
+    out_w = _c_div(w + padding - size, stride_x) + 1
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"pooling size={size} padding={padding} gives an empty output on a "
+                         f"{h}x{w} input")
+    return out_h, out_w
+
+
+def _check_pair(x, out, expected_out):
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+    if x.dtype != out.dtype:
+        raise ValueError(f"out must have the dtype of x ({x.dtype}), not {out.dtype}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out must be C-contiguous and writable")
+    if tuple(out.shape) != tuple(expected_out):
+        raise ValueError(f"out must have shape {tuple(expected_out)}, not {tuple(out.shape)}")
+
+
+def _check_input(x):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a numpy array, not {type(x).__name__}")
+    if x.ndim != 4:
+        raise ValueError(f"x must have shape (N, C, H, W), not {x.shape}")
+    if x.dtype not in (np.float32, np.float64):
+        raise ValueError(f"x must be float32 or float64, not {x.dtype}")
+    if not x.flags.c_contiguous:
+        raise ValueError("x must be C-contiguous")
+
+
+# ----------------------------------------------------------------------------------------
+
+cdef void _maxpool_plane(const floating* src, floating* dst, Py_ssize_t h, Py_ssize_t w,
+                         Py_ssize_t out_h, Py_ssize_t out_w, Py_ssize_t size,
+                         Py_ssize_t stride_x, Py_ssize_t stride_y,
+                         Py_ssize_t offset) noexcept nogil:
+    cdef Py_ssize_t i, j, n, m, y, x
+    cdef floating best, val
+    for i in range(out_h):
+        for j in range(out_w):
+            best = -FLT_MAX
+            for n in range(size):
+                y = i * stride_y + n - offset
+                if y < 0 or y >= h:
+                    continue
+                for m in range(size):
+                    x = j * stride_x + m - offset
+                    if x < 0 or x >= w:
+                        continue
+                    val = src[y * w + x]
+                    # Strict ">" keeps Darknet's choice: NaN never wins, ties keep the first.
+                    if val > best:
+                        best = val
+            dst[i * out_w + j] = best
+
+
+@cython.cdivision(True)
+cdef void _local_avgpool_plane(const floating* src, floating* dst, Py_ssize_t h,
+                               Py_ssize_t w, Py_ssize_t out_h, Py_ssize_t out_w,
+                               Py_ssize_t size, Py_ssize_t stride_x, Py_ssize_t stride_y,
+                               Py_ssize_t offset) noexcept nogil:
+    cdef Py_ssize_t i, j, n, m, y, x
+    cdef int counter
+    cdef floating total
+    for i in range(out_h):
+        for j in range(out_w):
+            total = 0
+            counter = 0
+            for n in range(size):
+                y = i * stride_y + n - offset
+                if y < 0 or y >= h:
+                    continue
+                for m in range(size):
+                    x = j * stride_x + m - offset
+                    if x < 0 or x >= w:
+                        continue
+                    total = total + src[y * w + x]
+                    counter = counter + 1
+            dst[i * out_w + j] = total / <floating>counter
+
+
+def _pool(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int size,
+          int stride_x, int stride_y, int padding, bint average):
+    cdef Py_ssize_t planes = x.shape[0] * x.shape[1]
+    cdef Py_ssize_t h = x.shape[2], w = x.shape[3]
+    cdef Py_ssize_t out_h = out.shape[2], out_w = out.shape[3]
+    cdef Py_ssize_t p, offset = padding // 2
+    if planes == 0:
+        return
+    cdef const floating* src = &x[0, 0, 0, 0]
+    cdef floating* dst = &out[0, 0, 0, 0]
+    with nogil:
+        for p in prange(planes, schedule="static"):
+            if average:
+                _local_avgpool_plane(src + p * h * w, dst + p * out_h * out_w, h, w, out_h,
+                                     out_w, size, stride_x, stride_y, offset)
+            else:
+                _maxpool_plane(src + p * h * w, dst + p * out_h * out_w, h, w, out_h, out_w,
+                               size, stride_x, stride_y, offset)
+
+
+def maxpool_forward(x, out, int size, int stride_x, int stride_y, int padding) -> None:
+    """Darknet ``[maxpool]`` forward (forward_maxpool_layer).
+
+    x: (N, C, H, W) C-contiguous float32/float64; out: (N, C, out_h, out_w) of the same
+    dtype, written in full, with ``(out_h, out_w) = pool_output_hw(H, W, size, stride_x,
+    stride_y, padding)``. padding is Darknet's total padding (the cfg key ``padding``,
+    default ``size - 1``); the window starts ``padding // 2`` before the image.
+    """
+    _check_input(x)
+    out_h, out_w = pool_output_hw(x.shape[2], x.shape[3], size, stride_x, stride_y, padding)
+    _check_pair(x, out, (x.shape[0], x.shape[1], out_h, out_w))
+    _pool(x, out, size, stride_x, stride_y, padding, False)
+
+
+def local_avgpool_forward(x, out, int size, int stride_x, int stride_y,
+                          int padding) -> None:
+    """Darknet ``[local_avgpool]`` forward (forward_local_avgpool_layer).
+
+    Same geometry and shapes as ``maxpool_forward``; each output is the mean of the window
+    positions inside the image (summed in row-major window order, divided by their count).
+    """
+    _check_input(x)
+    out_h, out_w = pool_output_hw(x.shape[2], x.shape[3], size, stride_x, stride_y, padding)
+    _check_pair(x, out, (x.shape[0], x.shape[1], out_h, out_w))
+    _pool(x, out, size, stride_x, stride_y, padding, True)
+
+
+def _maxpool_depth(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out):
+    cdef Py_ssize_t batch = x.shape[0], c = x.shape[1]
+    cdef Py_ssize_t spatial = x.shape[2] * x.shape[3], out_c = out.shape[1]
+    cdef Py_ssize_t task, b, g, k, i
+    cdef floating best, val
+    if batch * out_c * spatial == 0:
+        return
+    cdef const floating* src = &x[0, 0, 0, 0]
+    cdef floating* dst = &out[0, 0, 0, 0]
+    with nogil:
+        for task in prange(batch * out_c, schedule="static"):
+            b = task // out_c
+            g = task % out_c
+            for i in range(spatial):
+                best = -FLT_MAX
+                k = g
+                while k < c:
+                    val = src[(b * c + k) * spatial + i]
+                    if val > best:
+                        best = val
+                    k = k + out_c
+                dst[task * spatial + i] = best
+
+
+def maxpool_depth_forward(x, out) -> None:
+    """Darknet ``[maxpool] maxpool_depth=1``: a maximum across channels at each pixel.
+
+    x: (N, C, H, W); out: (N, out_channels, H, W), same dtype. Output channel ``g`` is the
+    maximum of input channels ``g, g + out_channels, g + 2*out_channels, ...`` (Darknet
+    ignores size, stride and padding in this mode). Requires 1 <= out_channels.
+    """
+    _check_input(x)
+    if not isinstance(out, np.ndarray) or out.ndim != 4 or out.shape[1] < 1:
+        raise ValueError(f"out must be (N, out_channels >= 1, H, W), got "
+                         f"{getattr(out, 'shape', type(out).__name__)}")
+    _check_pair(x, out, (x.shape[0], out.shape[1], x.shape[2], x.shape[3]))
+    _maxpool_depth(x, out)
+
+
+@cython.cdivision(True)
+def _avgpool(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out):
+    cdef Py_ssize_t planes = x.shape[0] * x.shape[1]
+    cdef Py_ssize_t spatial = x.shape[2] * x.shape[3]
+    cdef Py_ssize_t p, i
+    cdef floating total
+    if planes == 0:
+        return
+    cdef const floating* src = &x[0, 0, 0, 0]
+    cdef floating* dst = &out[0, 0, 0, 0]
+    with nogil:
+        for p in prange(planes, schedule="static"):
+            total = 0
+            for i in range(spatial):
+                total = total + src[p * spatial + i]
+            # Darknet accumulates in the output and divides by the int count h*w.
+            dst[p] = total / <floating>spatial
+
+
+def avgpool_forward(x, out) -> None:
+    """Darknet ``[avgpool]`` (global average): (N, C, H, W) -> (N, C, 1, 1), same dtype.
+
+    Each channel is summed in order in the working precision, then divided by H*W.
+    """
+    _check_input(x)
+    _check_pair(x, out, (x.shape[0], x.shape[1], 1, 1))
+    if x.shape[2] * x.shape[3] == 0:
+        raise ValueError(f"avgpool needs a non-empty input, got {x.shape}")
+    _avgpool(x, out)

@@ -1,0 +1,225 @@
+# cython: language_level=3
+"""Resampling layers: the CPU reference for ``[upsample]``, ``[reorg]`` and ``[reorg3d]``.
+
+All three follow Darknet's flat-index arithmetic (``upsample_cpu`` and ``reorg_cpu`` in
+``blas.cpp``) rather than a tensor view of it, so they agree with Darknet even where its
+layout is unusual:
+
+- ``[upsample] stride=s``: nearest-neighbour, ``out[.., y, x] = scale * in[.., y//s, x//s]``.
+  A negative cfg stride is Darknet's reverse mode: a sum over s x s blocks, times scale.
+- ``[reorg]`` (Darknet's reorg_old layer, the one YOLOv2 uses and OpenCV implements) and
+  ``[reorg3d]`` (Darknet's reorg layer) both move s x s pixel blocks into channels, but
+  index the two sides differently; see ``reorg_forward`` and ``reorg3d_forward``.
+"""
+
+cimport cython
+from cython cimport floating
+from cython.parallel cimport prange
+
+import numpy as np
+
+
+def _check_input(x):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a numpy array, not {type(x).__name__}")
+    if x.ndim != 4:
+        raise ValueError(f"x must have shape (N, C, H, W), not {x.shape}")
+    if x.dtype not in (np.float32, np.float64):
+        raise ValueError(f"x must be float32 or float64, not {x.dtype}")
+    if not x.flags.c_contiguous:
+        raise ValueError("x must be C-contiguous")
+
+
+def _check_out(x, out, expected):
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
+    if out.dtype != x.dtype:
+        raise ValueError(f"out must have the dtype of x ({x.dtype}), not {out.dtype}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out must be C-contiguous and writable")
+    if tuple(out.shape) != tuple(expected):
+        raise ValueError(f"out must have shape {tuple(expected)}, not {tuple(out.shape)}")
+
+
+def _check_stride(int stride):
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1, got {stride}")
+
+
+# ----------------------------------------------------------------------------------------
+# upsample
+
+def upsample_output_shape(shape, int stride):
+    """(N, C, H, W) output of ``[upsample] stride=stride`` on an input of ``shape``.
+
+    stride > 0 multiplies H and W; stride < 0 is the reverse mode and divides them by
+    ``-stride`` (C integer division). Raises ValueError for stride 0 or an empty output.
+    """
+    n, c, h, w = shape
+    if stride == 0:
+        raise ValueError("upsample stride must not be 0")
+    if stride > 0:
+        return n, c, h * stride, w * stride
+    if h < -stride or w < -stride:
+        raise ValueError(f"reverse upsample stride={-stride} is larger than the {h}x{w} input")
+    return n, c, h // -stride, w // -stride
+
+
+def _upsample(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int s,
+              floating scale):
+    cdef Py_ssize_t planes = x.shape[0] * x.shape[1]
+    cdef Py_ssize_t h = x.shape[2], w = x.shape[3]
+    cdef Py_ssize_t ow = w * s, oh = h * s
+    cdef Py_ssize_t p, j, i
+    if planes * h * w == 0:
+        return
+    cdef const floating* src = &x[0, 0, 0, 0]
+    cdef floating* dst = &out[0, 0, 0, 0]
+    with nogil:
+        for p in prange(planes, schedule="static"):
+            for j in range(oh):
+                for i in range(ow):
+                    dst[p * oh * ow + j * ow + i] = scale * src[p * h * w + (j // s) * w + i // s]
+
+
+def _downsample(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int s,
+                floating scale):
+    # Darknet reads the input as if its rows were out_w*s long (exactly so when s divides
+    # the size) and adds the s*s products into a zeroed output in row-major order.
+    cdef Py_ssize_t planes = out.shape[0] * out.shape[1]
+    cdef Py_ssize_t oh = out.shape[2], ow = out.shape[3]
+    cdef Py_ssize_t row = ow * s, plane_in = oh * ow * s * s
+    cdef Py_ssize_t p, J, I, dj, di
+    cdef floating total
+    if planes * oh * ow == 0:
+        return
+    cdef const floating* src = &x[0, 0, 0, 0]
+    cdef floating* dst = &out[0, 0, 0, 0]
+    with nogil:
+        for p in prange(planes, schedule="static"):
+            for J in range(oh):
+                for I in range(ow):
+                    total = 0
+                    for dj in range(s):
+                        for di in range(s):
+                            total = total + scale * src[p * plane_in + (J * s + dj) * row
+                                                        + I * s + di]
+                    dst[p * oh * ow + J * ow + I] = total
+
+
+def upsample_forward(x, out, int stride, double scale=1.0) -> None:
+    """Darknet ``[upsample]`` forward (forward_upsample_layer).
+
+    x: (N, C, H, W) float32/float64, C-contiguous; out: ``upsample_output_shape(x.shape,
+    stride)``, same dtype. stride > 0: nearest-neighbour upsampling, each value multiplied
+    by ``scale`` (the cfg key, default 1). stride < 0 (Darknet's reverse mode): each output
+    is the sum of ``scale * x`` over a ``-stride`` x ``-stride`` block.
+    """
+    _check_input(x)
+    _check_out(x, out, upsample_output_shape(x.shape, stride))
+    if stride > 0:
+        _upsample(x, out, stride, scale)
+    else:
+        _downsample(x, out, -stride, scale)
+
+
+# ----------------------------------------------------------------------------------------
+# reorg
+
+cdef void _reorg_core(const floating* src, floating* dst, Py_ssize_t task, Py_ssize_t w,
+                      Py_ssize_t h, Py_ssize_t c, Py_ssize_t s, bint forward) noexcept nogil:
+    """One (batch, channel k) slice of Darknet's reorg_cpu(x, w, h, c, batch, s, forward).
+
+    ``(w, h, c)`` are the dims of the "small" side indexed linearly (i + w*(j + h*(k +
+    c*b))); the "large" side is read as (c/s^2, h*s, w*s). forward=0 copies large ->
+    small, forward=1 copies small -> large.
+    """
+    cdef Py_ssize_t in_c = c // (s * s)
+    cdef Py_ssize_t b = task // c, k = task % c
+    cdef Py_ssize_t c2 = k % in_c, offset = k // in_c
+    cdef Py_ssize_t i, j, small, large
+    for j in range(h):
+        for i in range(w):
+            small = i + w * (j + h * (k + c * b))
+            large = (i * s + offset % s) + w * s * ((j * s + offset // s) + h * s * (c2 + in_c * b))
+            if forward:
+                dst[large] = src[small]
+            else:
+                dst[small] = src[large]
+
+
+def _reorg(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, Py_ssize_t w,
+           Py_ssize_t h, Py_ssize_t c, int s, bint forward):
+    cdef Py_ssize_t tasks = x.shape[0] * c, task
+    if x.size == 0:
+        return
+    cdef const floating* src = &x[0, 0, 0, 0]
+    cdef floating* dst = &out[0, 0, 0, 0]
+    with nogil:
+        for task in prange(tasks, schedule="static"):
+            _reorg_core(src, dst, task, w, h, c, s, forward)
+
+
+def reorg_output_shape(shape, int stride, bint reverse):
+    """(N, C, H, W) output of ``[reorg]``/``[reorg3d]`` with this stride and reverse flag.
+
+    Forward: (N, C*s*s, H//s, W//s); reverse: (N, C//(s*s), H*s, W*s).
+    """
+    n, c, h, w = shape
+    _check_stride(stride)
+    if reverse:
+        return n, c // (stride * stride), h * stride, w * stride
+    return n, c * stride * stride, h // stride, w // stride
+
+
+def reorg_forward(x, out, int stride, bint reverse=False) -> None:
+    """Darknet ``[reorg]`` forward: forward_reorg_old_layer (YOLOv2's layer; OpenCV's too).
+
+    x: (N, C, H, W); out: ``reorg_output_shape(x.shape, stride, reverse)``, same dtype.
+    Forward: with s = stride and C' = C/s^2, the output *buffer*, read as (C, H, W), gets
+    ``out[k, j, i] = x'[k % C', j*s + (k // C') // s, i*s + (k // C') % s]`` where x' is the
+    input buffer read as (C', H*s, W*s); the result is then labelled (C*s^2, H/s, W/s).
+    This is not a plain space-to-depth, but it is what trained YOLOv2 weights expect.
+    Reverse is the exact inverse. Requires C divisible by s^2 and, forward, H and W
+    divisible by s (otherwise Darknet writes outside its buffers).
+    """
+    _check_input(x)
+    _check_stride(stride)
+    n, c, h, w = x.shape
+    s2 = stride * stride
+    if c % s2:
+        raise ValueError(f"[reorg] needs channels divisible by stride^2={s2}, got {c}")
+    if not reverse and (h % stride or w % stride):
+        raise ValueError(f"[reorg] stride={stride} must divide the {h}x{w} input")
+    _check_out(x, out, reorg_output_shape(x.shape, stride, reverse))
+    _reorg(x, out, w, h, c, stride, reverse)
+
+
+def reorg3d_forward(x, out, int stride, bint reverse=False) -> None:
+    """Darknet ``[reorg3d]`` forward: forward_reorg_layer.
+
+    x: (N, C, H, W); out: ``reorg_output_shape(x.shape, stride, reverse)``, same dtype.
+    Forward is a space-to-depth: ``out[k, j, i] = x[k % C, j*s + (k // C) // s,
+    i*s + (k // C) % s]`` (input read with rows W//s * s long, as Darknet does when s does
+    not divide the size). Reverse follows Darknet literally: the input buffer is read as
+    (C/s^2, H*s, W*s) and scattered into the output buffer read as (C/s^4, H*s^2, W*s^2);
+    it requires C divisible by s^4 (otherwise Darknet writes outside its buffer).
+    """
+    _check_input(x)
+    _check_stride(stride)
+    n, c, h, w = x.shape
+    expected = reorg_output_shape(x.shape, stride, reverse)
+    s2 = stride * stride
+    if reverse:
+        if c % (s2 * s2):
+            raise ValueError(f"reverse [reorg3d] needs channels divisible by stride^4="
+                             f"{s2 * s2}, got {c}")
+        _check_out(x, out, expected)
+        # reorg_cpu(x, W*s, H*s, C/s^2, forward=1): the small side is the input.
+        _reorg(x, out, w * stride, h * stride, c // s2, stride, True)
+    else:
+        if h < stride or w < stride:
+            raise ValueError(f"[reorg3d] stride={stride} is larger than the {h}x{w} input")
+        _check_out(x, out, expected)
+        # reorg_cpu(x, W/s, H/s, C*s^2, forward=0): the small side is the output.
+        _reorg(x, out, w // stride, h // stride, c * s2, stride, False)

@@ -1,0 +1,159 @@
+"""Drawing detections on an image and writing image files atomically.
+
+Boxes use Darknet's per-class colours and line width (``draw_detections_v3``); labels read
+``"name confidence%"`` in Pillow's default font on a box of the class colour.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from collections.abc import Iterable
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from .boxes import Detection
+from .errors import ImageError
+
+__all__ = ["class_color", "draw_detections", "save_image_atomic"]
+
+# Darknet's colour ramp: magenta, blue, cyan, green, yellow, red.
+_RAMP = (
+    (1.0, 0.0, 1.0),
+    (0.0, 0.0, 1.0),
+    (0.0, 1.0, 1.0),
+    (0.0, 1.0, 0.0),
+    (1.0, 1.0, 0.0),
+    (1.0, 0.0, 0.0),
+)
+
+
+def _ramp(channel: int, x: int, top: int) -> float:
+    ratio = x / top * 5.0
+    i = math.floor(ratio)
+    j = math.ceil(ratio)
+    ratio -= i
+    return (1.0 - ratio) * _RAMP[i][channel] + ratio * _RAMP[j][channel]
+
+
+def class_color(class_id: int, num_classes: int = 80) -> tuple[int, int, int]:
+    """Darknet's box colour for a class: (r, g, b) bytes.
+
+    Darknet spreads classes over its colour ramp with ``offset = class_id * 123457 %
+    num_classes`` and takes red, green and blue from ramp channels 2, 1 and 0.
+    """
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    offset = class_id * 123457 % num_classes
+    r, g, b = (int(round(_ramp(ch, offset, num_classes) * 255.0)) for ch in (2, 1, 0))
+    return r, g, b
+
+
+def _label_text(det: Detection) -> str:
+    return f"{det.name} {det.confidence * 100.0:.0f}%"
+
+
+def draw_detections(
+    image: np.ndarray, detections: Iterable[Detection], *, num_classes: int = 80
+) -> Image.Image:
+    """Draw boxes and labels on a copy of ``image``.
+
+    ``image`` is (H, W, 3) uint8 RGB; ``detections`` carry pixel boxes of that image.
+    Each box is drawn as Darknet does: corners truncated to integers and clipped to the
+    image, line width max(1, int(0.002 * H)) pixels growing inwards, colour
+    :func:`class_color` (``num_classes`` is the model's class count, which sets the
+    colours). Its label ``"name confidence%"`` sits just above the box, or just inside
+    its top edge when there is no room above. Higher confidences are drawn last, on top.
+    Returns a new RGB ``PIL.Image.Image``; ``image`` is not modified.
+    """
+    if (
+        not isinstance(image, np.ndarray)
+        or image.dtype != np.uint8
+        or image.ndim != 3
+        or image.shape[2] != 3
+    ):
+        shape = getattr(image, "shape", None)
+        dtype = getattr(image, "dtype", type(image).__name__)
+        raise ImageError(
+            f"draw_detections needs an (H, W, 3) uint8 RGB image, got shape {shape} "
+            f"and dtype {dtype}"
+        )
+    height, width = image.shape[:2]
+    if height == 0 or width == 0:
+        raise ImageError(f"draw_detections: the image is empty (shape {image.shape})")
+    canvas = Image.fromarray(np.ascontiguousarray(image))
+    draw = ImageDraw.Draw(canvas)
+    font = ImageFont.load_default()
+    line = max(1, int(height * 0.002))
+
+    for det in sorted(detections, key=lambda d: d.confidence):
+        left = max(0, min(width - 1, int(det.left)))
+        right = max(0, min(width - 1, int(det.left + det.width)))
+        top = max(0, min(height - 1, int(det.top)))
+        bottom = max(0, min(height - 1, int(det.top + det.height)))
+        if right < left or bottom < top:
+            continue
+        color = class_color(det.class_id, num_classes)
+        draw.rectangle((left, top, right, bottom), outline=color, width=line)
+
+        text = _label_text(det)
+        x0, y0, x1, y1 = draw.textbbox((0, 0), text, font=font)
+        label_w, label_h = x1 - x0 + 4, y1 - y0 + 4
+        label_top = top - label_h if top - label_h >= 0 else top + line
+        draw.rectangle((left, label_top, left + label_w - 1, label_top + label_h - 1), fill=color)
+        ink = (0, 0, 0) if sum(color) > 382 else (255, 255, 255)
+        draw.text((left + 2 - x0, label_top + 2 - y0), text, fill=ink, font=font)
+    return canvas
+
+
+def _format_for(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    fmt = Image.registered_extensions().get(ext)
+    if fmt is None or fmt not in Image.SAVE:
+        raise ImageError(
+            f"{path}: cannot tell the image format from the extension {ext!r} "
+            "(use .jpg, .png, .bmp, ...)"
+        )
+    return fmt
+
+
+def save_image_atomic(img: Image.Image, path: str | os.PathLike[str]) -> None:
+    """Write ``img`` to ``path`` atomically, in the format named by the extension.
+
+    The image is written to a temporary file in the same directory, flushed to disk, then
+    renamed over ``path``: readers see the old file or the complete new one, never a
+    partial file, and an existing file is replaced. Raises ImageError naming the path when
+    the extension names no writable format, the directory does not exist or is not
+    writable, or encoding fails; no temporary file is left behind.
+    """
+    if not isinstance(img, Image.Image):
+        raise ImageError(f"save_image_atomic needs a PIL image, got {type(img).__name__}")
+    target = os.fspath(path)
+    fmt = _format_for(target)
+    directory = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(directory):
+        raise ImageError(f"{target}: directory {directory} does not exist")
+    if os.path.isdir(target):
+        raise ImageError(f"{target}: is a directory")
+    if fmt == "JPEG" and img.mode not in ("RGB", "L", "CMYK"):
+        img = img.convert("RGB")
+
+    tmp = os.path.join(directory, f".{os.path.basename(target)}.{secrets.token_hex(6)}.tmp")
+    try:
+        # O_EXCL: never write through a file or link that appeared under this name.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            img.save(f, format=fmt)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if not isinstance(exc, Exception):
+            raise
+        raise ImageError(f"{target}: cannot write image ({type(exc).__name__}: {exc})") from exc

@@ -1,0 +1,186 @@
+"""``Network``: a Darknet network loaded from a cfg (and weights) on a device."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from darknet_metal.boxes import Detection, YoloHead, detect_boxes
+from darknet_metal.cfg import NetConfig, parse_cfg
+from darknet_metal.errors import CfgError, DeviceError
+from darknet_metal.image import load_image, prepare_input
+from darknet_metal.layers import LayerSpec, Shape, build_layers, input_shape
+from darknet_metal.params import Params, init_params
+from darknet_metal.summary import summary_table
+from darknet_metal.weights import WeightsHeader, read_weights, write_weights
+
+DEVICES = ("cpu",)
+
+
+def _read_names(names: str | os.PathLike[str] | Sequence[str] | None) -> list[str] | None:
+    if names is None:
+        return None
+    if isinstance(names, (str, os.PathLike)):
+        path = os.fspath(names)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return [line.strip() for line in f.read().splitlines() if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise CfgError(f"cannot read class names: {e}", path=path) from None
+    return [str(n) for n in names]
+
+
+class Network:
+    """A Darknet network: layers from a cfg, parameters, and a compute backend.
+
+    Build one with ``darknet_metal.load``. ``layers`` lists the ``LayerSpec`` of each cfg
+    layer (``type``, ``in_shape``, ``out_shape`` as (C, H, W), ``bflops``).
+    """
+
+    def __init__(self, config: NetConfig, params: dict[int, Params], *, header: WeightsHeader,
+                 names: list[str] | None, device: str, batch: int,
+                 dtype: np.dtype | type = np.float32) -> None:
+        self.config = config
+        self.layers: list[LayerSpec] = build_layers(config)
+        self.params = params
+        self.header = header
+        self.names = names
+        self.device = device
+        self.batch = batch
+        self._backend = _make_backend(device, self.layers, params, dtype)
+
+    @property
+    def input_shape(self) -> Shape:
+        """(C, H, W) the network takes, from ``[net]``."""
+        return input_shape(self.config)
+
+    @property
+    def yolo_layers(self) -> list[int]:
+        """Indices of the ``[yolo]`` layers, in cfg order."""
+        return [spec.index for spec in self.layers if spec.kind == "yolo"]
+
+    def forward(self, x: np.ndarray, outputs: Sequence[int] | None = None) -> list[np.ndarray]:
+        """Run the network on ``x`` (N, C, H, W) float32 and return layer outputs (copies).
+
+        With ``outputs=None``: one (N, C, H, W) array per ``[yolo]`` layer, holding Darknet's
+        ``layer.output`` (logistic applied to x, y, objectness and classes). With
+        ``outputs=[i, ...]``: the outputs of those 0-based cfg layers (``[net]`` not counted);
+        negative indices count from the end.
+        """
+        x = np.asarray(x)
+        if x.ndim == 3:
+            raise ValueError(f"input has shape {x.shape}; expected (N, C, H, W): add a batch "
+                             "axis with x[None]")
+        if x.ndim != 4 or tuple(x.shape[1:]) != self.input_shape or x.shape[0] < 1:
+            raise ValueError(f"input has shape {x.shape}; this network takes (N, "
+                             f"{', '.join(map(str, self.input_shape))})")
+        if not np.issubdtype(x.dtype, np.floating):
+            raise ValueError(f"input dtype is {x.dtype}; expected float32")
+        wanted = self.yolo_layers if outputs is None else self._check_indices(outputs)
+        outs = self._backend.forward(x)
+        return [np.array(outs[i]) for i in wanted]
+
+    def profile(self, x: np.ndarray, repeats: int = 5) -> list[float]:
+        """Median wall time in milliseconds of each layer over ``repeats`` forward passes."""
+        self.forward(x)  # warm up buffers and caches
+        runs: list[list[float]] = []
+        for _ in range(max(1, repeats)):
+            times: list[float] = []
+            self._backend.forward(np.asarray(x), timings=times)
+            runs.append(times)
+        return [1e3 * float(t) for t in np.median(np.array(runs), axis=0)]
+
+    def _check_indices(self, outputs: Sequence[int]) -> list[int]:
+        n = len(self.layers)
+        result = []
+        for i in outputs:
+            if not isinstance(i, (int, np.integer)) or not -n <= i < n:
+                raise IndexError(f"layer index {i!r} out of range: the network has {n} layers")
+            result.append(int(i) % n)
+        return result
+
+    def yolo_heads(self) -> list[YoloHead]:
+        """What the box decoder needs of each ``[yolo]`` layer."""
+        heads = []
+        for index in self.yolo_layers:
+            v = self.layers[index].values
+            anchors = np.asarray(v["anchors"], np.float64).reshape(-1, 2)[list(v["mask"])]
+            heads.append(YoloHead(anchors=anchors, classes=v["classes"],
+                                  new_coords=bool(v["new_coords"])))
+        return heads
+
+    def detect(self, image: str | os.PathLike[str] | np.ndarray, thresh: float = 0.25,
+               nms: float = 0.45) -> list[Detection]:
+        """Detect objects in one image as ``darknet detector test`` does.
+
+        ``image`` is a path or an HxWx3 uint8 RGB array. Returns one ``Detection`` per (box,
+        class) with objectness x class probability above ``thresh`` after NMS with IoU
+        threshold ``nms``; boxes in pixels of the original image.
+        """
+        if not self.yolo_layers:
+            raise CfgError("the network has no [yolo] layer to detect with",
+                           path=self.config.path)
+        if not 0.0 <= thresh <= 1.0 or not 0.0 <= nms <= 1.0:
+            raise ValueError(f"thresh={thresh} and nms={nms} must be in [0, 1]")
+        img = load_image(image)
+        c, h, w = self.input_shape
+        if c != 3:
+            raise ValueError(f"detect needs a 3-channel network; this one takes {c} channels")
+        letterbox = bool(self.config.net.values.get("letter_box"))
+        x = prepare_input(img, w, h, letterbox)[None]
+        outputs = [out[0] for out in self.forward(x)]
+        last_yolo = self.layers[self.yolo_layers[-1]].values
+        return detect_boxes(outputs, self.yolo_heads(), w, h, img.shape[2], img.shape[1],
+                            thresh=thresh, nms=nms, nms_kind=last_yolo["nms_kind"],
+                            beta_nms=last_yolo["beta_nms"], letterbox=letterbox,
+                            names=self.names)
+
+    def save_weights(self, path: str | os.PathLike[str]) -> None:
+        """Write the parameters as a Darknet ``.weights`` file (version 0.2.0), atomically."""
+        write_weights(path, self.layers, self.params, self.header)
+
+    def summary(self) -> str:
+        """A Darknet-style table of the layers with their shapes and BFLOPs."""
+        return summary_table(self.layers, self.input_shape)
+
+    def __repr__(self) -> str:
+        return (f"Network({os.path.basename(self.config.path)!r}, layers={len(self.layers)}, "
+                f"input={self.input_shape}, device={self.device!r})")
+
+
+def _make_backend(device: str, specs: list[LayerSpec], params: dict[int, Params], dtype):
+    if device == "cpu":
+        from darknet_metal.cpu_backend import CpuBackend
+
+        return CpuBackend(specs, params, dtype)
+    if device in ("metal", "emu"):
+        raise DeviceError(f"device '{device}' is not available in this build; use 'cpu'")
+    raise ValueError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)}")
+
+
+def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None, *,
+         names: str | os.PathLike[str] | Sequence[str] | None = None, device: str = "cpu",
+         batch: int = 1, seed: int | None = None,
+         dtype: np.dtype | type = np.float32) -> Network:
+    """Load a Darknet network.
+
+    ``cfg``: the ``.cfg`` path. ``weights``: a ``.weights`` path, or None to initialise the
+    parameters as Darknet does (reproducibly with ``seed``). ``names``: a ``.names`` path or a
+    list of class names. ``device``: ``"cpu"``. ``batch``: the batch size to prepare for (any
+    batch size works in ``forward``). ``dtype``: float32, or float64 for gradient checks.
+    Raises ``CfgError`` / ``WeightsError`` naming the file and line or layer at fault.
+    """
+    if not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, not {batch!r}")
+    config = parse_cfg(cfg)
+    specs = build_layers(config)
+    params = init_params(specs, seed)
+    header = WeightsHeader()
+    if weights is not None:
+        header, loaded = read_weights(weights, specs)
+        for index, layer in loaded.items():
+            params[index].update(layer)
+    return Network(config, params, header=header, names=_read_names(names), device=device,
+                   batch=int(batch), dtype=dtype)

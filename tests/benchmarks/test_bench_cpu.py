@@ -1,0 +1,44 @@
+"""CPU forward of yolov3-tiny at 416x416, batch 1: ours against OpenCV DNN in the same run.
+
+Run with the README's benchmark command. Per-layer medians and peak RSS are printed.
+"""
+
+import resource
+
+import numpy as np
+import pytest
+
+cv2 = pytest.importorskip("cv2")
+from conftest import GOLDEN, YOLOV3_TINY  # noqa: E402
+
+THREADS = 2
+
+
+@pytest.fixture(scope="module")
+def x():
+    return np.fromfile(GOLDEN / "dog_input.bin", "<f4").reshape(1, 3, 416, 416)
+
+
+@pytest.mark.benchmark(group="yolov3-tiny-416-cpu")
+def test_ours_forward(benchmark, yolov3_tiny, x):
+    benchmark.pedantic(yolov3_tiny.forward, args=(x,), rounds=30, warmup_rounds=3)
+    times = yolov3_tiny.profile(x, repeats=10)
+    print("\nper-layer median ms:")
+    for spec, ms in zip(yolov3_tiny.layers, times, strict=True):
+        print(f"  {spec.index:3d} {spec.kind:<14s} {ms:7.2f}")
+    print(f"  sum {sum(times):.1f} ms; peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
+@pytest.mark.benchmark(group="yolov3-tiny-416-cpu")
+def test_peer_opencv_forward(benchmark, x):
+    cv2.setNumThreads(THREADS)
+    net = cv2.dnn.readNetFromDarknet(str(YOLOV3_TINY / "yolov3-tiny.cfg"),
+                                     str(YOLOV3_TINY / "yolov3-tiny.weights"))
+    names = net.getUnconnectedOutLayersNames()
+
+    def run():
+        net.setInput(x)
+        return net.forward(names)
+
+    benchmark.pedantic(run, rounds=30, warmup_rounds=3)

@@ -1,0 +1,50 @@
+"""Shared fixtures: paths into ../shared and the real yolov3-tiny."""
+
+import json
+import pathlib
+
+import pytest
+
+SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
+MODELS = SHARED / "models"
+IMAGES = SHARED / "images"
+GOLDEN = SHARED / "golden" / "darknet-v5-cpu-yolov3-tiny"
+YOLOV3_TINY = MODELS / "yolov3-tiny"
+CFG_DIR = MODELS / "cfg"
+
+
+@pytest.fixture(scope="session")
+def golden_detections():
+    with open(GOLDEN / "detections.json") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def yolov3_tiny():
+    import darknet_metal as dm
+
+    return dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights",
+                   names=YOLOV3_TINY / "coco.names")
+
+
+# Benchmarks: print our/peer median ratios at the end of a benchmark run.
+def pytest_terminal_summary(terminalreporter, config):
+    session = getattr(config, "_benchmarksession", None)
+    if session is None or not getattr(session, "benchmarks", None):
+        return
+    groups: dict[str, dict[str, float]] = {}
+    for bench in session.benchmarks:
+        if bench.stats is None or not bench.group:
+            continue
+        role = "peer" if "peer" in bench.name else "ours"
+        groups.setdefault(bench.group, {})[role] = bench.stats.median
+    lines = []
+    for group, roles in sorted(groups.items()):
+        if "ours" in roles and "peer" in roles:
+            lines.append(f"{group}: ours {roles['ours'] * 1e3:.1f} ms, peer "
+                         f"{roles['peer'] * 1e3:.1f} ms, median ratio ours/peer "
+                         f"{roles['ours'] / roles['peer']:.2f}")
+    if lines:
+        terminalreporter.write_sep("-", "median ratios (lower is better for us)")
+        for line in lines:
+            terminalreporter.write_line(line)

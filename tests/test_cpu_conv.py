@@ -1,0 +1,107 @@
+"""The Cython convolution and connected layers against NumPy formulas."""
+
+import numpy as np
+import pytest
+
+from darknet_metal.activations import ACTIVATION_ID
+from darknet_metal.cpu import conv, im2col
+
+LINEAR = ACTIVATION_ID["linear"]
+LEAKY = ACTIVATION_ID["leaky"]
+
+
+def reference_conv(x, w, b, size, sx, sy, pad, dilation, groups):
+    """Direct convolution: zero padding of pad*dilation, taps every `dilation` pixels."""
+    n, c, h, wd = x.shape
+    f = w.shape[0]
+    w4 = w.reshape(f, c // groups, size, size).astype(np.float64)
+    p = pad * dilation
+    xp = np.zeros((n, c, h + 2 * p, wd + 2 * p))
+    xp[:, :, p:p + h, p:p + wd] = x
+    oh = (h + 2 * p - dilation * (size - 1) - 1) // sy + 1
+    ow = (wd + 2 * p - dilation * (size - 1) - 1) // sx + 1
+    out = np.zeros((n, f, oh, ow))
+    cg, fg = c // groups, f // groups
+    for g in range(groups):
+        xs = xp[:, g * cg:(g + 1) * cg]
+        for ky in range(size):
+            for kx in range(size):
+                patch = xs[:, :, ky * dilation: ky * dilation + sy * (oh - 1) + 1: sy,
+                           kx * dilation: kx * dilation + sx * (ow - 1) + 1: sx]
+                out[:, g * fg:(g + 1) * fg] += np.einsum(
+                    "fc,nchw->nfhw", w4[g * fg:(g + 1) * fg, :, ky, kx], patch)
+    return out + b.reshape(1, f, 1, 1)
+
+
+CASES = [
+    # n, c, h, w, f, size, sx, sy, pad, dilation, groups
+    (1, 3, 13, 13, 5, 3, 1, 1, 1, 1, 1),
+    (2, 5, 7, 9, 4, 3, 2, 2, 1, 1, 1),
+    (1, 4, 8, 5, 6, 1, 1, 1, 0, 1, 2),
+    (2, 6, 11, 7, 9, 3, 1, 1, 1, 1, 3),
+    (1, 3, 10, 10, 2, 5, 2, 1, 2, 1, 1),
+    (1, 2, 9, 12, 3, 3, 1, 1, 1, 2, 1),
+    (1, 7, 6, 6, 7, 3, 1, 2, 0, 1, 7),
+    (1, 3, 5, 5, 4, 1, 2, 2, 0, 1, 1),
+    (3, 1, 1, 1, 3, 1, 1, 1, 0, 1, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_conv2d_matches_direct_convolution(case, dtype):
+    n, c, h, w, f, size, sx, sy, pad, dilation, groups = case
+    rng = np.random.default_rng(sum(case))
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((f, c // groups * size * size)).astype(dtype)
+    b = rng.standard_normal(f).astype(dtype)
+    ref = reference_conv(x, wt, b, size, sx, sy, pad, dilation, groups)
+    out = np.full((n, f, *ref.shape[2:]), np.nan, dtype)
+    ws = np.empty(conv.workspace_size(c, size, groups, *ref.shape[2:]), dtype)
+    conv.conv2d_forward(x, wt, b, out, ws, size, sx, sy, pad, dilation, groups, LINEAR)
+    tol = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(out, ref, rtol=tol, atol=tol)
+    out_leaky = np.empty_like(out)
+    conv.conv2d_forward(x, wt, b, out_leaky, ws, size, sx, sy, pad, dilation, groups, LEAKY)
+    np.testing.assert_allclose(out_leaky, np.where(ref > 0, ref, 0.1 * ref), rtol=tol, atol=tol)
+
+
+def test_conv2d_rejects_mismatched_shapes():
+    x = np.zeros((1, 4, 6, 6), np.float32)
+    wt = np.zeros((2, 4 * 9), np.float32)
+    b = np.zeros(2, np.float32)
+    ws = np.zeros(4 * 9 * 36, np.float32)
+    with pytest.raises(ValueError, match="out spatial size"):
+        conv.conv2d_forward(x, wt, b, np.zeros((1, 2, 5, 6), np.float32), ws, 3, 1, 1, 1, 1, 1, 0)
+    with pytest.raises(ValueError, match="weights shape"):
+        narrow = np.ascontiguousarray(wt[:, :9])
+        conv.conv2d_forward(x, narrow, b, np.zeros((1, 2, 6, 6), np.float32), ws, 3, 1, 1, 1, 1,
+                            1, 0)
+    with pytest.raises(ValueError, match="groups"):
+        conv.conv2d_forward(x, wt, b, np.zeros((1, 2, 6, 6), np.float32), ws, 3, 1, 1, 1, 1, 3, 0)
+    with pytest.raises(ValueError, match="workspace"):
+        conv.conv2d_forward(x, wt, b, np.zeros((1, 2, 6, 6), np.float32), ws[:10], 3, 1, 1, 1,
+                            1, 1, 0)
+
+
+def test_im2col_layout_matches_weight_order():
+    x = np.arange(2 * 3 * 4, dtype=np.float64).reshape(2, 3, 4)
+    col = im2col.im2col_forward(x, 3, 1, 1, 1, 1, 3, 4)
+    # Row (c, ky, kx) = (1, 0, 2), output pixel (oy, ox) = (1, 1) reads x[1, 0, 2].
+    assert col[(1 * 3 + 0) * 3 + 2, 1 * 4 + 1] == x[1, 0, 2]
+    # Row (0, 0, 0) at output (0, 0) is in the zero padding.
+    assert col[0, 0] == 0.0
+    assert col.shape == (2 * 9, 12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_connected_matches_matmul(dtype):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 17)).astype(dtype)
+    wt = rng.standard_normal((5, 17)).astype(dtype)
+    b = rng.standard_normal(5).astype(dtype)
+    out = np.empty((3, 5), dtype)
+    conv.connected_forward(x, wt, b, out, LEAKY)
+    ref = x.astype(np.float64) @ wt.T.astype(np.float64) + b
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(out, np.where(ref > 0, ref, 0.1 * ref), rtol=tol, atol=tol)
