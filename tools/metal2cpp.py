@@ -279,8 +279,11 @@ class _Rewriter:
             if word in POISONED_CALLS and m.startswith("(", after):
                 raise self.error(start, POISONED_CALLS[word])
             if word == "std" and m.startswith("::", after):
-                raise self.error(start, "the C++ standard library ('std::') is not available "
-                                 "in Metal; use the metal:: functions")
+                raise self.error(
+                    start,
+                    "the C++ standard library ('std::') is not available "
+                    "in Metal; use the metal:: functions",
+                )
         for match in _PPNUMBER.finditer(m):
             if self._in_directive(match.start()):
                 continue
@@ -309,10 +312,16 @@ class _Rewriter:
             self.edits.append((start, end, f"half({tok[:-1]}f)"))
             return
         if suffix == "":
-            raise self.error(start, f"float literal '{tok}' has no 'f' suffix: in C++ it is a "
-                             f"double, in Metal a float; write '{tok}f'")
-        raise self.error(start, f"float literal '{tok}' with suffix '{suffix}' is not valid "
-                         "Metal (use 'f' for float or 'h' for half)")
+            raise self.error(
+                start,
+                f"float literal '{tok}' has no 'f' suffix: in C++ it is a "
+                f"double, in Metal a float; write '{tok}f'",
+            )
+        raise self.error(
+            start,
+            f"float literal '{tok}' with suffix '{suffix}' is not valid "
+            "Metal (use 'f' for float or 'h' for half)",
+        )
 
     # ---- structure ----
 
@@ -396,8 +405,9 @@ class _Rewriter:
             if any(c in stmt for c in "*&=(") or not stmt.strip():
                 continue
             parts = _split_top(stmt)
-            first = re.fullmatch(r"\s*(.*?)\b([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)", parts[0][1],
-                                 re.S)
+            first = re.fullmatch(
+                r"\s*(.*?)\b([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)", parts[0][1], re.S
+            )
             if not first:
                 raise self.error(start, "cannot parse this threadgroup declaration")
             type_text = " ".join(first.group(1).split())
@@ -412,8 +422,10 @@ class _Rewriter:
             pieces = []
             for name, dims_raw in decls:
                 dims = "".join(dims_raw.split())
-                pieces.append(f"{type_text} (&{name}){dims} = "
-                              f"*::emu::tg_decl<{type_text}{dims}>(__FILE__, __LINE__);")
+                pieces.append(
+                    f"{type_text} (&{name}){dims} = "
+                    f"*::emu::tg_decl<{type_text}{dims}>(__FILE__, __LINE__);"
+                )
                 size = _sizeof(type_text, dims, consts)
                 if size is None or total is None:
                     total = None
@@ -436,8 +448,7 @@ class _Rewriter:
             decl = _ATTR.sub(" ", part)
             name_match = re.search(r"([A-Za-z_]\w*)\s*$", decl)
             if not name_match:
-                raise MetalSourceError("kernel parameter without a name", path=self.path,
-                                       line=line)
+                raise MetalSourceError("kernel parameter without a name", path=self.path, line=line)
             name = name_match.group(1)
             kind = None
             for attr in attrs:
@@ -445,26 +456,46 @@ class _Rewriter:
                 if not am:
                     continue
                 aname, aarg = am.group(1), am.group(2) or ""
-                if aname in ("buffer", "threadgroup") or aname in BUILTINS or (
-                    aname in CONSTANT_BUILTINS or aname == "grid_origin"
+                if (
+                    aname in ("buffer", "threadgroup")
+                    or aname in BUILTINS
+                    or (aname in CONSTANT_BUILTINS or aname == "grid_origin")
                 ):
                     kind = (aname, aarg)
-                elif aname in ("stage_in", "texture", "sampler", "visible_function_table",
-                               "intersection_function_table", "instance_acceleration_structure"):
-                    raise MetalSourceError(f"parameter '{name}': [[{aname}]] is not supported by "
-                                           "the compute emulator", path=self.path, line=line)
+                elif aname in (
+                    "stage_in",
+                    "texture",
+                    "sampler",
+                    "visible_function_table",
+                    "intersection_function_table",
+                    "instance_acceleration_structure",
+                ):
+                    raise MetalSourceError(
+                        f"parameter '{name}': [[{aname}]] is not supported by the compute emulator",
+                        path=self.path,
+                        line=line,
+                    )
             if kind is None:
-                raise MetalSourceError(f"kernel parameter '{name}' has no [[buffer(n)]], "
-                                       "[[threadgroup(n)]] or built-in attribute",
-                                       path=self.path, line=line)
+                raise MetalSourceError(
+                    f"kernel parameter '{name}' has no [[buffer(n)]], "
+                    "[[threadgroup(n)]] or built-in attribute",
+                    path=self.path,
+                    line=line,
+                )
             if kind[0] in ("buffer", "threadgroup"):
                 if not kind[1].isdigit():
-                    raise MetalSourceError(f"parameter '{name}': index '{kind[1]}' must be an "
-                                           "integer literal", path=self.path, line=line)
+                    raise MetalSourceError(
+                        f"parameter '{name}': index '{kind[1]}' must be an integer literal",
+                        path=self.path,
+                        line=line,
+                    )
                 limit = 31 if kind[0] == "buffer" else 8
                 if int(kind[1]) >= limit:
-                    raise MetalSourceError(f"parameter '{name}': {kind[0]}({kind[1]}) is beyond "
-                                           f"the limit of {limit}", path=self.path, line=line)
+                    raise MetalSourceError(
+                        f"parameter '{name}': {kind[0]}({kind[1]}) is beyond the limit of {limit}",
+                        path=self.path,
+                        line=line,
+                    )
             params.append(_Param(name, kind[0], kind[1], line))
         return params
 
@@ -481,13 +512,15 @@ class _Rewriter:
             if self._in_directive(kpos):
                 continue
             # What precedes: [[host_name("x")]] / template / template <...>.
-            stmt_start = max(m.rfind(";", 0, kpos), m.rfind("}", 0, kpos),
-                             m.rfind("{", 0, kpos)) + 1
+            stmt_start = (
+                max(m.rfind(";", 0, kpos), m.rfind("}", 0, kpos), m.rfind("{", 0, kpos)) + 1
+            )
             prefix_src = self.src[stmt_start:kpos]
             prefix = m[stmt_start:kpos]
             host = re.search(r"host_name\s*\(\s*\"([^\"]*)\"\s*\)", prefix_src)
             is_instantiation = bool(re.match(r"\s*template\s*(\[\[|$)", prefix)) and "<" not in (
-                _ATTR.sub("", prefix))
+                _ATTR.sub("", prefix)
+            )
             is_template_def = bool(re.search(r"\btemplate\s*<", prefix))
             for am in _ATTR.finditer(m, stmt_start, kpos):
                 self.blank(am.start(), am.end())
@@ -538,8 +571,7 @@ class _Rewriter:
             elif m.startswith(";", after):
                 if is_instantiation:
                     if not host:
-                        raise self.error(kpos, "template instantiation without "
-                                         "[[host_name(...)]]")
+                        raise self.error(kpos, "template instantiation without [[host_name(...)]]")
                     found.append(("inst", host.group(1), name, targs, params, kpos))
             else:
                 raise self.error(kpos, f"expected '{{' or ';' after kernel '{name}'")
@@ -552,17 +584,19 @@ class _Rewriter:
 
         result = []
         names_seen: dict[str, int] = {}
-        for kind, kname, fname, targs, params, kpos in found:
+        for _kind, kname, fname, targs, params, kpos in found:
             if fname not in definitions:
-                raise self.error(kpos, f"kernel template '{fname}' is not defined before "
-                                 "this instantiation")
+                raise self.error(
+                    kpos, f"kernel template '{fname}' is not defined before this instantiation"
+                )
             def_params, func = definitions[fname]
             if params is None:
                 params = def_params
             line = _line_of(self.src, kpos)
             if kname in names_seen:
-                raise self.error(kpos, f"kernel name '{kname}' already used at line "
-                                 f"{names_seen[kname]}")
+                raise self.error(
+                    kpos, f"kernel name '{kname}' already used at line {names_seen[kname]}"
+                )
             names_seen[kname] = line
             self._check_params(params, kname, kpos)
             info = KernelInfo(
@@ -585,14 +619,18 @@ class _Rewriter:
             if p.attr in ("buffer", "threadgroup"):
                 key = (p.attr, p.arg)
                 if key in seen:
-                    raise MetalSourceError(f"kernel '{kname}': {p.attr}({p.arg}) bound to both "
-                                           f"'{seen[key]}' and '{p.name}'", path=self.path,
-                                           line=p.line)
+                    raise MetalSourceError(
+                        f"kernel '{kname}': {p.attr}({p.arg}) bound to both "
+                        f"'{seen[key]}' and '{p.name}'",
+                        path=self.path,
+                        line=p.line,
+                    )
                 seen[key] = p.name
 
     def _max_threads(self, func: _Function) -> int:
-        stmt_start = max(self.masked.rfind(";", 0, func.start),
-                         self.masked.rfind("}", 0, func.start)) + 1
+        stmt_start = (
+            max(self.masked.rfind(";", 0, func.start), self.masked.rfind("}", 0, func.start)) + 1
+        )
         head = self.src[stmt_start : func.body_start]
         mt = re.search(r"max_total_threads_per_threadgroup\s*\(\s*(\d+)\s*\)", head)
         return int(mt.group(1)) if mt else 0
@@ -604,8 +642,11 @@ class _Rewriter:
             self.blank(im.start(), im.end())
         for am in _ATTR.finditer(m):
             self.blank(am.start(), am.end())
-        for match in re.finditer(r"\b(device|thread|threadgroup|constant|threadgroup_imageblock)"
-                                 r"\b", m):
+        for match in re.finditer(
+            r"\b(device|thread|threadgroup|constant|threadgroup_imageblock)"
+            r"\b",
+            m,
+        ):
             start, end = match.start(), match.end()
             if start > 0 and m[start - 1] in "_.:":
                 continue
@@ -701,8 +742,9 @@ def _c_string(text: str) -> str:
     return json.dumps(text)
 
 
-def translate(source: str, path: str, *, prelude: str = "metal_emu.h",
-              output_name: str = "<generated>") -> Translation:
+def translate(
+    source: str, path: str, *, prelude: str = "metal_emu.h", output_name: str = "<generated>"
+) -> Translation:
     """Rewrite MSL ``source`` (read from ``path``) into C++ for the emulator.
 
     Raises MetalSourceError naming ``path`` and the line at fault.
@@ -715,8 +757,10 @@ def translate(source: str, path: str, *, prelude: str = "metal_emu.h",
     if not body.endswith("\n"):
         body += "\n"
 
-    head = (f"// Generated by tools/metal2cpp.py from {os.path.basename(path)}; do not edit.\n"
-            f"#include \"{prelude}\"\n#line 1 {_c_string(path)}\n")
+    head = (
+        f"// Generated by tools/metal2cpp.py from {os.path.basename(path)}; do not edit.\n"
+        f'#include "{prelude}"\n#line 1 {_c_string(path)}\n'
+    )
     stem = _c_ident(os.path.splitext(os.path.basename(path))[0])
     tail_lines = [
         "",
@@ -768,14 +812,23 @@ def _write_atomic(path: str, text: str) -> None:
         raise
 
 
-def translate_file(path: str, out_cpp: str | None = None, out_table: str | None = None, *,
-                   prelude: str = "metal_emu.h") -> Translation:
+def translate_file(
+    path: str,
+    out_cpp: str | None = None,
+    out_table: str | None = None,
+    *,
+    prelude: str = "metal_emu.h",
+) -> Translation:
     """Rewrite the ``.metal`` file at ``path``; write the C++ to ``out_cpp`` and the kernel
     table (JSON list) to ``out_table`` when given, each atomically."""
     with open(path, encoding="utf-8") as f:
         source = f.read()
-    result = translate(source, path, prelude=prelude,
-                       output_name=os.path.abspath(out_cpp) if out_cpp else "<generated>")
+    result = translate(
+        source,
+        path,
+        prelude=prelude,
+        output_name=os.path.abspath(out_cpp) if out_cpp else "<generated>",
+    )
     if out_cpp:
         _write_atomic(out_cpp, result.cpp)
     if out_table:
@@ -794,8 +847,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prelude", default="metal_emu.h", help="prelude header to include")
     args = parser.parse_args(argv)
     try:
-        translate_file(os.path.abspath(args.source), args.output, args.table,
-                       prelude=args.prelude)
+        translate_file(os.path.abspath(args.source), args.output, args.table, prelude=args.prelude)
     except MetalSourceError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -83,8 +83,12 @@ def translate_metal(metal: pathlib.Path) -> pathlib.Path:
     return out
 
 
-def build(metal_files: list[pathlib.Path], *, flags: list[str] | None = None,
-          driver: pathlib.Path | None = None) -> pathlib.Path:
+def build(
+    metal_files: list[pathlib.Path],
+    *,
+    flags: list[str] | None = None,
+    driver: pathlib.Path | None = None,
+) -> pathlib.Path:
     """Compile runtime + kernels (+ optional driver with main) into a shared library, or an
     executable when ``driver`` is given. Returns its path."""
     flags = [*BASE_FLAGS, *(flags or OPT_FLAGS)]

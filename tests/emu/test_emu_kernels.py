@@ -47,8 +47,7 @@ def test_reduction_with_barriers(emu, order):
     groups = 6
     x = np.random.default_rng(1).random(256 * groups).astype(np.float32)
     out = np.zeros(groups, np.float32)
-    emu.dispatch("reduce_sum_f32", [x, out], groups, 256, mode="threadgroups", order=order,
-                 seed=11)
+    emu.dispatch("reduce_sum_f32", [x, out], groups, 256, mode="threadgroups", order=order, seed=11)
     np.testing.assert_allclose(out, x.reshape(groups, 256).sum(1, dtype=np.float64), rtol=1e-5)
 
 
@@ -58,8 +57,9 @@ def test_simd_sum_reduction(emu, order):
     x = np.random.default_rng(2).standard_normal(groups * per).astype(np.float32)
     out = np.zeros(groups, np.float32)
     emu.dispatch("simd_reduce_f32", [x, out], groups * per, per, order=order, seed=5)
-    np.testing.assert_allclose(out, x.reshape(groups, per).sum(1, dtype=np.float64), rtol=1e-4,
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        out, x.reshape(groups, per).sum(1, dtype=np.float64), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_simd_shuffles(emu):
@@ -86,8 +86,15 @@ def test_tiled_gemm(emu, order):
     a, b = _gemm_inputs(m, n, k)
     c = np.zeros((m, n), np.float32)
     groups = ((n + 15) // 16, (m + 15) // 16)
-    emu.dispatch("gemm_tiled_f32", [struct_bytes("III", m, n, k), a, b, c], groups, (16, 16),
-                 mode="threadgroups", order=order, seed=7)
+    emu.dispatch(
+        "gemm_tiled_f32",
+        [struct_bytes("III", m, n, k), a, b, c],
+        groups,
+        (16, 16),
+        mode="threadgroups",
+        order=order,
+        seed=7,
+    )
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
@@ -95,8 +102,13 @@ def test_tiled_gemm_half_from_decltype_instantiation(emu):
     m, n, k = 16, 32, 24
     a, b = _gemm_inputs(m, n, k, dtype=np.float16)
     c = np.zeros((m, n), np.float16)
-    emu.dispatch("gemm_tiled_f16", [struct_bytes("III", m, n, k), a, b, c], (2, 1), (16, 16),
-                 mode="threadgroups")
+    emu.dispatch(
+        "gemm_tiled_f16",
+        [struct_bytes("III", m, n, k), a, b, c],
+        (2, 1),
+        (16, 16),
+        mode="threadgroups",
+    )
     ref = a.astype(np.float32) @ b.astype(np.float32)
     np.testing.assert_allclose(c.astype(np.float32), ref, rtol=2e-2, atol=2e-2)
 
@@ -108,8 +120,9 @@ def test_simdgroup_matrix_gemm(emu, name):
     bt = np.ascontiguousarray(b.T)
     c = np.zeros((m, n), np.float32)
     rhs = b if name == "gemm_simdgroup_f32" else bt
-    emu.dispatch(name, [struct_bytes("III", m, n, k), a, rhs, c], (n // 8, m // 8), 32,
-                 mode="threadgroups")
+    emu.dispatch(
+        name, [struct_bytes("III", m, n, k), a, rhs, c], (n // 8, m // 8), 32, mode="threadgroups"
+    )
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
@@ -117,8 +130,9 @@ def test_atomics_histogram(emu):
     n = 3000
     x = np.random.default_rng(5).integers(0, 1000, n).astype(np.uint32)
     hist = np.zeros(16, np.uint32)
-    emu.dispatch("histogram_u32", [x, hist, np.array([n], np.uint32)], n, 128, order="random",
-                 seed=2)
+    emu.dispatch(
+        "histogram_u32", [x, hist, np.array([n], np.uint32)], n, 128, order="random", seed=2
+    )
     np.testing.assert_array_equal(hist, np.bincount(x % 16, minlength=16))
 
 
@@ -156,3 +170,16 @@ def test_dynamic_threadgroup_memory(emu, order):
     out = np.zeros(96, np.float32)
     emu.dispatch("reverse_in_group", [x, out], 96, 32, tg_args=(32 * 4,), order=order)
     np.testing.assert_array_equal(out, x.reshape(3, 32)[:, ::-1].ravel())
+
+
+def test_ucontext_fallback_runs_barriers_and_simd():
+    from emu_harness import OPT_FLAGS
+
+    e = Emu(build([KERNELS / "good.metal"], flags=[*OPT_FLAGS, "-DEMU_FIBER_UCONTEXT"]), threads=1)
+    try:
+        x = np.random.default_rng(8).random(512).astype(np.float32)
+        out = np.zeros(2, np.float32)
+        e.dispatch("simd_reduce_f32", [x, out], 512, 256, order="random", seed=3)
+        np.testing.assert_allclose(out, x.reshape(2, 256).sum(1, dtype=np.float64), rtol=1e-5)
+    finally:
+        e.close()
