@@ -197,7 +197,7 @@ def _check_cached(spec: ModelSpec, target: Path) -> None:
 
 def _download(spec: ModelSpec, url: str, target: Path, *, progress: bool, timeout: float) -> None:
     manual = (
-        f"download {url} by hand and put it at {target} (expected {spec.size} bytes), "
+        f"download {spec.url} by hand and put it at {target} (expected {spec.size} bytes), "
         f"or set {MIRROR_ENV} to a server laid out as NAME/NAME.weights"
     )
     try:

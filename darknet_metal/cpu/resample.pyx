@@ -180,8 +180,11 @@ def reorg_forward(x, out, int stride, bint reverse=False) -> None:
     ``out[k, j, i] = x'[k % C', j*s + (k // C') // s, i*s + (k // C') % s]`` where x' is the
     input buffer read as (C', H*s, W*s); the result is then labelled (C*s^2, H/s, W/s).
     This is not a plain space-to-depth, but it is what trained YOLOv2 weights expect.
-    Reverse is the exact inverse. Requires C divisible by s^2 and, forward, H and W
-    divisible by s (otherwise Darknet writes outside its buffers).
+    Reverse applies the same index map from the other side with the reverse layer's own
+    input dims, which makes it a plain depth-to-space (not the inverse of forward):
+    ``out[c, y, x] = x[((y % s)*s + x % s)*C' + c, y // s, x // s]``, C' = C/s^2.
+    Requires C divisible by s^2 and, forward, H and W divisible by s (otherwise Darknet
+    writes outside its buffers).
     """
     _check_input(x)
     _check_stride(stride)

@@ -1,0 +1,599 @@
+"""Tests of the Cython non-GEMM layers: pooling, resample, combine, heads.
+
+References: NumPy formulas written here (sliding windows over -inf padding, reshapes and
+transposes, broadcasting), OpenCV DNN's Darknet importer on tiny cfgs with weights files
+written here, hand-computed Darknet values, and the real Darknet's ``[yolo]`` outputs in
+../shared/golden.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from darknet_metal.cpu import combine, heads, pooling, resample
+
+try:
+    from opencv_ref import opencv_layer_outputs, write_darknet_weights
+except ImportError:  # tests/ imported as a package
+    from tests.opencv_ref import opencv_layer_outputs, write_darknet_weights
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+GOLDEN = SHARED / "golden" / "darknet-v5-cpu-yolov3-tiny"
+FLT_MAX = float(np.finfo(np.float32).max)
+DTYPES = [np.float32, np.float64]
+
+
+def _have_cv2_darknet() -> bool:
+    if importlib.util.find_spec("cv2") is None:
+        return False
+    import cv2
+
+    return hasattr(cv2, "dnn") and hasattr(cv2.dnn, "readNetFromDarknet")
+
+
+needs_cv2 = pytest.mark.skipif(
+    not _have_cv2_darknet(), reason="needs opencv-python with the Darknet importer"
+)
+
+
+def _rand(shape, seed, dtype=np.float32, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(dtype)
+
+
+def _close_to_opencv(ours, ref):
+    tol = 1e-4 * np.abs(ref).max() + 1e-5
+    assert np.abs(ours.astype(np.float64) - ref).max() <= tol
+
+
+class TinyNet:
+    """A cfg + weights pair in a temp dir, run by OpenCV."""
+
+    def __init__(self, tmp_path, c, h, w, body, arrays):
+        self.cfg = tmp_path / "net.cfg"
+        self.weights = tmp_path / "net.weights"
+        self.cfg.write_text(f"[net]\nwidth={w}\nheight={h}\nchannels={c}\n\n{body}")
+        write_darknet_weights(self.weights, arrays)
+
+    def outputs(self, x, layers):
+        return opencv_layer_outputs(self.cfg, self.weights, x, layers)
+
+
+def _conv1x1(filters, activation="linear"):
+    return f"[convolutional]\nfilters={filters}\nsize=1\nstride=1\nactivation={activation}\n\n"
+
+
+# ---------------------------------------------------------------------------------------
+# maxpool / local_avgpool / avgpool
+
+
+def _c_trunc_div(a, b):
+    return int(a / b)
+
+
+def _windows(x, size, sx, sy, padding, fill):
+    """All pooling windows (N, C, out_h, out_w, size, size), outside positions = fill."""
+    n, c, h, w = x.shape
+    oh = _c_trunc_div(h + padding - size, sy) + 1
+    ow = _c_trunc_div(w + padding - size, sx) + 1
+    off = padding // 2
+    pad_b = max(0, (oh - 1) * sy + size - off - h)
+    pad_r = max(0, (ow - 1) * sx + size - off - w)
+    xp = np.pad(
+        x.astype(np.float64),
+        ((0, 0), (0, 0), (off, pad_b), (off, pad_r)),
+        constant_values=fill,
+    )
+    win = np.lib.stride_tricks.sliding_window_view(xp, (size, size), axis=(2, 3))
+    return win[:, :, ::sy, ::sx][:, :, :oh, :ow]
+
+
+def np_maxpool(x, size, sx, sy, padding):
+    out = _windows(x, size, sx, sy, padding, -np.inf).max(axis=(-2, -1))
+    return np.where(np.isneginf(out), -FLT_MAX, out)  # Darknet starts from -FLT_MAX
+
+
+def np_local_avgpool(x, size, sx, sy, padding):
+    win = _windows(x, size, sx, sy, padding, np.nan)
+    with np.errstate(invalid="ignore"):
+        return np.nansum(win, axis=(-2, -1)) / (~np.isnan(win)).sum(axis=(-2, -1))
+
+
+POOL_CASES = [
+    # size, stride_x, stride_y, padding, input shape
+    (2, 2, 2, 1, (2, 3, 13, 13)),  # yolov3-tiny, default padding size-1
+    (2, 1, 1, 1, (2, 3, 13, 13)),  # keeps 13x13
+    (3, 1, 1, 2, (2, 5, 5, 7)),
+    (5, 1, 1, 4, (2, 3, 13, 13)),  # SPP
+    (3, 2, 2, 2, (2, 7, 5, 7)),
+    (2, 2, 1, 1, (2, 3, 5, 7)),  # unequal strides
+    (3, 3, 2, 0, (2, 3, 7, 5)),
+    (2, 2, 2, 0, (2, 3, 5, 7)),
+    (1, 1, 1, 0, (2, 3, 1, 5)),
+    (4, 3, 3, 1, (2, 5, 13, 1)),
+    (1, 1, 1, 2, (1, 2, 3, 4)),  # border windows entirely outside the image
+]
+
+
+@pytest.mark.parametrize("size,sx,sy,padding,shape", POOL_CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_maxpool_matches_sliding_window(size, sx, sy, padding, shape, dtype):
+    x = _rand(shape, size * 10 + sx, dtype)
+    ref = np_maxpool(x, size, sx, sy, padding)
+    out = np.empty(ref.shape, dtype)
+    pooling.maxpool_forward(x, out, size, sx, sy, padding)
+    np.testing.assert_array_equal(out, ref.astype(dtype))
+
+
+def test_maxpool_size2_stride1_keeps_13x13_and_pads_bottom_right():
+    x = np.arange(13 * 13, dtype=np.float32).reshape(1, 1, 13, 13)
+    out = np.empty((1, 1, 13, 13), np.float32)
+    pooling.maxpool_forward(x, out, 2, 1, 1, 1)
+    # Increasing values: each window's max is its bottom-right in-image element.
+    expected = x[0, 0, np.minimum(np.arange(13) + 1, 12)][:, np.minimum(np.arange(13) + 1, 12)]
+    np.testing.assert_array_equal(out[0, 0], expected)
+
+
+def test_maxpool_window_outside_image_is_minus_flt_max():
+    out = np.empty((1, 1, 4, 5), np.float32)
+    pooling.maxpool_forward(np.ones((1, 1, 2, 3), np.float32), out, 1, 1, 1, 2)
+    assert out[0, 0, 0, 0] == -FLT_MAX and out[0, 0, 1, 1] == 1.0
+
+
+@pytest.mark.parametrize("size,sx,sy,padding,shape", POOL_CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_local_avgpool_matches_sliding_window(size, sx, sy, padding, shape, dtype):
+    x = _rand(shape, size + 3 * sy, dtype)
+    ref = np_local_avgpool(x, size, sx, sy, padding)
+    out = np.empty(ref.shape, dtype)
+    pooling.local_avgpool_forward(x, out, size, sx, sy, padding)
+    rtol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol)  # NaN where Darknet has 0/0
+
+
+@needs_cv2
+@pytest.mark.parametrize(
+    "size,stride,hw", [(2, 2, 13), (2, 1, 13), (3, 1, 7), (5, 1, 13), (3, 2, 9)]
+)
+def test_maxpool_matches_opencv(tmp_path, size, stride, hw):
+    c = 3
+    net = TinyNet(tmp_path, c, hw, hw, f"[maxpool]\nsize={size}\nstride={stride}\n\n", [])
+    x = _rand((2, c, hw, hw), hw + size)
+    (ref,) = net.outputs(x, [0])
+    out = np.empty(ref.shape, np.float32)
+    pooling.maxpool_forward(x, out, size, stride, stride, size - 1)
+    _close_to_opencv(out, ref)
+
+
+@pytest.mark.parametrize("c,out_c", [(7, 3), (5, 5), (6, 1), (4, 3)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_maxpool_depth(c, out_c, dtype):
+    x = _rand((2, c, 5, 7), c, dtype)
+    ref = np.stack([x[:, g::out_c].max(axis=1) for g in range(out_c)], axis=1)
+    out = np.empty((2, out_c, 5, 7), dtype)
+    pooling.maxpool_depth_forward(x, out)
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (2, 7, 13, 13), (2, 5, 1, 1), (2, 3, 1, 13)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_avgpool(shape, dtype):
+    x = _rand(shape, 4, dtype)
+    out = np.empty(shape[:2] + (1, 1), dtype)
+    pooling.avgpool_forward(x, out)
+    rtol = 1e-5 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(
+        out[:, :, 0, 0], x.astype(np.float64).mean(axis=(2, 3)), rtol=rtol, atol=rtol
+    )
+
+
+@needs_cv2
+def test_avgpool_matches_opencv(tmp_path):
+    net = TinyNet(tmp_path, 5, 7, 9, "[avgpool]\n\n", [])
+    x = _rand((2, 5, 7, 9), 8)
+    (ref,) = net.outputs(x, [0])
+    out = np.empty((2, 5, 1, 1), np.float32)
+    pooling.avgpool_forward(x, out)
+    _close_to_opencv(out, ref)
+
+
+# ---------------------------------------------------------------------------------------
+# upsample / reorg / reorg3d
+
+
+@pytest.mark.parametrize("stride,scale", [(2, 1.0), (3, 0.5), (1, 2.0), (4, -1.5)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_upsample(stride, scale, dtype):
+    x = _rand((2, 3, 5, 7), stride, dtype)
+    ref = x.repeat(stride, axis=2).repeat(stride, axis=3) * dtype(scale)
+    out = np.empty(ref.shape, dtype)
+    resample.upsample_forward(x, out, stride, scale)
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("stride,scale,shape", [(2, 1.0, (2, 3, 6, 8)), (3, 0.25, (2, 5, 9, 3))])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reverse_upsample_sums_blocks(stride, scale, shape, dtype):
+    n, c, h, w = shape
+    x = _rand(shape, 3, dtype)
+    ref = (x.astype(np.float64) * scale).reshape(n, c, h // stride, stride, w // stride, stride)
+    ref = ref.sum(axis=(3, 5))
+    out = np.empty(ref.shape, dtype)
+    resample.upsample_forward(x, out, -stride, scale)
+    rtol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol)
+
+
+@needs_cv2
+def test_upsample_matches_opencv(tmp_path):
+    net = TinyNet(tmp_path, 3, 5, 7, "[upsample]\nstride=2\n\n", [])
+    x = _rand((2, 3, 5, 7), 1)
+    (ref,) = net.outputs(x, [0])
+    out = np.empty((2, 3, 10, 14), np.float32)
+    resample.upsample_forward(x, out, 2)
+    _close_to_opencv(out, ref)
+
+
+def np_reorg_old(x, s):
+    """[reorg] as OpenCV's Reorg layer computes it: a permute of a reshaped view."""
+    n, c, h, w = x.shape
+    v = x.reshape(n, c * h // (s * s), s, w, s).transpose(0, 2, 4, 1, 3)
+    return v.reshape(n, c * s * s, h // s, w // s)
+
+
+@pytest.mark.parametrize("stride,shape", [(2, (2, 8, 6, 4)), (2, (2, 4, 2, 6)), (3, (2, 9, 6, 3))])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reorg_forward(stride, shape, dtype):
+    x = _rand(shape, stride, dtype)
+    ref = np_reorg_old(x, stride)
+    out = np.empty(ref.shape, dtype)
+    resample.reorg_forward(x, out, stride)
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("stride,shape", [(2, (2, 8, 3, 2)), (2, (2, 4, 1, 3)), (3, (2, 18, 2, 1))])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reorg_reverse_is_depth_to_space(stride, shape, dtype):
+    # Darknet's reverse [reorg] indexes with the reverse layer's own input dims, so it
+    # undoes a plain space-to-depth, not its own forward direction.
+    n, c, h, w = shape
+    x = _rand(shape, stride + 1, dtype)
+    out = np.empty((n, c // stride**2, h * stride, w * stride), dtype)
+    resample.reorg_forward(x, out, stride, reverse=True)
+    np.testing.assert_array_equal(np_space_to_depth(out, stride), x)
+
+
+@needs_cv2
+@pytest.mark.parametrize("n", [1, 2])
+def test_reorg_matches_opencv(tmp_path, n):
+    net = TinyNet(tmp_path, 8, 6, 4, "[reorg]\nstride=2\n\n", [])
+    x = _rand((n, 8, 6, 4), 5)
+    (ref,) = net.outputs(x, [0])
+    out = np.empty(ref.shape, np.float32)
+    resample.reorg_forward(x, out, 2)
+    _close_to_opencv(out, ref)
+
+
+def np_space_to_depth(x, s):
+    n, c, h, w = x.shape
+    v = x.reshape(n, c, h // s, s, w // s, s).transpose(0, 3, 5, 1, 2, 4)
+    return v.reshape(n, s * s * c, h // s, w // s)
+
+
+@pytest.mark.parametrize("stride,shape", [(2, (2, 3, 6, 4)), (3, (2, 5, 9, 3)), (2, (2, 1, 2, 2))])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reorg3d_forward_is_space_to_depth(stride, shape, dtype):
+    x = _rand(shape, 2, dtype)
+    ref = np_space_to_depth(x, stride)
+    out = np.empty(ref.shape, dtype)
+    resample.reorg3d_forward(x, out, stride)
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("stride,shape", [(2, (2, 16, 3, 5)), (2, (2, 32, 2, 2))])
+def test_reorg3d_reverse_follows_darknet_buffers(stride, shape):
+    # Darknet reads the input as (C/s^2, H*s, W*s) and writes the output buffer as
+    # (C/s^4, H*s^2, W*s^2) whose space-to-depth is that input.
+    n, c, h, w = shape
+    s = stride
+    x = _rand(shape, 9)
+    c4 = c // s**4
+    view = x.reshape(n, s, s, c4, h * s, w * s).transpose(0, 3, 4, 1, 5, 2)
+    big = view.reshape(n, c4, h * s * s, w * s * s)
+    out = np.empty((n, c // (s * s), h * s, w * s), np.float32)
+    resample.reorg3d_forward(x, out, s, reverse=True)
+    np.testing.assert_array_equal(out.reshape(big.shape), big)
+    np.testing.assert_array_equal(np_space_to_depth(big, s).reshape(x.shape), x)
+
+
+# ---------------------------------------------------------------------------------------
+# shortcut / scale_channels / sam
+
+
+def np_shortcut(x, sources, weights, wtype, norm):
+    c = x.shape[1]
+    k = len(sources) + 1
+    if wtype == "none":
+        wt = np.ones((k, c))
+    elif wtype == "per_feature":
+        wt = np.repeat(np.asarray(weights, np.float64).reshape(k, 1), c, axis=1)
+    else:
+        wt = np.asarray(weights, np.float64).reshape(k, c)
+    if norm == "relu":
+        r = np.maximum(wt, 0.0)
+        wt = r / (1e-4 + r.sum(axis=0))
+    elif norm == "softmax":
+        e = np.exp(wt - wt.max(axis=0))
+        wt = e / (1e-4 + e.sum(axis=0))
+    out = x.astype(np.float64) * wt[0][None, :, None, None]
+    for i, s in enumerate(sources):
+        m = min(c, s.shape[1])
+        out[:, :m] += s[:, :m].astype(np.float64) * wt[i + 1][None, :m, None, None]
+    return out
+
+
+SHORTCUT_CASES = [
+    # source channels, weights_type, weights_normalization
+    ([5], "none", "none"),
+    ([7], "none", "none"),  # source wider: extra channels ignored
+    ([3], "none", "none"),  # source narrower: only the first channels get added
+    ([5, 2], "none", "none"),
+    ([5], "per_feature", "none"),
+    ([5, 7], "per_feature", "relu"),
+    ([5, 3], "per_feature", "softmax"),
+    ([5], "per_channel", "none"),
+    ([4, 5], "per_channel", "relu"),
+    ([5, 6], "per_channel", "softmax"),
+]
+
+
+@pytest.mark.parametrize("src_channels,wtype,norm", SHORTCUT_CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shortcut(src_channels, wtype, norm, dtype):
+    x = _rand((2, 5, 3, 7), 1, dtype)
+    sources = [_rand((2, cs, 3, 7), 10 + i, dtype) for i, cs in enumerate(src_channels)]
+    k = len(sources) + 1
+    weights = None
+    if wtype != "none":
+        count = k if wtype == "per_feature" else k * 5
+        weights = np.random.default_rng(5).uniform(-1.5, 1.5, count).astype(np.float32)
+    ref = np_shortcut(x, sources, weights, wtype, norm)
+    out = np.empty_like(x)
+    combine.shortcut_forward(x, sources, weights, wtype, norm, out)
+    rtol = 2e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol)
+    combine.shortcut_forward(x, sources, weights, wtype, norm, x)  # in place on x
+    np.testing.assert_array_equal(x, out)
+
+
+def test_shortcut_accepts_darknet_aliases():
+    x, s = _rand((1, 2, 3, 3), 1), _rand((1, 2, 3, 3), 2)
+    w = np.array([0.5, -0.25], np.float32)
+    a, b = np.empty_like(x), np.empty_like(x)
+    combine.shortcut_forward(x, [s], w, "per_layer", "avg_relu", a)
+    combine.shortcut_forward(x, [s], w, "per_feature", "relu", b)
+    np.testing.assert_array_equal(a, b)
+
+
+@needs_cv2
+@pytest.mark.parametrize("c2", [4, 6, 2])
+def test_shortcut_matches_opencv(tmp_path, c2):
+    c, h, w = 4, 5, 7
+    w1 = _rand((c2, c), 3)
+    body = _conv1x1(c) + _conv1x1(c2) + "[shortcut]\nfrom=-2\nactivation=linear\n\n"
+    net = TinyNet(tmp_path, c, h, w, body, [np.zeros(c), np.eye(c), np.zeros(c2), w1])
+    l0, l1, l2 = net.outputs(_rand((2, c, h, w), 4), [0, 1, 2])
+    out = np.empty_like(l1)
+    combine.shortcut_forward(l1, [l0], None, "none", "none", out)
+    _close_to_opencv(out, l2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_channels(dtype):
+    x = _rand((2, 5, 3, 7), 1, dtype)
+    per_channel = _rand((2, 5, 1, 1), 2, dtype)
+    out = np.empty_like(x)
+    combine.scale_channels_forward(x, per_channel, out)
+    np.testing.assert_array_equal(out, per_channel * x)
+    per_pixel = _rand((2, 1, 3, 7), 3, dtype)
+    combine.scale_channels_forward(x, per_pixel, out, scale_wh=True)
+    np.testing.assert_array_equal(out, per_pixel * x)
+
+
+@needs_cv2
+def test_scale_channels_matches_opencv(tmp_path):
+    # OpenCV 4.14's Darknet scale_channels only accepts a batch of one.
+    c, h, w = 5, 3, 7
+    body = _conv1x1(c) + "[avgpool]\n\n[scale_channels]\nfrom=-2\n\n"
+    net = TinyNet(tmp_path, c, h, w, body, [np.zeros(c), np.eye(c)])
+    l0, l1, l2 = net.outputs(_rand((1, c, h, w), 6), [0, 1, 2])
+    out = np.empty_like(l0)
+    combine.scale_channels_forward(l0, l1, out)
+    _close_to_opencv(out, l2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sam(dtype):
+    a, b = _rand((2, 3, 5, 7), 1, dtype), _rand((2, 3, 5, 7), 2, dtype)
+    out = np.empty_like(a)
+    combine.sam_forward(a, b, out)
+    np.testing.assert_array_equal(out, a * b)
+
+
+@needs_cv2
+def test_sam_matches_opencv(tmp_path):
+    c, h, w = 3, 5, 7
+    body = _conv1x1(c) + _conv1x1(c) + "[sam]\nfrom=-2\n\n"
+    net = TinyNet(tmp_path, c, h, w, body, [np.zeros(c), np.eye(c), np.zeros(c), _rand((c, c), 1)])
+    l0, l1, l2 = net.outputs(_rand((2, c, h, w), 7), [0, 1, 2])
+    out = np.empty_like(l0)
+    combine.sam_forward(l0, l1, out)
+    _close_to_opencv(out, l2)
+
+
+# ---------------------------------------------------------------------------------------
+# softmax / yolo
+
+
+def np_softmax(x, groups, temperature):
+    n = x.shape[0]
+    v = x.astype(np.float64).reshape(n, groups, -1) / temperature
+    e = np.exp(v - v.max(axis=2, keepdims=True))
+    return (e / e.sum(axis=2, keepdims=True)).reshape(x.shape)
+
+
+@pytest.mark.parametrize(
+    "features,groups,temperature", [(7, 1, 1.0), (12, 3, 1.0), (10, 5, 0.5), (9, 1, 2.5)]
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax(features, groups, temperature, dtype):
+    x = _rand((2, features), features, dtype, scale=3.0)
+    out = np.empty_like(x)
+    heads.softmax_forward(x, out, groups, temperature)
+    rtol = 2e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(out, np_softmax(x, groups, temperature), rtol=rtol, atol=rtol)
+    four_d = np.empty((2, features, 1, 1), dtype)
+    heads.softmax_forward(x.reshape(2, features, 1, 1), four_d, groups, temperature)
+    np.testing.assert_array_equal(four_d.reshape(2, features), out)
+
+
+def test_softmax_float32_is_darknets_arithmetic():
+    # e = (float) exp((double)(x/T - max/T)), summed in float, then each e / sum.
+    x = _rand((1, 9), 1, scale=4.0)
+    t = np.float32(0.7)
+    m = x.max()
+    e = [np.float32(math.exp(float(v / t - m / t))) for v in x[0]]
+    total = np.float32(0)
+    for v in e:
+        total = total + v
+    out = np.empty_like(x)
+    heads.softmax_forward(x, out, 1, 0.7)
+    np.testing.assert_array_equal(out[0], np.array([v / total for v in e], np.float32))
+
+
+@needs_cv2
+def test_softmax_matches_opencv(tmp_path):
+    net = TinyNet(tmp_path, 6, 3, 5, "[avgpool]\n\n[softmax]\n\n", [])
+    l0, l1 = net.outputs(_rand((2, 6, 3, 5), 3, scale=3.0), [0, 1])
+    out = np.empty((2, 6), np.float32)
+    heads.softmax_forward(l0.reshape(2, 6), out)
+    _close_to_opencv(out, l1.reshape(2, 6))
+
+
+def np_yolo(x, n, classes, scale_x_y, new_coords):
+    v = x.astype(np.float64).reshape(x.shape[0], n, 5 + classes, *x.shape[2:]).copy()
+    if not new_coords:
+        for ch in [0, 1, *range(4, 5 + classes)]:
+            v[:, :, ch] = 1.0 / (1.0 + np.exp(-v[:, :, ch]))
+    v[:, :, :2] = v[:, :, :2] * scale_x_y - 0.5 * (scale_x_y - 1)
+    return v.reshape(x.shape)
+
+
+@pytest.mark.parametrize(
+    "n,classes,scale_x_y,new_coords,hw",
+    [(3, 80, 1.0, False, (13, 13)), (2, 3, 1.05, False, (5, 7)), (3, 1, 1.2, False, (1, 13)),
+     (1, 0, 2.0, True, (7, 1)), (3, 2, 1.1, True, (4, 4))],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_yolo(n, classes, scale_x_y, new_coords, hw, dtype):
+    x = _rand((2, n * (5 + classes), *hw), n + classes, dtype, scale=3.0)
+    out = np.empty_like(x)
+    heads.yolo_forward(x, out, n, classes, scale_x_y, new_coords)
+    rtol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(
+        out, np_yolo(x, n, classes, scale_x_y, new_coords), rtol=rtol, atol=rtol
+    )
+
+
+@pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden Darknet outputs not available")
+@pytest.mark.parametrize("stem", ["dog", "coffee"])
+@pytest.mark.parametrize("conv,yolo,hw", [(15, 16, 13), (22, 23, 26)])
+def test_yolo_matches_darknet_golden(stem, conv, yolo, hw):
+    x = np.fromfile(GOLDEN / f"{stem}_layer{conv}.bin", "<f4").reshape(1, 255, hw, hw)
+    expected = np.fromfile(GOLDEN / f"{stem}_layer{yolo}.bin", "<f4").reshape(1, 255, hw, hw)
+    out = np.empty_like(x)
+    heads.yolo_forward(x, out, 3, 80)  # yolov3-tiny: mask of 3 anchors, 80 classes
+    assert np.abs(out - expected).max() <= 1.2e-7
+
+
+# ---------------------------------------------------------------------------------------
+# Batches are independent: a batch of two equals each sample alone.
+
+
+def test_batch_items_are_independent():
+    x = _rand((2, 8, 6, 4), 1)
+    src = _rand((2, 8, 6, 4), 2)
+    cases = [
+        (x, lambda a, o: pooling.maxpool_forward(a, o, 3, 2, 2, 2), (8, 3, 2)),
+        (x, lambda a, o: resample.reorg_forward(a, o, 2), (32, 3, 2)),
+        (x, lambda a, o: heads.softmax_forward(a, o, 2, 1.0), (8, 6, 4)),
+        (_rand((2, 12, 3, 5), 3), lambda a, o: heads.yolo_forward(a, o, 2, 1, 1.1), (12, 3, 5)),
+    ]
+    for inp, fn, shape in cases:
+        both = np.empty((2, *shape), np.float32)
+        fn(inp, both)
+        for b in range(2):
+            one = np.empty((1, *shape), np.float32)
+            fn(inp[b : b + 1].copy(), one)
+            np.testing.assert_array_equal(both[b : b + 1], one)
+    both = np.empty_like(x)
+    combine.shortcut_forward(
+        x, [src], np.array([0.3, 1.2], np.float32), "per_feature", "softmax", both
+    )
+    for b in range(2):
+        one = np.empty((1, 8, 6, 4), np.float32)
+        combine.shortcut_forward(
+            x[b : b + 1].copy(), [src[b : b + 1].copy()], np.array([0.3, 1.2], np.float32),
+            "per_feature", "softmax", one,
+        )  # fmt: skip
+        np.testing.assert_array_equal(both[b : b + 1], one)
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input.
+
+
+def test_bad_shapes_raise_value_errors_naming_the_expectation():
+    x = np.zeros((2, 4, 6, 6), np.float32)
+    with pytest.raises(ValueError, match=r"out must have shape \(2, 4, 3, 3\)"):
+        pooling.maxpool_forward(x, np.zeros((2, 4, 6, 6), np.float32), 2, 2, 2, 1)
+    with pytest.raises(ValueError, match="dtype of x"):
+        pooling.maxpool_forward(x, np.zeros((2, 4, 3, 3), np.float64), 2, 2, 2, 1)
+    with pytest.raises(ValueError, match="empty output"):
+        pooling.maxpool_forward(x, np.zeros((2, 4, 1, 1), np.float32), 9, 1, 1, 0)
+    with pytest.raises(ValueError, match="stride"):
+        pooling.maxpool_forward(x, np.zeros((2, 4, 6, 6), np.float32), 2, 0, 1, 1)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        pooling.avgpool_forward(x[:, ::2], np.zeros((2, 2, 1, 1), np.float32))
+    with pytest.raises(ValueError, match="must not be 0"):
+        resample.upsample_forward(x, np.zeros((2, 4, 6, 6), np.float32), 0)
+    with pytest.raises(ValueError, match="divisible by stride"):
+        resample.reorg_forward(
+            np.zeros((2, 3, 6, 6), np.float32), np.zeros((2, 12, 3, 3), np.float32), 2
+        )
+    with pytest.raises(ValueError, match="must divide"):
+        resample.reorg_forward(
+            np.zeros((2, 4, 5, 6), np.float32), np.zeros((2, 16, 2, 3), np.float32), 2
+        )
+    with pytest.raises(ValueError, match="stride\\^4"):
+        resample.reorg3d_forward(x, np.zeros((2, 1, 12, 12), np.float32), 2, reverse=True)
+    with pytest.raises(ValueError, match="needs 2 weights"):
+        combine.shortcut_forward(x, [x.copy()], np.ones(3), "per_feature", "none", np.empty_like(x))
+    with pytest.raises(ValueError, match="weights_type must be one of"):
+        combine.shortcut_forward(x, [x.copy()], None, "per_pixel", "none", np.empty_like(x))
+    with pytest.raises(ValueError, match=r"sources\[0\] must have shape"):
+        combine.shortcut_forward(x, [np.zeros((2, 4, 3, 3), np.float32)], None, "none", "none", x)
+    with pytest.raises(ValueError, match="at least one source"):
+        combine.shortcut_forward(x, [], None, "none", "none", x)
+    with pytest.raises(ValueError, match=r"scale must have shape \(2, 4, 1, 1\)"):
+        combine.scale_channels_forward(x, np.zeros((2, 4, 6, 6), np.float32), np.empty_like(x))
+    with pytest.raises(ValueError, match="divide"):
+        heads.softmax_forward(np.zeros((2, 7), np.float32), np.zeros((2, 7), np.float32), 2)
+    with pytest.raises(ValueError, match="temperature"):
+        heads.softmax_forward(np.zeros((2, 7), np.float32), np.zeros((2, 7), np.float32), 1, 0.0)
+    with pytest.raises(ValueError, match="needs 255 input channels"):
+        heads.yolo_forward(x, np.empty_like(x), 3, 80)
