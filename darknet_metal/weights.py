@@ -100,38 +100,37 @@ def read_weights(path: str | os.PathLike[str], specs: list[LayerSpec]
     except OSError as e:
         raise WeightsError(f"cannot read: {e.strerror or e}", path=path) from None
     header = _read_header(data, path)
+    needed = weights_file_size(specs, header)
+    hint = (f"({len(data)} bytes; the cfg needs {needed}: is this the cfg these weights were "
+            "trained with?)")
+    layout = [(spec, name, shape) for spec in specs if not spec.values.get("dontload")
+              for name, shape in stored_params(spec)]
+    # Sizes first, so a file for another cfg is reported as such rather than by its values.
+    offset = header.nbytes
+    for spec, name, shape in layout:
+        offset += 4 * int(np.prod(shape))
+        if offset > len(data):
+            raise WeightsError(f"file ends inside {spec.kind} '{name}' {hint}", path=path,
+                               layer=spec.index)
+    if offset != len(data):
+        raise WeightsError(f"{len(data) - offset} bytes left after the last layer {hint}",
+                           path=path)
     offset = header.nbytes
     params: dict[int, Params] = {}
-    needed = weights_file_size(specs, header)
-    for spec in specs:
-        if spec.values.get("dontload"):
-            continue
-        layer: Params = {}
-        for name, shape in stored_params(spec):
-            count = int(np.prod(shape))
-            if offset + 4 * count > len(data):
-                raise WeightsError(
-                    f"file ends inside {spec.kind} '{name}' ({len(data)} bytes; the cfg needs "
-                    f"{needed}: is this the cfg these weights were trained with?)",
-                    path=path, layer=spec.index)
-            array = np.frombuffer(data, "<f4", count, offset).astype(np.float32)
-            offset += 4 * count
-            if spec.kind == "connected" and name == "weights" and header.transposed:
-                array = array.reshape(shape[1], shape[0]).T
-            array = np.ascontiguousarray(array.reshape(shape))
-            if not np.isfinite(array).all():
-                raise WeightsError(f"{spec.kind} '{name}' holds NaN or infinite values",
-                                   path=path, layer=spec.index)
-            if name == "rolling_variance" and (array < 0).any():
-                raise WeightsError(f"{spec.kind} 'rolling_variance' has negative values",
-                                   path=path, layer=spec.index)
-            layer[name] = array
-        if layer:
-            params[spec.index] = layer
-    if offset != len(data):
-        raise WeightsError(
-            f"{len(data) - offset} bytes left after the last layer ({len(data)} bytes; the cfg "
-            f"needs {needed}: is this the cfg these weights were trained with?)", path=path)
+    for spec, name, shape in layout:
+        count = int(np.prod(shape))
+        array = np.frombuffer(data, "<f4", count, offset).astype(np.float32)
+        offset += 4 * count
+        if spec.kind == "connected" and name == "weights" and header.transposed:
+            array = array.reshape(shape[1], shape[0]).T
+        array = np.ascontiguousarray(array.reshape(shape))
+        if not np.isfinite(array).all():
+            raise WeightsError(f"{spec.kind} '{name}' holds NaN or infinite values", path=path,
+                               layer=spec.index)
+        if name == "rolling_variance" and (array < 0).any():
+            raise WeightsError(f"{spec.kind} 'rolling_variance' has negative values", path=path,
+                               layer=spec.index)
+        params.setdefault(spec.index, {})[name] = array
     return header, params
 
 

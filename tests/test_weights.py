@@ -31,7 +31,7 @@ pad=1
 activation=leaky
 
 [convolutional]
-filters=2
+filters=4
 size=1
 stride=1
 activation=linear
@@ -51,7 +51,7 @@ activation=relu
 def small(tmp_path_factory):
     d = tmp_path_factory.mktemp("small")
     cfg = d / "small.cfg"
-    cfg.write_text(SMALL_CFG.replace("from=-2\n", "from=-3\n").replace("filters=2", "filters=4"))
+    cfg.write_text(SMALL_CFG)
     return cfg
 
 
