@@ -51,8 +51,18 @@ def class_color(class_id: int, num_classes: int = 80) -> tuple[int, int, int]:
     return r, g, b
 
 
-def _label_text(det: Detection) -> str:
-    return f"{det.name} {det.confidence * 100.0:.0f}%"
+def _label_text(dets: list[Detection]) -> str:
+    return ", ".join(f"{d.name} {d.confidence * 100.0:.0f}%" for d in dets)
+
+
+def _group_by_box(detections: Iterable[Detection]) -> list[list[Detection]]:
+    """Detections of one box (one per class above the threshold), most confident first;
+    groups ordered by their best confidence, lowest first so the best is drawn on top."""
+    groups: dict[tuple[float, float, float, float], list[Detection]] = {}
+    for det in detections:
+        groups.setdefault((det.left, det.top, det.width, det.height), []).append(det)
+    ordered = [sorted(g, key=lambda d: -d.confidence) for g in groups.values()]
+    return sorted(ordered, key=lambda g: g[0].confidence)
 
 
 def draw_detections(
@@ -64,8 +74,10 @@ def draw_detections(
     Each box is drawn as Darknet does: corners truncated to integers and clipped to the
     image, line width max(1, int(0.002 * H)) pixels growing inwards, colour
     :func:`class_color` (``num_classes`` is the model's class count, which sets the
-    colours). Its label ``"name confidence%"`` sits just above the box, or just inside
-    its top edge when there is no room above. Higher confidences are drawn last, on top.
+    colours). A box found for several classes is drawn once, in the colour of its most
+    confident class, labelled ``"name confidence%, name confidence%"``. The label sits just
+    above the box, or just inside its top edge when there is no room above. Higher
+    confidences are drawn last, on top.
     Returns a new RGB ``PIL.Image.Image``; ``image`` is not modified.
     """
     if (
@@ -88,7 +100,8 @@ def draw_detections(
     font = ImageFont.load_default()
     line = max(1, int(height * 0.002))
 
-    for det in sorted(detections, key=lambda d: d.confidence):
+    for group in _group_by_box(detections):
+        det = group[0]
         left = max(0, min(width - 1, int(det.left)))
         right = max(0, min(width - 1, int(det.left + det.width)))
         top = max(0, min(height - 1, int(det.top)))
@@ -98,7 +111,7 @@ def draw_detections(
         color = class_color(det.class_id, num_classes)
         draw.rectangle((left, top, right, bottom), outline=color, width=line)
 
-        text = _label_text(det)
+        text = _label_text(group)
         x0, y0, x1, y1 = draw.textbbox((0, 0), text, font=font)
         label_w, label_h = x1 - x0 + 4, y1 - y0 + 4
         label_top = top - label_h if top - label_h >= 0 else top + line

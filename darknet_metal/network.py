@@ -49,7 +49,18 @@ class Network:
         self.names = names
         self.device = device
         self.batch = batch
-        self._backend = _make_backend(device, self.layers, params, dtype)
+        self.dtype = np.dtype(dtype)
+        if device not in DEVICES:
+            _check_device(device)
+        self._backend_instance = None
+
+    @property
+    def _backend(self):
+        # Built on first use, so a cfg can be inspected (summary, layers) without running it.
+        if self._backend_instance is None:
+            self._backend_instance = _make_backend(self.device, self.layers, self.params,
+                                                   self.dtype)
+        return self._backend_instance
 
     @property
     def input_shape(self) -> Shape:
@@ -127,7 +138,8 @@ class Network:
         img = load_image(image)
         c, h, w = self.input_shape
         if c != 3:
-            raise ValueError(f"detect needs a 3-channel network; this one takes {c} channels")
+            raise CfgError(f"detect needs a network with channels=3 in [net]; this one takes {c}",
+                           path=self.config.path, line=self.config.net.line)
         letterbox = bool(self.config.net.values.get("letter_box"))
         x = prepare_input(img, w, h, letterbox)[None]
         outputs = [out[0] for out in self.forward(x)]
@@ -150,14 +162,16 @@ class Network:
                 f"input={self.input_shape}, device={self.device!r})")
 
 
-def _make_backend(device: str, specs: list[LayerSpec], params: dict[int, Params], dtype):
-    if device == "cpu":
-        from darknet_metal.cpu_backend import CpuBackend
-
-        return CpuBackend(specs, params, dtype)
+def _check_device(device: str) -> None:
     if device in ("metal", "emu"):
         raise DeviceError(f"device '{device}' is not available in this build; use 'cpu'")
     raise ValueError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)}")
+
+
+def _make_backend(device: str, specs: list[LayerSpec], params: dict[int, Params], dtype):
+    from darknet_metal.cpu_backend import CpuBackend
+
+    return CpuBackend(specs, params, dtype)
 
 
 def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None, *,

@@ -517,6 +517,11 @@ def test_yolo_matches_darknet_golden(stem, conv, yolo, hw):
     expected = np.fromfile(GOLDEN / f"{stem}_layer{yolo}.bin", "<f4").reshape(1, 255, hw, hw)
     out = np.empty_like(x)
     heads.yolo_forward(x, out, 3, 80)  # yolov3-tiny: mask of 3 anchors, 80 classes
+    # w and h are copied untouched; the logistic channels differ by a few ulps at most
+    # because the golden binary was built with fast-math, whose vectorised expf rounds
+    # differently from the scalar expf used here.
+    wh = np.r_[2:4, 87:89, 172:174]
+    np.testing.assert_array_equal(out[:, wh], expected[:, wh])
     assert np.abs(out - expected).max() <= 1.2e-7
 
 
@@ -551,6 +556,63 @@ def test_batch_items_are_independent():
             "per_feature", "softmax", one,
         )  # fmt: skip
         np.testing.assert_array_equal(both[b : b + 1], one)
+
+
+# ---------------------------------------------------------------------------------------
+# Darknet's flat index maps stay inside the buffers, including the odd cases (sizes not
+# divisible by the stride, windows outside the image, sources of other widths).
+
+GUARD = 1e30
+
+
+def _guarded(shape, fill, data=None):
+    size = int(np.prod(shape))
+    buf = np.full(size + 64, fill, np.float32)
+    view = buf[32 : 32 + size].reshape(shape)
+    if data is not None:
+        view[...] = data
+    return buf, view
+
+
+GUARD_CASES = [
+    ((2, 3, 5, 7), (2, 3, 5, 7), lambda x, o: pooling.maxpool_forward(x, o, 2, 1, 1, 1)),
+    ((2, 3, 5, 7), (2, 3, 2, 2), lambda x, o: pooling.maxpool_forward(x, o, 3, 3, 2, 0)),
+    ((1, 2, 3, 4), (1, 2, 5, 6), lambda x, o: pooling.local_avgpool_forward(x, o, 1, 1, 1, 2)),
+    ((2, 7, 5, 3), (2, 3, 5, 3), pooling.maxpool_depth_forward),
+    ((2, 3, 5, 7), (2, 3, 1, 1), pooling.avgpool_forward),
+    ((2, 3, 5, 7), (2, 3, 10, 14), lambda x, o: resample.upsample_forward(x, o, 2)),
+    ((2, 3, 7, 5), (2, 3, 3, 2), lambda x, o: resample.upsample_forward(x, o, -2)),
+    ((2, 8, 6, 4), (2, 32, 3, 2), lambda x, o: resample.reorg_forward(x, o, 2)),
+    ((2, 8, 3, 2), (2, 2, 6, 4), lambda x, o: resample.reorg_forward(x, o, 2, True)),
+    ((2, 3, 7, 5), (2, 12, 3, 2), lambda x, o: resample.reorg3d_forward(x, o, 2)),
+    ((2, 16, 3, 5), (2, 4, 6, 10), lambda x, o: resample.reorg3d_forward(x, o, 2, True)),
+    ((2, 6, 1, 1), (2, 6, 1, 1), lambda x, o: heads.softmax_forward(x, o, 3)),
+    ((2, 12, 3, 5), (2, 12, 3, 5), lambda x, o: heads.yolo_forward(x, o, 2, 1, 1.1)),
+    ((2, 3, 5, 7), (2, 3, 5, 7), lambda x, o: combine.sam_forward(x, x, o)),
+]
+
+
+@pytest.mark.parametrize("in_shape,out_shape,fn", GUARD_CASES)
+def test_no_access_outside_buffers(in_shape, out_shape, fn):
+    _, x = _guarded(in_shape, GUARD, _rand(in_shape, 1))
+    out_buf, out = _guarded(out_shape, 7.0)
+    fn(x, out)
+    assert np.all(out_buf[:32] == 7.0) and np.all(out_buf[-32:] == 7.0)
+    # No guard value was read into a sum or a max (NaN is Darknet's 0/0 for empty windows).
+    assert not np.any(np.abs(out) >= GUARD / 10)
+
+
+def test_shortcut_and_scale_channels_stay_inside_buffers():
+    _, x = _guarded((2, 5, 3, 7), GUARD, _rand((2, 5, 3, 7), 1))
+    _, wide = _guarded((2, 7, 3, 7), GUARD, _rand((2, 7, 3, 7), 2))
+    _, narrow = _guarded((2, 2, 3, 7), GUARD, _rand((2, 2, 3, 7), 3))
+    _, per_pixel = _guarded((2, 1, 3, 7), GUARD, _rand((2, 1, 3, 7), 4))
+    out_buf, out = _guarded((2, 5, 3, 7), 7.0)
+    weights = np.ones(15, np.float32)
+    combine.shortcut_forward(x, [wide, narrow], weights, "per_channel", "relu", out)
+    combine.scale_channels_forward(x, per_pixel, out, scale_wh=True)
+    assert np.all(out_buf[:32] == 7.0) and np.all(out_buf[-32:] == 7.0)
+    assert not np.any(np.abs(out) >= GUARD / 10)
 
 
 # ---------------------------------------------------------------------------------------
