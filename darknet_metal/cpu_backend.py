@@ -12,11 +12,23 @@ import numpy as np
 
 from darknet_metal.activations import ACTIVATION_ID, CHANNEL_ACTIVATIONS
 from darknet_metal.cpu import activations as cpu_act
-from darknet_metal.cpu import combine, conv, heads, pooling, resample
+from darknet_metal.cpu import combine, conv, heads, pooling, resample, winograd
 from darknet_metal.layers import LayerSpec
 from darknet_metal.params import Params, fold_batchnorm
 
 _LINEAR = ACTIVATION_ID["linear"]
+
+#: Input channels from which Winograd beats im2col + GEMM for a 3x3 convolution: below it
+#: the 16 transformed GEMMs are too thin to pay for the transforms.
+WINOGRAD_MIN_CHANNELS = 16
+
+
+def uses_winograd(spec: LayerSpec) -> bool:
+    """Whether the CPU runs this convolution with Winograd F(2x2, 3x3)."""
+    v = spec.values
+    return (spec.kind == "convolutional" and v["size"] == 3 and v["stride_x"] == 1
+            and v["stride_y"] == 1 and v["padding"] == 1 and v["dilation"] == 1
+            and v["groups"] == 1 and spec.in_shape[0] >= WINOGRAD_MIN_CHANNELS)
 
 
 class CpuBackend:
@@ -42,8 +54,12 @@ class CpuBackend:
         for spec in self.specs:
             if spec.kind in ("convolutional", "connected"):
                 w, b = fold_batchnorm(params[spec.index])
-                self._weights[spec.index] = (np.ascontiguousarray(w, self.dtype),
-                                             np.ascontiguousarray(b, self.dtype))
+                w = np.ascontiguousarray(w, self.dtype)
+                if uses_winograd(spec):
+                    w = winograd.transform_filters(w, spec.in_shape[0])
+                    need = max(need, winograd.workspace_size(spec.in_shape[0], spec.out_shape[0],
+                                                             *spec.out_shape[1:]))
+                self._weights[spec.index] = (w, np.ascontiguousarray(b, self.dtype))
             elif spec.kind == "shortcut" and "weights" in spec.param_shapes:
                 self._shortcut[spec.index] = np.ascontiguousarray(
                     params[spec.index]["weights"], self.dtype)
@@ -86,7 +102,11 @@ class CpuBackend:
         src = sources[0]
         act = spec.activation
         channel_act = v.get("activation") in CHANNEL_ACTIVATIONS
-        if kind == "convolutional":
+        if kind == "convolutional" and uses_winograd(spec):
+            w, b = self._weights[spec.index]
+            winograd.winograd_forward(src, w, b, out, self._workspace,
+                                      _LINEAR if channel_act else act)
+        elif kind == "convolutional":
             w, b = self._weights[spec.index]
             conv.conv2d_forward(src, w, b, out, self._workspace, v["size"], v["stride_x"],
                                 v["stride_y"], v["padding"], v["dilation"], v["groups"],

@@ -12,7 +12,7 @@ out as ``<cache>/NAME/NAME.weights``:
   partial or corrupt file under the final name.
 
 The cfg and names always come from the package, even when the cache directory also holds a
-``NAME.cfg`` or ``coco.names`` (``/work/shared``-style layouts do): the registry pairs each
+``NAME.cfg`` or ``coco.names``: the registry pairs each
 weights file with the exact cfg it was trained with, so a stray or edited cfg next to the
 weights cannot silently change the network. A custom cfg is loaded by path instead
 (``darknet_metal.load(cfg, weights)`` or ``darknet-metal detect --cfg C --weights W``).

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from darknet_metal.activations import ACTIVATION_ID
-from darknet_metal.cpu import conv, im2col
+from darknet_metal.cpu import conv, im2col, winograd
 
 LINEAR = ACTIVATION_ID["linear"]
 LEAKY = ACTIVATION_ID["leaky"]
@@ -105,3 +105,21 @@ def test_connected_matches_matmul(dtype):
     ref = x.astype(np.float64) @ wt.T.astype(np.float64) + b
     tol = 1e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(out, np.where(ref > 0, ref, 0.1 * ref), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 16, 13, 13, 8), (2, 5, 7, 10, 3), (1, 3, 1, 1, 2),
+                                   (1, 17, 26, 9, 33), (1, 8, 2, 3, 4)])
+def test_winograd_matches_direct_convolution(shape, dtype):
+    n, c, h, w, f = shape
+    rng = np.random.default_rng(h * w + c)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((f, c * 9)).astype(dtype)
+    b = rng.standard_normal(f).astype(dtype)
+    ref = reference_conv(x, wt, b, 3, 1, 1, 1, 1, 1)
+    out = np.full((n, f, h, w), np.nan, dtype)
+    ws = np.empty(winograd.workspace_size(c, f, h, w), dtype)
+    winograd.winograd_forward(x, winograd.transform_filters(wt, c), b, out, ws, LEAKY)
+    scale = np.abs(ref).max()
+    tol = 2e-6 * scale if dtype == np.float32 else 1e-12 * scale
+    np.testing.assert_allclose(out, np.where(ref > 0, ref, 0.1 * ref), rtol=0, atol=tol)

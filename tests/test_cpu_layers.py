@@ -18,9 +18,9 @@ import pytest
 from darknet_metal.cpu import combine, heads, pooling, resample
 
 try:
-    from opencv_ref import opencv_layer_outputs, write_darknet_weights
+    from opencv_ref import opencv_layer_names, opencv_layer_outputs, write_darknet_weights
 except ImportError:  # tests/ imported as a package
-    from tests.opencv_ref import opencv_layer_outputs, write_darknet_weights
+    from tests.opencv_ref import opencv_layer_names, opencv_layer_outputs, write_darknet_weights
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 GOLDEN = SHARED / "golden" / "darknet-v5-cpu-yolov3-tiny"
@@ -507,6 +507,41 @@ def test_yolo(n, classes, scale_x_y, new_coords, hw, dtype):
     np.testing.assert_allclose(
         out, np_yolo(x, n, classes, scale_x_y, new_coords), rtol=rtol, atol=rtol
     )
+
+
+@needs_cv2
+def test_yolo_matches_opencv_detections(tmp_path):
+    # OpenCV's [yolo] emits one row per (sample, y, x, anchor): box centre x, y relative to
+    # the map, w, h, objectness, objectness*class (zeroed below thresh, 0 here). The x, y,
+    # objectness and class columns follow from Darknet's layer.output.
+    import cv2
+
+    n, classes, h, w, sxy = 2, 3, 3, 5, 1.1
+    c = n * (5 + classes)
+    body = _conv1x1(c) + (
+        f"[yolo]\nmask=1,2\nanchors=10,14, 23,27, 37,58\nclasses={classes}\nnum=3\n"
+        f"scale_x_y={sxy}\nthresh=0\n"
+    )
+    net_files = TinyNet(tmp_path, c, h, w, body, [np.zeros(c), np.eye(c)])
+    net = cv2.dnn.readNetFromDarknet(str(net_files.cfg), str(net_files.weights))
+    x = _rand((2, c, h, w), 12, scale=2.0)
+    net.setInput(x)
+    rows = net.forward(opencv_layer_names(net)[1]).reshape(2, h, w, n, 5 + classes)
+    out = np.empty_like(x)
+    heads.yolo_forward(x, out, n, classes, sxy)
+    v = out.reshape(2, n, 5 + classes, h, w).transpose(0, 3, 4, 1, 2)  # (N, y, x, anchor, k)
+    ys, xs = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    ours = np.concatenate(
+        [
+            ((xs[None, :, :, None] + v[..., 0]) / w)[..., None],
+            ((ys[None, :, :, None] + v[..., 1]) / h)[..., None],
+            v[..., 4:5],
+            v[..., 4:5] * v[..., 5:],
+        ],
+        axis=-1,
+    )
+    theirs = rows[..., [0, 1, 4, *range(5, 5 + classes)]]
+    _close_to_opencv(ours, theirs)
 
 
 @pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden Darknet outputs not available")

@@ -2,9 +2,10 @@
 """Darknet's activation functions and their derivatives: the CPU reference.
 
 Formulas, constants and the float32 order of operations are Darknet's (``activations.hpp``
-and ``activations.cpp``), so float32 results match Darknet's bit for bit where the C library
-agrees (``expf``, ``tanhf``, ``logf``). Points where Darknet's arithmetic is unusual and is
-kept on purpose:
+and ``activations.cpp``), so float32 results equal those of a Darknet built without
+fast-math on the same C library (``expf``, ``tanhf``, ``logf``). A fast-math build, like the
+one that produced ../shared/golden, evaluates ``exp`` with vectorised routines and differs
+by a few ulps. Points where Darknet's arithmetic is unusual and is kept on purpose:
 
 - ``tanh`` is ``2/(1 + exp(-2x)) - 1`` (not libm's tanh), also inside ``mish``;
 - ``mish`` is ``x * tanh(softplus(x))`` with Darknet's softplus threshold 20
@@ -13,7 +14,10 @@ kept on purpose:
   precision as C promotes them; its derivative uses 0.0356774 as Darknet's does;
 - ``elu``/``selu`` multiply both branches by a 0/1 mask, so an overflowing ``exp`` gives
   NaN for large inputs exactly as in Darknet;
-- ``revleaky`` is the same function as ``leaky`` (slope 0.1);
+- ``revleaky`` is the same function as ``leaky`` (slope 0.1, as the float ``0.1f``;
+  Darknet's convolution epilogue multiplies part of the array by the double 0.1 instead,
+  a 1-ulp difference on some negative inputs);
+- ``relu6`` clamps to [0, 6] (some Darknet V5 releases return the input unchanged);
 - the ``normalize_channels*`` activations work across the channels of each pixel with
   Darknet's epsilon 1e-4 in the denominator; their "derivatives" are Darknet's (the delta
   is multiplied by ``sum(y * delta)`` over the pixel's channels).

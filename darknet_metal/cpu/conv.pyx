@@ -16,9 +16,9 @@ from darknet_metal.cpu.im2col cimport im2col
 import numpy as np
 
 
-cdef inline void gemm_rowmajor(bint trans_a, bint trans_b, int m, int n, int k,
-                               const floating* a, int lda, const floating* b, int ldb,
-                               floating beta, floating* c, int ldc) noexcept nogil:
+cdef void gemm_rowmajor(bint trans_a, bint trans_b, int m, int n, int k,
+                        const floating* a, int lda, const floating* b, int ldb,
+                        floating beta, floating* c, int ldc) noexcept nogil:
     """Row-major ``C[m, n] = op(A) @ op(B) + beta*C`` through column-major BLAS."""
     cdef char ta = b"T" if trans_b else b"N"
     cdef char tb = b"T" if trans_a else b"N"

@@ -70,7 +70,10 @@ def _upsample(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int s,
     cdef Py_ssize_t planes = x.shape[0] * x.shape[1]
     cdef Py_ssize_t h = x.shape[2], w = x.shape[3]
     cdef Py_ssize_t ow = w * s, oh = h * s
-    cdef Py_ssize_t p, j, i
+    cdef Py_ssize_t p, j, i, k
+    cdef const floating* srow
+    cdef floating* drow
+    cdef floating v
     if planes * h * w == 0:
         return
     cdef const floating* src = &x[0, 0, 0, 0]
@@ -78,8 +81,12 @@ def _upsample(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int s,
     with nogil:
         for p in prange(planes, schedule="static"):
             for j in range(oh):
-                for i in range(ow):
-                    dst[p * oh * ow + j * ow + i] = scale * src[p * h * w + (j // s) * w + i // s]
+                srow = src + p * h * w + (j // s) * w
+                drow = dst + p * oh * ow + j * ow
+                for i in range(w):
+                    v = scale * srow[i]
+                    for k in range(s):
+                        drow[i * s + k] = v
 
 
 def _downsample(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int s,
