@@ -1,0 +1,1 @@
+"""Metal path: kernel registry (and, once built, the shim wrapper)."""

@@ -1,0 +1,62 @@
+// Activations: Darknet's elementwise functions, and the normalize_channels family that mixes
+// the channels of each pixel.
+#include <metal_stdlib>
+#include "dm_args.h"
+#include "dm_activation.h"
+using namespace metal;
+
+// y[i] = f(x[i]); y may be bound to the same buffer as x (each thread reads before it writes
+// its own element). Grid: n threads.
+kernel void activation_fwd_f32(constant dm_activation_args& args [[buffer(0)]],
+                               device const float* x [[buffer(1)]],
+                               device float* y [[buffer(2)]],
+                               uint gid [[thread_position_in_grid]]) {
+    if (gid >= args.n) return;
+    y[gid] = dm_activate(x[gid], args.act);
+}
+
+// One thread per pixel (x: pixel, y: image) normalises that pixel across its channels with
+// Darknet's epsilon 1e-4 in the denominator. MODE: 0 normalize_channels (positive parts over
+// their sum), 1 normalize_channels_softmax, 2 normalize_channels_softmax_maxval (softmax
+// shifted by the pixel's maximum). y may alias x.
+template <int MODE>
+kernel void normalize_channels_fwd(constant dm_normalize_channels_args& args [[buffer(0)]],
+                                   device const float* x [[buffer(1)]],
+                                   device float* y [[buffer(2)]],
+                                   uint2 gid [[thread_position_in_grid]]) {
+    if (gid.x >= args.spatial || gid.y >= args.batch) return;
+    const uint step = args.spatial;
+    const uint base = gid.y * args.channels * args.spatial + gid.x;
+    float total = 0.0001f;
+    if (MODE == 0) {
+        for (uint k = 0; k < args.channels; ++k) {
+            float v = x[base + k * step];
+            if (v > 0.0f) total += v;
+        }
+        for (uint k = 0; k < args.channels; ++k) {
+            float v = x[base + k * step];
+            y[base + k * step] = v > 0.0f ? v / total : 0.0f;
+        }
+        return;
+    }
+    float max_val = 0.0f;
+    if (MODE == 2) {
+        max_val = -FLT_MAX;
+        for (uint k = 0; k < args.channels; ++k) {
+            float v = x[base + k * step];
+            if (v > max_val || k == 0) max_val = v;
+        }
+    }
+    for (uint k = 0; k < args.channels; ++k) total += exp(x[base + k * step] - max_val);
+    for (uint k = 0; k < args.channels; ++k) {
+        y[base + k * step] = exp(x[base + k * step] - max_val) / total;
+    }
+}
+
+typedef decltype(normalize_channels_fwd<0>) normalize_channels_fwd_t;
+template [[host_name("normalize_channels_fwd_f32")]] kernel normalize_channels_fwd_t
+    normalize_channels_fwd<0>;
+template [[host_name("normalize_channels_softmax_fwd_f32")]] kernel normalize_channels_fwd_t
+    normalize_channels_fwd<1>;
+template [[host_name("normalize_channels_softmax_maxval_fwd_f32")]] kernel
+    normalize_channels_fwd_t normalize_channels_fwd<2>;

@@ -1,0 +1,242 @@
+/* Argument structs of the Metal kernels: one per op, shared by the shaders (MSL), the C shim,
+ * the emulator (C++) and Cython (cdef extern).
+ *
+ * Every kernel takes `constant dm_<op>_args& args [[buffer(0)]]`. Members are only int32_t,
+ * uint32_t and float (4 bytes each, so no padding anywhere), and every struct is followed by a
+ * size assertion that the C, C++ and Metal compilers all check: host and shader cannot drift.
+ * Sizes, counts and offsets are in elements (float32), never bytes. darknet_metal/metal/
+ * registry.py declares the same fields in the same order; tests compare them with what a C
+ * compiler sees.
+ */
+#ifndef DM_ARGS_H
+#define DM_ARGS_H
+
+#if defined(__METAL_VERSION__)
+/* MSL names int32_t and uint32_t itself (they are int and uint); only the assertion differs. */
+#include <metal_stdlib>
+#define DM_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#include <stdint.h>
+#if defined(__cplusplus)
+#define DM_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define DM_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+#endif
+
+/* Activation ids: the index of each name in darknet_metal.activations.ACTIVATIONS. */
+enum dm_activation_id {
+    DM_ACT_LINEAR = 0,
+    DM_ACT_LEAKY = 1,
+    DM_ACT_RELU = 2,
+    DM_ACT_RELU6 = 3,
+    DM_ACT_LOGISTIC = 4,
+    DM_ACT_LOGGY = 5,
+    DM_ACT_TANH = 6,
+    DM_ACT_ELU = 7,
+    DM_ACT_SELU = 8,
+    DM_ACT_GELU = 9,
+    DM_ACT_MISH = 10,
+    DM_ACT_SWISH = 11,
+    DM_ACT_HARD_MISH = 12,
+    DM_ACT_HARDTAN = 13,
+    DM_ACT_LHTAN = 14,
+    DM_ACT_PLSE = 15,
+    DM_ACT_STAIR = 16,
+    DM_ACT_RAMP = 17,
+    DM_ACT_RELIE = 18,
+    DM_ACT_REVLEAKY = 19,
+    DM_ACT_NORM_CHAN = 20,
+    DM_ACT_NORM_CHAN_SOFTMAX = 21,
+    DM_ACT_NORM_CHAN_SOFTMAX_MAXVAL = 22,
+    DM_ACT_COUNT = 23
+};
+
+/* GEMM bias modes (dm_gemm_args.bias_mode). */
+enum dm_bias_mode { DM_BIAS_NONE = 0, DM_BIAS_ROWS = 1, DM_BIAS_COLS = 2 };
+
+/* activation_fwd_f32: y[i] = f(x[i]) for i < n (y may be x). act: an elementwise id. */
+typedef struct dm_activation_args {
+    uint32_t n;
+    int32_t act;
+} dm_activation_args;
+DM_STATIC_ASSERT(sizeof(dm_activation_args) == 8, "dm_activation_args size");
+
+/* normalize_channels*_fwd_f32 on (batch, channels, spatial). */
+typedef struct dm_normalize_channels_args {
+    uint32_t batch;
+    uint32_t channels;
+    uint32_t spatial;
+} dm_normalize_channels_args;
+DM_STATIC_ASSERT(sizeof(dm_normalize_channels_args) == 12, "dm_normalize_channels_args size");
+
+/* im2col_fwd_f32: z = image*groups + group; channels is per group (C/groups); pad is the
+ * layer's pad (the kernel pads pad*dilation pixels, as Darknet does). The column matrix of
+ * slice z starts at z*channels*ksize*ksize*out_h*out_w, its input at z*channels*height*width. */
+typedef struct dm_im2col_args {
+    uint32_t channels;
+    uint32_t height;
+    uint32_t width;
+    uint32_t ksize;
+    uint32_t stride_x;
+    uint32_t stride_y;
+    uint32_t pad;
+    uint32_t dilation;
+    uint32_t out_h;
+    uint32_t out_w;
+} dm_im2col_args;
+DM_STATIC_ASSERT(sizeof(dm_im2col_args) == 40, "dm_im2col_args size");
+
+/* gemm_{nn,nt,tn}[_simd]_f32: C[M, N] = act(op(A)[M, K] @ op(B)[K, N] + bias), row-major with
+ * leading dimensions lda/ldb/ldc. Slice z of the grid is (zb, zg) = (z / groups, z % groups)
+ * and offsets every operand by zb*<x>_batch_stride + zg*<x>_group_stride; the bias index is
+ * zg*bias_group_stride + row (DM_BIAS_ROWS) or + column (DM_BIAS_COLS). */
+typedef struct dm_gemm_args {
+    uint32_t M;
+    uint32_t N;
+    uint32_t K;
+    uint32_t lda;
+    uint32_t ldb;
+    uint32_t ldc;
+    uint32_t groups;
+    uint32_t a_batch_stride;
+    uint32_t a_group_stride;
+    uint32_t b_batch_stride;
+    uint32_t b_group_stride;
+    uint32_t c_batch_stride;
+    uint32_t c_group_stride;
+    uint32_t bias_group_stride;
+    int32_t bias_mode;
+    int32_t act;
+} dm_gemm_args;
+DM_STATIC_ASSERT(sizeof(dm_gemm_args) == 64, "dm_gemm_args size");
+
+/* maxpool_fwd_f32 / local_avgpool_fwd_f32: planes = batch*channels; padding is Darknet's total
+ * padding (cfg key, default size-1); windows start padding/2 before the image. */
+typedef struct dm_pool_args {
+    uint32_t planes;
+    uint32_t height;
+    uint32_t width;
+    uint32_t out_h;
+    uint32_t out_w;
+    uint32_t size;
+    uint32_t stride_x;
+    uint32_t stride_y;
+    uint32_t padding;
+} dm_pool_args;
+DM_STATIC_ASSERT(sizeof(dm_pool_args) == 36, "dm_pool_args size");
+
+/* maxpool_depth_fwd_f32: output channel g = max over input channels g, g+out_channels, ... */
+typedef struct dm_maxpool_depth_args {
+    uint32_t batch;
+    uint32_t channels;
+    uint32_t spatial;
+    uint32_t out_channels;
+} dm_maxpool_depth_args;
+DM_STATIC_ASSERT(sizeof(dm_maxpool_depth_args) == 16, "dm_maxpool_depth_args size");
+
+/* avgpool_fwd_f32 (global): planes = batch*channels, each of spatial values. */
+typedef struct dm_avgpool_args {
+    uint32_t planes;
+    uint32_t spatial;
+} dm_avgpool_args;
+DM_STATIC_ASSERT(sizeof(dm_avgpool_args) == 8, "dm_avgpool_args size");
+
+/* route_fwd_f32: y[b, dst_offset + c] = x[b, src_offset + c] for c < channels (one source). */
+typedef struct dm_route_args {
+    uint32_t batch;
+    uint32_t spatial;
+    uint32_t channels;
+    uint32_t src_channels;
+    uint32_t src_offset;
+    uint32_t dst_channels;
+    uint32_t dst_offset;
+} dm_route_args;
+DM_STATIC_ASSERT(sizeof(dm_route_args) == 28, "dm_route_args size");
+
+/* shortcut_weights_fwd_f32: table[i, c] = normalised weight of input i (0 = x) at channel c.
+ * per_channel: weights hold n_inputs*channels values (input-major), else n_inputs.
+ * normalization: 0 none, 1 relu, 2 softmax. */
+typedef struct dm_shortcut_weights_args {
+    uint32_t n_inputs;
+    uint32_t channels;
+    uint32_t per_channel;
+    uint32_t normalization;
+} dm_shortcut_weights_args;
+DM_STATIC_ASSERT(sizeof(dm_shortcut_weights_args) == 16, "dm_shortcut_weights_args size");
+
+/* shortcut_fwd_f32: adds source number `source` (1-based, its table row) with src_channels
+ * channels into y. first=1: y = x*table[0,c] + s*table[source,c] (weighted) or x + s;
+ * first=0: y = x + s*table[source,c] (x is the previous pass's y). Channels
+ * c >= min(channels, src_channels) take only the x term. */
+typedef struct dm_shortcut_args {
+    uint32_t batch;
+    uint32_t channels;
+    uint32_t spatial;
+    uint32_t src_channels;
+    uint32_t source;
+    uint32_t first;
+    uint32_t weighted;
+} dm_shortcut_args;
+DM_STATIC_ASSERT(sizeof(dm_shortcut_args) == 28, "dm_shortcut_args size");
+
+/* upsample_fwd_f32: stride > 0 nearest-neighbour (out = scale*x), stride < 0 Darknet's reverse
+ * mode (sum of scale*x over -stride x -stride blocks). planes = batch*channels. */
+typedef struct dm_upsample_args {
+    uint32_t planes;
+    uint32_t height;
+    uint32_t width;
+    uint32_t out_h;
+    uint32_t out_w;
+    int32_t stride;
+    float scale;
+} dm_upsample_args;
+DM_STATIC_ASSERT(sizeof(dm_upsample_args) == 28, "dm_upsample_args size");
+
+/* reorg_fwd_f32: Darknet's reorg_cpu(x, width, height, channels, batch, stride, forward); for
+ * [reorg] (reorg_old) these are the input's dims and forward is the reverse flag. */
+typedef struct dm_reorg_args {
+    uint32_t batch;
+    uint32_t width;
+    uint32_t height;
+    uint32_t channels;
+    uint32_t stride;
+    uint32_t forward;
+} dm_reorg_args;
+DM_STATIC_ASSERT(sizeof(dm_reorg_args) == 24, "dm_reorg_args size");
+
+/* scale_channels_fwd_f32: y = scale * x_from, scale (N, C, 1, 1) or, scale_wh, (N, 1, H, W). */
+typedef struct dm_scale_channels_args {
+    uint32_t batch;
+    uint32_t channels;
+    uint32_t spatial;
+    uint32_t scale_wh;
+} dm_scale_channels_args;
+DM_STATIC_ASSERT(sizeof(dm_scale_channels_args) == 16, "dm_scale_channels_args size");
+
+/* sam_fwd_f32: y[i] = x[i] * x_from[i] for i < n. */
+typedef struct dm_sam_args {
+    uint32_t n;
+} dm_sam_args;
+DM_STATIC_ASSERT(sizeof(dm_sam_args) == 4, "dm_sam_args size");
+
+/* softmax_fwd_f32: rows = batch*groups consecutive runs of n values each. */
+typedef struct dm_softmax_args {
+    uint32_t rows;
+    uint32_t n;
+    float temperature;
+} dm_softmax_args;
+DM_STATIC_ASSERT(sizeof(dm_softmax_args) == 12, "dm_softmax_args size");
+
+/* yolo_fwd_f32 on (batch, anchors*(5+classes), spatial). */
+typedef struct dm_yolo_args {
+    uint32_t batch;
+    uint32_t anchors;
+    uint32_t classes;
+    uint32_t spatial;
+    uint32_t new_coords;
+    float scale_x_y;
+} dm_yolo_args;
+DM_STATIC_ASSERT(sizeof(dm_yolo_args) == 24, "dm_yolo_args size");
+
+#endif /* DM_ARGS_H */

@@ -1,0 +1,48 @@
+// Output heads: [softmax] and the [yolo] activation (Darknet's layer.output at inference).
+#include <metal_stdlib>
+#include "dm_args.h"
+using namespace metal;
+
+// One thread per run of n values: exp(x/T - max/T) / sum, max over the run, summed in order
+// as Darknet's softmax. y may alias x. Grid: rows (= batch*groups).
+kernel void softmax_fwd_f32(constant dm_softmax_args& args [[buffer(0)]],
+                            device const float* x [[buffer(1)]],
+                            device float* y [[buffer(2)]],
+                            uint gid [[thread_position_in_grid]]) {
+    if (gid >= args.rows) return;
+    device const float* src = x + gid * args.n;
+    device float* dst = y + gid * args.n;
+    const float t = args.temperature;
+    float largest = -FLT_MAX;
+    for (uint i = 0; i < args.n; ++i) largest = src[i] > largest ? src[i] : largest;
+    float total = 0.0f;
+    for (uint i = 0; i < args.n; ++i) {
+        float e = exp(src[i] / t - largest / t);
+        total += e;
+        dst[i] = e;
+    }
+    for (uint i = 0; i < args.n; ++i) dst[i] = dst[i] / total;
+}
+
+// Per anchor the channels are x, y, w, h, objectness, classes. Unless new_coords the
+// logistic goes on every channel but w and h; then x and y become
+// v*scale_x_y - 0.5*(scale_x_y - 1). y may alias x. Grid (spatial, anchors*(5+classes),
+// batch).
+kernel void yolo_fwd_f32(constant dm_yolo_args& args [[buffer(0)]],
+                         device const float* x [[buffer(1)]],
+                         device float* y [[buffer(2)]],
+                         uint3 gid [[thread_position_in_grid]]) {
+    const uint entries = 5u + args.classes;
+    const uint channels = args.anchors * entries;
+    if (gid.x >= args.spatial || gid.y >= channels || gid.z >= args.batch) return;
+    const uint idx = (gid.z * channels + gid.y) * args.spatial + gid.x;
+    const uint entry = gid.y % entries;
+    float v = x[idx];
+    if (args.new_coords == 0u && entry != 2u && entry != 3u) v = 1.0f / (1.0f + exp(-v));
+    if (entry < 2u) {
+        const float alpha = args.scale_x_y;
+        const float beta = -0.5f * (alpha - 1.0f);
+        v = v * alpha + beta;
+    }
+    y[idx] = v;
+}

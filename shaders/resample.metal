@@ -1,0 +1,57 @@
+// Resampling: [upsample] (nearest neighbour, and Darknet's reverse/sum mode) and [reorg].
+// Index arithmetic is Darknet's flat one (upsample_cpu, reorg_cpu), quirks included.
+#include <metal_stdlib>
+#include "dm_args.h"
+using namespace metal;
+
+// Grid (out_w, out_h, planes). stride > 0: y = scale * x[.., j/s, i/s]. stride < 0: y is the
+// sum, in row-major block order, of scale * x over an s x s block, the input read with rows
+// out_w*s long and planes out_h*out_w*s*s long (exactly the input's when s divides its size).
+kernel void upsample_fwd_f32(constant dm_upsample_args& args [[buffer(0)]],
+                             device const float* x [[buffer(1)]],
+                             device float* y [[buffer(2)]],
+                             uint3 gid [[thread_position_in_grid]]) {
+    if (gid.x >= args.out_w || gid.y >= args.out_h || gid.z >= args.planes) return;
+    const uint dst = (gid.z * args.out_h + gid.y) * args.out_w + gid.x;
+    if (args.stride > 0) {
+        const uint s = uint(args.stride);
+        y[dst] = args.scale * x[(gid.z * args.height + gid.y / s) * args.width + gid.x / s];
+        return;
+    }
+    const uint s = uint(-args.stride);
+    const uint row = args.out_w * s;
+    device const float* src = x + gid.z * args.out_h * args.out_w * s * s;
+    float total = 0.0f;
+    for (uint dj = 0; dj < s; ++dj) {
+        for (uint di = 0; di < s; ++di) {
+            total += args.scale * src[(gid.y * s + dj) * row + gid.x * s + di];
+        }
+    }
+    y[dst] = total;
+}
+
+// Darknet's reorg_cpu(x, width, height, channels, batch, stride, forward): the small side is
+// indexed (batch, channels, height, width), the large side read as (channels/s^2, height*s,
+// width*s). forward=0 copies large -> small, forward=1 small -> large. Grid (width, height,
+// batch*channels).
+kernel void reorg_fwd_f32(constant dm_reorg_args& args [[buffer(0)]],
+                          device const float* x [[buffer(1)]],
+                          device float* y [[buffer(2)]],
+                          uint3 gid [[thread_position_in_grid]]) {
+    if (gid.x >= args.width || gid.y >= args.height || gid.z >= args.batch * args.channels) {
+        return;
+    }
+    const uint s = args.stride;
+    const uint in_c = args.channels / (s * s);
+    const uint b = gid.z / args.channels, k = gid.z % args.channels;
+    const uint c2 = k % in_c, offset = k / in_c;
+    const uint small = gid.x + args.width * (gid.y + args.height * gid.z);
+    const uint large_y = gid.y * s + offset / s;
+    const uint large = (gid.x * s + offset % s) +
+                       args.width * s * (large_y + args.height * s * (c2 + in_c * b));
+    if (args.forward != 0u) {
+        y[large] = x[small];
+    } else {
+        y[small] = x[large];
+    }
+}

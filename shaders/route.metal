@@ -1,0 +1,17 @@
+// [route]: concatenation along channels, one dispatch per source layer. With groups/group_id
+// the host passes the channel slice [group_id*C/groups, (group_id+1)*C/groups) of the source
+// as src_offset/channels; dst_offset is where that part starts in the output.
+#include <metal_stdlib>
+#include "dm_args.h"
+using namespace metal;
+
+// Grid (spatial, channels, batch).
+kernel void route_fwd_f32(constant dm_route_args& args [[buffer(0)]],
+                          device const float* x [[buffer(1)]],
+                          device float* y [[buffer(2)]],
+                          uint3 gid [[thread_position_in_grid]]) {
+    if (gid.x >= args.spatial || gid.y >= args.channels || gid.z >= args.batch) return;
+    const uint src = (gid.z * args.src_channels + args.src_offset + gid.y) * args.spatial + gid.x;
+    const uint dst = (gid.z * args.dst_channels + args.dst_offset + gid.y) * args.spatial + gid.x;
+    y[dst] = x[src];
+}

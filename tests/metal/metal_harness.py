@@ -1,0 +1,68 @@
+"""Builds every ``shaders/*.metal`` file into one emulator library (once per session, objects
+cached by content hash) and dispatches registry kernels from NumPy arrays."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import sys
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHADERS = ROOT / "shaders"
+sys.path.insert(0, str(ROOT / "tests" / "emu"))
+
+import emu_harness  # noqa: E402
+
+from darknet_metal.metal import registry  # noqa: E402
+
+ORDERS = ("forward", "reverse", "random")
+
+
+def shader_files() -> list[pathlib.Path]:
+    return sorted(SHADERS.glob("*.metal"))
+
+
+def build_library() -> pathlib.Path:
+    """The emulator library of all shaders. The shared headers are part of the cache key
+    (the harness hashes only the .metal text), through a macro in the compile flags.
+
+    With DM_METAL_TEST_ASAN=1 the kernels are built with AddressSanitizer (run pytest with
+    ``LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0``)."""
+    digest = hashlib.sha256()
+    for header in sorted(SHADERS.glob("*.h")):
+        digest.update(header.read_bytes())
+    asan = os.environ.get("DM_METAL_TEST_ASAN", "") not in ("", "0")
+    opt = emu_harness.ASAN_FLAGS if asan else emu_harness.OPT_FLAGS
+    flags = [*opt, f"-I{SHADERS}", f"-DDM_HEADERS_KEY={digest.hexdigest()[:16]}"]
+    return emu_harness.build(shader_files(), flags=flags)
+
+
+class Runner:
+    """Dispatches registry kernels in the emulator with their declared grid rule."""
+
+    def __init__(self, emu: emu_harness.Emu) -> None:
+        self.emu = emu
+
+    def run(
+        self,
+        name: str,
+        args: dict[str, int | float],
+        buffers: list[np.ndarray],
+        sizes: dict[str, int],
+        *,
+        order: str = "forward",
+        seed: int = 7,
+    ) -> None:
+        """Run kernel ``name``: pack ``args`` into its struct (buffer 0), bind ``buffers`` to
+        the following indices (float32, C-contiguous, used in place) and dispatch the grid
+        its registry entry gives for ``sizes``."""
+        k = registry.kernel(name)
+        assert len(buffers) + 1 == len(k.buffers), (name, len(buffers), k.buffers)
+        for b in buffers:
+            assert b.dtype == np.float32 and b.flags["C_CONTIGUOUS"], name
+        packed = np.frombuffer(registry.ARGS[k.args].pack(**args), np.uint8).copy()
+        grid, group = k.grid.dispatch(**sizes)
+        self.emu.dispatch(name, [packed, *buffers], grid, group, order=order, seed=seed)
