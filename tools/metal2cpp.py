@@ -402,7 +402,10 @@ class _Rewriter:
                 continue
             end = m.find(";", start)
             stmt = m[match.end() : end]
-            if any(c in stmt for c in "*&=(") or not stmt.strip():
+            # Pointers/references into threadgroup memory are ordinary thread variables; array
+            # sizes may hold any constant expression, so look only outside the brackets.
+            outside = re.sub(r"\[[^\]]*\]", "[]", stmt)
+            if any(c in outside for c in "*&=(") or not stmt.strip():
                 continue
             parts = _split_top(stmt)
             first = re.fullmatch(

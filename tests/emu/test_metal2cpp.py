@@ -145,3 +145,21 @@ def test_command_line(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "t.json").read_text())[0]["name"] == "k"
+
+
+def test_threadgroup_array_sizes_may_be_expressions():
+    src = (
+        "#include <metal_stdlib>\nusing namespace metal;\n"
+        "constant int T = 4;\n"
+        "kernel void k(device float* out [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {\n"
+        "    threadgroup float tile[T * (T + 1)];\n"
+        "    threadgroup float* p = tile;\n"
+        "    p[i] = 1.0f;\n"
+        "    threadgroup_barrier(mem_flags::mem_threadgroup);\n"
+        "    out[i] = tile[0];\n"
+        "}\n"
+    )
+    result = translate(src)
+    assert "tg_decl<float[T*(T+1)]>" in result.cpp  # shared by the group, not per thread
+    assert "float* p = tile;" in result.cpp  # a pointer stays a thread variable
+    assert result.kernels[0].threadgroup_bytes == 4 * 4 * 5
