@@ -14,6 +14,8 @@ from libc.math cimport exp, expf
 
 import numpy as np
 
+from darknet_metal.cpu.checks import check_input, check_out
+
 WEIGHTS_TYPES = ("none", "per_feature", "per_channel")
 WEIGHTS_NORMALIZATIONS = ("none", "relu", "softmax")
 # Darknet accepts these spellings too.
@@ -21,25 +23,8 @@ _TYPE_ALIASES = {"per_layer": "per_feature"}
 _NORM_ALIASES = {"avg_relu": "relu"}
 
 
-def _check_array(name, a, x=None):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, not {type(a).__name__}")
-    if a.ndim != 4:
-        raise ValueError(f"{name} must have shape (N, C, H, W), not {a.shape}")
-    if a.dtype not in (np.float32, np.float64):
-        raise ValueError(f"{name} must be float32 or float64, not {a.dtype}")
-    if x is not None and a.dtype != x.dtype:
-        raise ValueError(f"{name} must have the dtype of x ({x.dtype}), not {a.dtype}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
 
 
-def _check_out(x, out, expected):
-    _check_array("out", out, x)
-    if not out.flags.writeable:
-        raise ValueError("out must be writable")
-    if tuple(out.shape) != tuple(expected):
-        raise ValueError(f"out must have shape {tuple(expected)}, not {tuple(out.shape)}")
 
 
 cdef inline floating _exp(floating v) noexcept nogil:
@@ -149,18 +134,18 @@ def shortcut_forward(x, sources, weights, str weights_type, str weights_normaliz
     exp(w_i - m))`` with m the maximum. Then ``out = x*w_0 + sum_i source_i*w_i``, added in
     source order.
     """
-    _check_array("x", x)
+    check_input("x", x)
     if isinstance(sources, np.ndarray) or not isinstance(sources, (list, tuple)):
         raise TypeError("sources must be a list of arrays")
     if len(sources) == 0:
         raise ValueError("shortcut needs at least one source (the from= layers)")
     n, c, h, w = x.shape
     for k, src in enumerate(sources):
-        _check_array(f"sources[{k}]", src, x)
+        check_input(f"sources[{k}]", src, like=x)
         if src.shape[0] != n or src.shape[2:] != x.shape[2:]:
             raise ValueError(f"sources[{k}] must have shape ({n}, C_{k}, {h}, {w}) like x, "
                              f"not {src.shape}")
-    _check_out(x, out, x.shape)
+    check_out(out, x, x.shape)
     wtype = _TYPE_ALIASES.get(weights_type, weights_type)
     norm = _NORM_ALIASES.get(weights_normalization, weights_normalization)
     if wtype not in WEIGHTS_TYPES:
@@ -226,14 +211,14 @@ def scale_channels_forward(x_from, scale, out, bint scale_wh=False) -> None:
     (N, C, 1, 1) (one factor per channel) or, with scale_wh, (N, 1, H, W) (one factor per
     pixel, shared by all channels); out: like x_from. ``out = scale * x_from`` broadcast.
     """
-    _check_array("x_from", x_from)
-    _check_array("scale", scale, x_from)
+    check_input("x_from", x_from)
+    check_input("scale", scale, like=x_from)
     n, c, h, w = x_from.shape
     expected = (n, 1, h, w) if scale_wh else (n, c, 1, 1)
     if tuple(scale.shape) != expected:
         raise ValueError(f"scale must have shape {expected} "
                          f"({'scale_wh' if scale_wh else 'per channel'}), not {scale.shape}")
-    _check_out(x_from, out, x_from.shape)
+    check_out(out, x_from, x_from.shape)
     _scale_channels(x_from, scale, out, scale_wh)
 
 
@@ -250,9 +235,9 @@ def sam_forward(x_from, x, out) -> None:
     x_from: (N, C, H, W), the ``from=`` layer's output; x: the previous layer's output, same
     shape and dtype; out: same shape and dtype.
     """
-    _check_array("x_from", x_from)
-    _check_array("x", x, x_from)
+    check_input("x_from", x_from)
+    check_input("x", x, like=x_from)
     if x.shape != x_from.shape:
         raise ValueError(f"x must have the shape of x_from {x_from.shape}, not {x.shape}")
-    _check_out(x_from, out, x_from.shape)
+    check_out(out, x_from, x_from.shape)
     _sam(x_from.reshape(-1), x.reshape(-1), out.reshape(-1))

@@ -14,20 +14,9 @@ from libc.math cimport exp, expf
 
 import numpy as np
 
+from darknet_metal.cpu.checks import check_input, check_out
 
-def _check_array(name, a, ndims, like=None):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, not {type(a).__name__}")
-    if a.ndim not in ndims:
-        raise ValueError(f"{name} must have {' or '.join(f'{d}' for d in ndims)} dimensions, "
-                         f"not shape {a.shape}")
-    if a.dtype not in (np.float32, np.float64):
-        raise ValueError(f"{name} must be float32 or float64, not {a.dtype}")
-    if like is not None and (a.dtype != like.dtype or a.shape != like.shape):
-        raise ValueError(f"{name} must have the shape and dtype of x {like.shape} {like.dtype}, "
-                         f"not {a.shape} {a.dtype}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
+
 
 
 # ----------------------------------------------------------------------------------------
@@ -67,8 +56,8 @@ def softmax_forward(x, out, int groups=1, double temperature=1.0) -> None:
     ``groups`` consecutive runs of F/groups values and each run becomes
     ``exp(x/T - max/T) / sum``, the maximum taken over the run.
     """
-    _check_array("x", x, (2, 4))
-    _check_array("out", out, (2, 4), like=x)
+    check_input("x", x, (2, 4))
+    check_out(out, x, x.shape)
     if not out.flags.writeable:
         raise ValueError("out must be writable")
     features = x.shape[1] if x.ndim == 2 else x.shape[1] * x.shape[2] * x.shape[3]
@@ -126,8 +115,8 @@ def yolo_forward(x, out, int n, int classes, double scale_x_y=1.0, bint new_coor
     ``x, y = v*scale_x_y - 0.5*(scale_x_y - 1)`` (computed in float32 for float32 input,
     as Darknet's scal_add_cpu does).
     """
-    _check_array("x", x, (4,))
-    _check_array("out", out, (4,), like=x)
+    check_input("x", x)
+    check_out(out, x, x.shape)
     if not out.flags.writeable:
         raise ValueError("out must be writable")
     if n < 1 or classes < 0:

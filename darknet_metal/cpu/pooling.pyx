@@ -17,6 +17,8 @@ from libc.float cimport FLT_MAX
 
 import numpy as np
 
+from darknet_metal.cpu.checks import check_input, check_out
+
 
 def _c_div(int a, int b) -> int:
     """C's truncating integer division (Darknet's shape arithmetic)."""
@@ -43,26 +45,8 @@ def pool_output_hw(int h, int w, int size, int stride_x, int stride_y, int paddi
     return out_h, out_w
 
 
-def _check_pair(x, out, expected_out):
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
-    if x.dtype != out.dtype:
-        raise ValueError(f"out must have the dtype of x ({x.dtype}), not {out.dtype}")
-    if not (out.flags.c_contiguous and out.flags.writeable):
-        raise ValueError("out must be C-contiguous and writable")
-    if tuple(out.shape) != tuple(expected_out):
-        raise ValueError(f"out must have shape {tuple(expected_out)}, not {tuple(out.shape)}")
 
 
-def _check_input(x):
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"x must be a numpy array, not {type(x).__name__}")
-    if x.ndim != 4:
-        raise ValueError(f"x must have shape (N, C, H, W), not {x.shape}")
-    if x.dtype not in (np.float32, np.float64):
-        raise ValueError(f"x must be float32 or float64, not {x.dtype}")
-    if not x.flags.c_contiguous:
-        raise ValueError("x must be C-contiguous")
 
 
 # ----------------------------------------------------------------------------------------
@@ -144,9 +128,9 @@ def maxpool_forward(x, out, int size, int stride_x, int stride_y, int padding) -
     stride_y, padding)``. padding is Darknet's total padding (the cfg key ``padding``,
     default ``size - 1``); the window starts ``padding // 2`` before the image.
     """
-    _check_input(x)
+    check_input("x", x)
     out_h, out_w = pool_output_hw(x.shape[2], x.shape[3], size, stride_x, stride_y, padding)
-    _check_pair(x, out, (x.shape[0], x.shape[1], out_h, out_w))
+    check_out(out, x, (x.shape[0], x.shape[1], out_h, out_w))
     _pool(x, out, size, stride_x, stride_y, padding, False)
 
 
@@ -157,9 +141,9 @@ def local_avgpool_forward(x, out, int size, int stride_x, int stride_y,
     Same geometry and shapes as ``maxpool_forward``; each output is the mean of the window
     positions inside the image (summed in row-major window order, divided by their count).
     """
-    _check_input(x)
+    check_input("x", x)
     out_h, out_w = pool_output_hw(x.shape[2], x.shape[3], size, stride_x, stride_y, padding)
-    _check_pair(x, out, (x.shape[0], x.shape[1], out_h, out_w))
+    check_out(out, x, (x.shape[0], x.shape[1], out_h, out_w))
     _pool(x, out, size, stride_x, stride_y, padding, True)
 
 
@@ -194,11 +178,11 @@ def maxpool_depth_forward(x, out) -> None:
     maximum of input channels ``g, g + out_channels, g + 2*out_channels, ...`` (Darknet
     ignores size, stride and padding in this mode). Requires 1 <= out_channels.
     """
-    _check_input(x)
+    check_input("x", x)
     if not isinstance(out, np.ndarray) or out.ndim != 4 or out.shape[1] < 1:
         raise ValueError(f"out must be (N, out_channels >= 1, H, W), got "
                          f"{getattr(out, 'shape', type(out).__name__)}")
-    _check_pair(x, out, (x.shape[0], out.shape[1], x.shape[2], x.shape[3]))
+    check_out(out, x, (x.shape[0], out.shape[1], x.shape[2], x.shape[3]))
     _maxpool_depth(x, out)
 
 
@@ -226,8 +210,8 @@ def avgpool_forward(x, out) -> None:
 
     Each channel is summed in order in the working precision, then divided by H*W.
     """
-    _check_input(x)
-    _check_pair(x, out, (x.shape[0], x.shape[1], 1, 1))
+    check_input("x", x)
+    check_out(out, x, (x.shape[0], x.shape[1], 1, 1))
     if x.shape[2] * x.shape[3] == 0:
         raise ValueError(f"avgpool needs a non-empty input, got {x.shape}")
     _avgpool(x, out)

@@ -18,27 +18,11 @@ from cython.parallel cimport prange
 
 import numpy as np
 
-
-def _check_input(x):
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"x must be a numpy array, not {type(x).__name__}")
-    if x.ndim != 4:
-        raise ValueError(f"x must have shape (N, C, H, W), not {x.shape}")
-    if x.dtype not in (np.float32, np.float64):
-        raise ValueError(f"x must be float32 or float64, not {x.dtype}")
-    if not x.flags.c_contiguous:
-        raise ValueError("x must be C-contiguous")
+from darknet_metal.cpu.checks import check_input, check_out
 
 
-def _check_out(x, out, expected):
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy array, not {type(out).__name__}")
-    if out.dtype != x.dtype:
-        raise ValueError(f"out must have the dtype of x ({x.dtype}), not {out.dtype}")
-    if not (out.flags.c_contiguous and out.flags.writeable):
-        raise ValueError("out must be C-contiguous and writable")
-    if tuple(out.shape) != tuple(expected):
-        raise ValueError(f"out must have shape {tuple(expected)}, not {tuple(out.shape)}")
+
+
 
 
 def _check_stride(int stride):
@@ -122,8 +106,8 @@ def upsample_forward(x, out, int stride, double scale=1.0) -> None:
     by ``scale`` (the cfg key, default 1). stride < 0 (Darknet's reverse mode): each output
     is the sum of ``scale * x`` over a ``-stride`` x ``-stride`` block.
     """
-    _check_input(x)
-    _check_out(x, out, upsample_output_shape(x.shape, stride))
+    check_input("x", x)
+    check_out(out, x, upsample_output_shape(x.shape, stride))
     if stride > 0:
         _upsample(x, out, stride, scale)
     else:
@@ -193,7 +177,7 @@ def reorg_forward(x, out, int stride, bint reverse=False) -> None:
     Requires C divisible by s^2 and, forward, H and W divisible by s (otherwise Darknet
     writes outside its buffers).
     """
-    _check_input(x)
+    check_input("x", x)
     _check_stride(stride)
     n, c, h, w = x.shape
     s2 = stride * stride
@@ -201,7 +185,7 @@ def reorg_forward(x, out, int stride, bint reverse=False) -> None:
         raise ValueError(f"[reorg] needs channels divisible by stride^2={s2}, got {c}")
     if not reverse and (h % stride or w % stride):
         raise ValueError(f"[reorg] stride={stride} must divide the {h}x{w} input")
-    _check_out(x, out, reorg_output_shape(x.shape, stride, reverse))
+    check_out(out, x, reorg_output_shape(x.shape, stride, reverse))
     _reorg(x, out, w, h, c, stride, reverse)
 
 
@@ -215,7 +199,7 @@ def reorg3d_forward(x, out, int stride, bint reverse=False) -> None:
     (C/s^2, H*s, W*s) and scattered into the output buffer read as (C/s^4, H*s^2, W*s^2);
     it requires C divisible by s^4 (otherwise Darknet writes outside its buffer).
     """
-    _check_input(x)
+    check_input("x", x)
     _check_stride(stride)
     n, c, h, w = x.shape
     expected = reorg_output_shape(x.shape, stride, reverse)
@@ -224,12 +208,12 @@ def reorg3d_forward(x, out, int stride, bint reverse=False) -> None:
         if c % (s2 * s2):
             raise ValueError(f"reverse [reorg3d] needs channels divisible by stride^4="
                              f"{s2 * s2}, got {c}")
-        _check_out(x, out, expected)
+        check_out(out, x, expected)
         # reorg_cpu(x, W*s, H*s, C/s^2, forward=1): the small side is the input.
         _reorg(x, out, w * stride, h * stride, c // s2, stride, True)
     else:
         if h < stride or w < stride:
             raise ValueError(f"[reorg3d] stride={stride} is larger than the {h}x{w} input")
-        _check_out(x, out, expected)
+        check_out(out, x, expected)
         # reorg_cpu(x, W/s, H/s, C*s^2, forward=0): the small side is the output.
         _reorg(x, out, w // stride, h // stride, c * s2, stride, False)
