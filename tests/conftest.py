@@ -1,16 +1,9 @@
 """Shared fixtures: paths into ../shared and the real yolov3-tiny."""
 
 import json
-import pathlib
 
 import pytest
-
-SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
-MODELS = SHARED / "models"
-IMAGES = SHARED / "images"
-GOLDEN = SHARED / "golden" / "darknet-v5-cpu-yolov3-tiny"
-YOLOV3_TINY = MODELS / "yolov3-tiny"
-CFG_DIR = MODELS / "cfg"
+from shared_paths import GOLDEN, YOLOV3_TINY
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, IMAGES
+from shared_paths import GOLDEN, IMAGES
 
 STEMS = {"dog": IMAGES / "dog.jpg", "coffee": IMAGES / "coffee.png"}
 SHAPES = {15: (255, 13, 13), 16: (255, 13, 13), 22: (255, 26, 26), 23: (255, 26, 26)}

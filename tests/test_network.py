@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import CFG_DIR, GOLDEN, IMAGES
+from shared_paths import CFG_DIR, GOLDEN, IMAGES
 from PIL import Image
 
 import darknet_metal as dm

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import CFG_DIR, GOLDEN, YOLOV3_TINY
+from shared_paths import CFG_DIR, GOLDEN, YOLOV3_TINY
 
 import darknet_metal as dm
 from darknet_metal.weights import stored_params

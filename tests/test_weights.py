@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import CFG_DIR, YOLOV3_TINY
+from shared_paths import CFG_DIR, YOLOV3_TINY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 cv2 = pytest.importorskip("cv2")
-from conftest import GOLDEN, YOLOV3_TINY  # noqa: E402
+from shared_paths import GOLDEN, YOLOV3_TINY  # noqa: E402
 
 THREADS = 2
 

@@ -1,0 +1,89 @@
+/* Interface between the portable core and one compute driver (Metal or the emulator).
+ *
+ * The core validates arguments and keeps pools, caches, counters and the command stream;
+ * a driver only talks to its device. Handles are opaque `void *` owned by the driver.
+ * Functions returning int give DM_OK or a DM_ERR_* code and, on failure, set the message
+ * with dm_set_error. Nothing here may abort. */
+#ifndef DM_DRIVER_H
+#define DM_DRIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../dm_shim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a driver reports about its device when created. */
+typedef struct dm_driver_facts {
+    char name[128];
+    int unified_memory;
+    uint64_t recommended_working_set;
+    uint32_t max_threads_per_threadgroup;
+    uint32_t max_threadgroup_memory;
+    int apple7;
+    int simdgroup_matrix;
+    uint32_t page_size;
+} dm_driver_facts;
+
+typedef struct dm_driver_pipeline_facts {
+    uint32_t max_total_threads; /* maxTotalThreadsPerThreadgroup */
+    uint32_t execution_width;   /* threadExecutionWidth */
+    uint32_t static_tg_memory;  /* staticThreadgroupMemoryLength; 0 if unknown */
+} dm_driver_pipeline_facts;
+
+/* One validated dispatch, with driver buffer handles. */
+typedef struct dm_driver_dispatch {
+    const void *args; /* bound at index 0 when args_size > 0 */
+    size_t args_size;
+    void *buffers[DM_MAX_BUFFER_INDEX]; /* driver handles by index; NULL: unbound */
+    size_t offsets[DM_MAX_BUFFER_INDEX];
+    int n_indices; /* highest bound index + 1 */
+    uint32_t grid[3];
+    uint32_t group[3];
+    int mode;
+    uint32_t tg_memory[DM_MAX_TG_MEMORY_ARGS];
+    int n_tg_memory;
+} dm_driver_dispatch;
+
+typedef struct dm_driver {
+    const char *name;
+    int (*device_create)(const dm_device_options *options, void **out, dm_driver_facts *facts);
+    void (*device_destroy)(void *device);
+
+    /* `contents` receives the host-visible pointer (shared storage). */
+    int (*buffer_alloc)(void *device, size_t nbytes, void **out, void **contents);
+    /* Zero-copy over page-aligned host memory; NULL when the driver cannot. */
+    int (*buffer_wrap)(void *device, void *host, size_t nbytes, void **out);
+    void (*buffer_free)(void *device, void *buffer);
+
+    int (*pipeline_create)(void *device, const char *name, void **out,
+                           dm_driver_pipeline_facts *facts);
+    void (*pipeline_free)(void *device, void *pipeline);
+
+    /* A command buffer: begun, encoded into, committed once, waited once (which frees it),
+     * or discarded if never committed. */
+    int (*command_begin)(void *device, void **out);
+    int (*encode)(void *device, void *command, void *pipeline, const dm_driver_dispatch *d);
+    int (*commit)(void *device, void *command);
+    int (*wait)(void *device, void *command);
+    void (*discard)(void *device, void *command);
+
+    /* NULL when unsupported. */
+    int (*set_thread_order)(void *device, int order, uint64_t seed);
+} dm_driver;
+
+/* Sets the calling thread's message (printf format) and returns `code`. */
+int dm_set_error(int code, const char *format, ...) __attribute__((format(printf, 2, 3)));
+
+const dm_driver *dm_emu_driver(void);
+#if defined(DM_HAVE_METAL)
+const dm_driver *dm_metal_driver(void);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

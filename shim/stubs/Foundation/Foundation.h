@@ -1,0 +1,78 @@
+/* Stub: the subset of Foundation used by shim/drivers/metal_driver.m (macOS 13.3 SDK
+ * signatures). For compile checks only. */
+#ifndef DM_STUB_FOUNDATION_H
+#define DM_STUB_FOUNDATION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define NS_ASSUME_NONNULL_BEGIN _Pragma("clang assume_nonnull begin")
+#define NS_ASSUME_NONNULL_END _Pragma("clang assume_nonnull end")
+#define NS_RETURNS_RETAINED __attribute__((ns_returns_retained))
+#define NS_RETURNS_INNER_POINTER __attribute__((objc_returns_inner_pointer))
+#define FOUNDATION_EXPORT extern
+#define NS_ENUM(_type, _name) enum _name : _type _name; enum _name : _type
+#define NS_OPTIONS(_type, _name) enum _name : _type _name; enum _name : _type
+
+typedef long NSInteger;
+typedef unsigned long NSUInteger;
+#define NSUIntegerMax __LONG_MAX__ * 2UL + 1UL
+
+/* arm64 macOS: BOOL is bool. */
+typedef _Bool BOOL;
+#define nil ((id)0)
+#define YES __objc_yes
+#define NO __objc_no
+
+NS_ASSUME_NONNULL_BEGIN
+
+@class NSString;
+
+@protocol NSObject
+- (BOOL)isEqual:(id)object;
+@property (readonly) NSUInteger hash;
+@end
+
+__attribute__((objc_root_class))
+@interface NSObject <NSObject> {
+    Class isa;
+}
++ (instancetype)new;
++ (instancetype)alloc;
+- (instancetype)init;
+@end
+
+@interface NSString : NSObject
+@property (readonly) NSUInteger length;
+- (nullable instancetype)initWithUTF8String:(const char *)nullTerminatedCString;
++ (nullable instancetype)stringWithUTF8String:(const char *)nullTerminatedCString;
+@property (nullable, readonly) const char *UTF8String NS_RETURNS_INNER_POINTER;
+@end
+
+@interface NSError : NSObject
+@property (readonly, copy) NSString *domain;
+@property (readonly) NSInteger code;
+@property (readonly, copy) NSString *localizedDescription;
+@end
+
+@interface NSURL : NSObject
++ (NSURL *)fileURLWithPath:(NSString *)path;
+@end
+
+@interface NSArray<__covariant ObjectType> : NSObject
+@property (readonly) NSUInteger count;
+- (ObjectType)objectAtIndex:(NSUInteger)index;
+- (ObjectType)objectAtIndexedSubscript:(NSUInteger)idx;
++ (instancetype)array;
+@end
+
+@interface NSMutableArray<ObjectType> : NSArray<ObjectType>
+- (void)addObject:(ObjectType)anObject;
+- (void)removeAllObjects;
+@end
+
+FOUNDATION_EXPORT NSUInteger NSPageSize(void);
+
+NS_ASSUME_NONNULL_END
+
+#endif

@@ -1,0 +1,157 @@
+/* Stub: the subset of Metal used by shim/drivers/metal_driver.m (macOS 13.3 SDK signatures:
+ * MTLTypes.h, MTLResource.h, MTLBuffer.h, MTLDevice.h, MTLLibrary.h, MTLCommandQueue.h,
+ * MTLCommandBuffer.h, MTLCommandEncoder.h, MTLComputeCommandEncoder.h,
+ * MTLComputePipeline.h). For compile checks only. */
+#ifndef DM_STUB_METAL_H
+#define DM_STUB_METAL_H
+
+#import <Foundation/Foundation.h>
+
+#define MTL_EXTERN extern __attribute__((visibility("default")))
+
+NS_ASSUME_NONNULL_BEGIN
+
+/* MTLTypes.h */
+typedef struct {
+    NSUInteger width, height, depth;
+} MTLSize;
+
+static inline MTLSize MTLSizeMake(NSUInteger width, NSUInteger height, NSUInteger depth) {
+    MTLSize size = {width, height, depth};
+    return size;
+}
+
+/* MTLResource.h */
+typedef NS_ENUM(NSUInteger, MTLCPUCacheMode) {
+    MTLCPUCacheModeDefaultCache = 0,
+    MTLCPUCacheModeWriteCombined = 1,
+};
+
+typedef NS_ENUM(NSUInteger, MTLStorageMode) {
+    MTLStorageModeShared = 0,
+    MTLStorageModeManaged = 1,
+    MTLStorageModePrivate = 2,
+    MTLStorageModeMemoryless = 3,
+};
+
+#define MTLResourceCPUCacheModeShift 0
+#define MTLResourceStorageModeShift 4
+
+typedef NS_OPTIONS(NSUInteger, MTLResourceOptions) {
+    MTLResourceCPUCacheModeDefaultCache = MTLCPUCacheModeDefaultCache << MTLResourceCPUCacheModeShift,
+    MTLResourceCPUCacheModeWriteCombined = MTLCPUCacheModeWriteCombined << MTLResourceCPUCacheModeShift,
+    MTLResourceStorageModeShared = MTLStorageModeShared << MTLResourceStorageModeShift,
+    MTLResourceStorageModeManaged = MTLStorageModeManaged << MTLResourceStorageModeShift,
+    MTLResourceStorageModePrivate = MTLStorageModePrivate << MTLResourceStorageModeShift,
+};
+
+@protocol MTLDevice;
+
+@protocol MTLResource <NSObject>
+@property (nullable, copy, atomic) NSString *label;
+@property (readonly) id<MTLDevice> device;
+@end
+
+/* MTLBuffer.h */
+@protocol MTLBuffer <MTLResource>
+@property (readonly) NSUInteger length;
+- (void *)contents NS_RETURNS_INNER_POINTER;
+@end
+
+/* MTLLibrary.h */
+@protocol MTLFunction <NSObject>
+@property (readonly) NSString *name;
+@end
+
+@interface MTLCompileOptions : NSObject
+@property (readwrite, nonatomic) BOOL fastMathEnabled;
+@end
+
+@protocol MTLLibrary <NSObject>
+- (nullable id<MTLFunction>)newFunctionWithName:(NSString *)functionName;
+@property (readonly) NSArray<NSString *> *functionNames;
+@end
+
+/* MTLComputePipeline.h */
+@protocol MTLComputePipelineState <NSObject>
+@property (readonly) NSUInteger maxTotalThreadsPerThreadgroup;
+@property (readonly) NSUInteger threadExecutionWidth;
+@property (readonly) NSUInteger staticThreadgroupMemoryLength;
+@end
+
+/* MTLCommandEncoder.h */
+@protocol MTLCommandEncoder <NSObject>
+- (void)endEncoding;
+@end
+
+/* MTLComputeCommandEncoder.h */
+@protocol MTLComputeCommandEncoder <MTLCommandEncoder>
+- (void)setComputePipelineState:(id<MTLComputePipelineState>)state;
+- (void)setBytes:(const void *)bytes length:(NSUInteger)length atIndex:(NSUInteger)index;
+- (void)setBuffer:(nullable id<MTLBuffer>)buffer offset:(NSUInteger)offset atIndex:(NSUInteger)index;
+- (void)setThreadgroupMemoryLength:(NSUInteger)length atIndex:(NSUInteger)index;
+- (void)dispatchThreadgroups:(MTLSize)threadgroupsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
+- (void)dispatchThreads:(MTLSize)threadsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
+@end
+
+/* MTLCommandBuffer.h */
+typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus) {
+    MTLCommandBufferStatusNotEnqueued = 0,
+    MTLCommandBufferStatusEnqueued = 1,
+    MTLCommandBufferStatusCommitted = 2,
+    MTLCommandBufferStatusScheduled = 3,
+    MTLCommandBufferStatusCompleted = 4,
+    MTLCommandBufferStatusError = 5,
+};
+
+@protocol MTLCommandBuffer <NSObject>
+- (void)commit;
+- (void)waitUntilCompleted;
+@property (readonly) MTLCommandBufferStatus status;
+@property (nullable, readonly) NSError *error;
+- (nullable id<MTLComputeCommandEncoder>)computeCommandEncoder;
+@end
+
+/* MTLCommandQueue.h */
+@protocol MTLCommandQueue <NSObject>
+- (nullable id<MTLCommandBuffer>)commandBuffer;
+@end
+
+/* MTLDevice.h */
+typedef NS_ENUM(NSInteger, MTLGPUFamily) {
+    MTLGPUFamilyApple1 = 1001,
+    MTLGPUFamilyApple2 = 1002,
+    MTLGPUFamilyApple3 = 1003,
+    MTLGPUFamilyApple4 = 1004,
+    MTLGPUFamilyApple5 = 1005,
+    MTLGPUFamilyApple6 = 1006,
+    MTLGPUFamilyApple7 = 1007,
+    MTLGPUFamilyApple8 = 1008,
+    MTLGPUFamilyApple9 = 1009,
+    MTLGPUFamilyMac2 = 2002,
+    MTLGPUFamilyCommon1 = 3001,
+    MTLGPUFamilyCommon2 = 3002,
+    MTLGPUFamilyCommon3 = 3003,
+    MTLGPUFamilyMetal3 = 5001,
+};
+
+@protocol MTLDevice <NSObject>
+@property (readonly) NSString *name;
+@property (readonly) MTLSize maxThreadsPerThreadgroup;
+@property (readonly) BOOL hasUnifiedMemory;
+@property (readonly) uint64_t recommendedMaxWorkingSetSize;
+@property (readonly) NSUInteger maxThreadgroupMemoryLength;
+- (BOOL)supportsFamily:(MTLGPUFamily)gpuFamily;
+- (nullable id<MTLCommandQueue>)newCommandQueue;
+- (nullable id<MTLBuffer>)newBufferWithLength:(NSUInteger)length options:(MTLResourceOptions)options;
+- (nullable id<MTLBuffer>)newBufferWithBytesNoCopy:(void *)pointer length:(NSUInteger)length options:(MTLResourceOptions)options deallocator:(void (^ __nullable)(void *pointer, NSUInteger length))deallocator;
+- (nullable id<MTLLibrary>)newLibraryWithURL:(NSURL *)url error:(__autoreleasing NSError **)error;
+- (nullable id<MTLLibrary>)newLibraryWithSource:(NSString *)source options:(nullable MTLCompileOptions *)options error:(__autoreleasing NSError **)error;
+- (nullable id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction error:(__autoreleasing NSError **)error;
+@end
+
+MTL_EXTERN id<MTLDevice> __nullable MTLCreateSystemDefaultDevice(void) NS_RETURNS_RETAINED;
+
+NS_ASSUME_NONNULL_END
+
+#endif
