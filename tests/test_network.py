@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from shared_paths import CFG_DIR, GOLDEN, IMAGES
 from PIL import Image
+from shared_paths import CFG_DIR, GOLDEN, IMAGES
 
 import darknet_metal as dm
 

@@ -4,9 +4,9 @@ import os
 
 import numpy as np
 import pytest
-from shared_paths import CFG_DIR, YOLOV3_TINY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_paths import CFG_DIR, YOLOV3_TINY
 
 import darknet_metal as dm
 from darknet_metal.cfg import parse_cfg_text
