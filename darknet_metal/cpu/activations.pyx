@@ -31,7 +31,6 @@ Darknet's backward pass feeds it the output).
 
 cimport cython
 from cython cimport floating
-from cython.parallel cimport prange
 from libc.float cimport FLT_MAX
 from libc.math cimport exp, expf, floor, floorf, log, logf, pow, powf, tanh, tanhf
 
@@ -54,10 +53,6 @@ _ENUM = {
 if len(ACTIVATIONS) != ACT_COUNT or any(ACTIVATION_ID[k] != v for k, v in _ENUM.items()):
     raise ImportError("darknet_metal.cpu.activations ids disagree with "
                       "darknet_metal.activations.ACTIVATIONS")
-
-# Elementwise work is split in chunks of this many values for the threads.
-cdef Py_ssize_t _CHUNK = 1 << 15
-
 
 # ----------------------------------------------------------------------------------------
 # Precision-matched libm wrappers: float32 calls the float functions, as Darknet does.
@@ -279,7 +274,7 @@ cdef inline floating _gradient(floating v, int act) noexcept nogil:
 
 
 # ----------------------------------------------------------------------------------------
-# Array kernels (the cdef API in activations.pxd). All run serially: callers parallelise.
+# Array kernels (the cdef API in activations.pxd).
 
 cdef void activate_array(floating* x, Py_ssize_t n, int act) noexcept nogil:
     """Apply elementwise activation ``act`` to x[0:n] in place.
@@ -376,53 +371,34 @@ cdef void gradient_channels(const floating* y, Py_ssize_t batch, Py_ssize_t chan
 # Python entry points.
 
 def _activate_flat(floating[::1] flat, int act):
-    cdef Py_ssize_t n = flat.shape[0]
-    cdef Py_ssize_t nchunks = (n + _CHUNK - 1) // _CHUNK
-    cdef Py_ssize_t c, start
-    if n == 0:
+    if flat.shape[0] == 0:
         return
     with nogil:
-        if nchunks == 1:
-            activate_array(&flat[0], n, act)
-        else:
-            for c in prange(nchunks, schedule="static"):
-                start = c * _CHUNK
-                activate_array(&flat[start], min(_CHUNK, n - start), act)
+        activate_array(&flat[0], flat.shape[0], act)
 
 
 def _gradient_flat(const floating[::1] y, floating[::1] delta, int act):
-    cdef Py_ssize_t n = y.shape[0]
-    cdef Py_ssize_t nchunks = (n + _CHUNK - 1) // _CHUNK
-    cdef Py_ssize_t c, start
-    if n == 0:
+    if y.shape[0] == 0:
         return
     with nogil:
-        if nchunks == 1:
-            gradient_array(&y[0], n, act, &delta[0])
-        else:
-            for c in prange(nchunks, schedule="static"):
-                start = c * _CHUNK
-                gradient_array(&y[start], min(_CHUNK, n - start), act, &delta[start])
+        gradient_array(&y[0], y.shape[0], act, &delta[0])
 
 
 def _activate_channels_flat(floating[::1] flat, Py_ssize_t batch, Py_ssize_t channels,
                             Py_ssize_t spatial, int act):
-    cdef Py_ssize_t b, step = channels * spatial
     if flat.shape[0] == 0:
         return
     with nogil:
-        for b in prange(batch, schedule="static"):
-            activate_channels(&flat[b * step], 1, channels, spatial, act)
+        activate_channels(&flat[0], batch, channels, spatial, act)
 
 
 def _gradient_channels_flat(const floating[::1] y, floating[::1] delta, Py_ssize_t batch,
                             Py_ssize_t channels, Py_ssize_t spatial, int act):
-    cdef Py_ssize_t b, step = channels * spatial
     if y.shape[0] == 0:
         return
     with nogil:
-        for b in prange(batch, schedule="static"):
-            gradient_channels(&y[b * step], 1, channels, spatial, act, &delta[b * step])
+        gradient_channels(&y[0], batch, channels, spatial, act, &delta[0])
+
 
 
 def activation_id(act) -> int:

@@ -8,7 +8,6 @@ activation: the caller does, with ``darknet_metal.cpu.activations.activate``.
 
 cimport cython
 from cython cimport floating
-from cython.parallel cimport prange
 from libc.float cimport FLT_MAX
 from libc.math cimport exp, expf
 
@@ -84,7 +83,7 @@ def _shortcut_add(floating[:, :, :, ::1] out, const floating[:, :, :, ::1] add,
     cdef floating* dst = &out[0, 0, 0, 0]
     cdef const floating* src = &add[0, 0, 0, 0]
     with nogil:
-        for task in prange(batch * c_min, schedule="static"):
+        for task in range(batch * c_min):
             b = task // c_min
             c = task % c_min
             if weighted:
@@ -110,7 +109,7 @@ def _shortcut_scale(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out,
     cdef const floating* src = &x[0, 0, 0, 0]
     cdef floating* dst = &out[0, 0, 0, 0]
     with nogil:
-        for task in prange(batch * channels, schedule="static"):
+        for task in range(batch * channels):
             c = task % channels
             wt = table[0, c]
             for i in range(spatial):
@@ -193,7 +192,7 @@ def _scale_channels(const floating[:, :, :, ::1] x_from, const floating[:, :, :,
     cdef const floating* sc = &scale[0, 0, 0, 0]
     cdef floating* dst = &out[0, 0, 0, 0]
     with nogil:
-        for task in prange(batch * channels, schedule="static"):
+        for task in range(batch * channels):
             if scale_wh:
                 b = task // channels
                 for i in range(spatial):
@@ -225,7 +224,7 @@ def scale_channels_forward(x_from, scale, out, bint scale_wh=False) -> None:
 def _sam(const floating[::1] x_from, const floating[::1] x, floating[::1] out):
     cdef Py_ssize_t n = x.shape[0], i
     with nogil:
-        for i in prange(n, schedule="static"):
+        for i in range(n):
             out[i] = x[i] * x_from[i]
 
 

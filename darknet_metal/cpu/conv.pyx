@@ -7,7 +7,6 @@ which reads the same memory without copies.
 """
 
 from cython cimport floating
-from cython.parallel cimport prange
 from scipy.linalg.cython_blas cimport dgemm, sgemm
 
 from darknet_metal.cpu.activations cimport activate_array
@@ -33,7 +32,7 @@ cdef void bias_activate(floating* out, const floating* bias, Py_ssize_t channels
                         Py_ssize_t spatial, int act) noexcept nogil:
     cdef Py_ssize_t ch, i
     cdef floating* row
-    for ch in prange(channels, schedule="static"):
+    for ch in range(channels):
         row = out + ch * spatial
         for i in range(spatial):
             row[i] = row[i] + bias[ch]

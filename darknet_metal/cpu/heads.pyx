@@ -8,7 +8,6 @@ hierarchical ``tree=`` softmax). ``yolo_forward`` produces Darknet's ``[yolo]``
 
 cimport cython
 from cython cimport floating
-from cython.parallel cimport prange
 from libc.float cimport FLT_MAX
 from libc.math cimport exp, expf
 
@@ -33,7 +32,7 @@ def _softmax(const floating[:, ::1] x, floating[:, ::1] out, int groups, floatin
     cdef floating* dst = &out[0, 0]
     with nogil:
         # Group g of sample b starts at b*inputs + g*n == (b*groups + g)*n.
-        for task in prange(batch * groups, schedule="static"):
+        for task in range(batch * groups):
             largest = -FLT_MAX
             for i in range(n):
                 if src[task * n + i] > largest:
@@ -91,7 +90,7 @@ def _yolo(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int n, int
     cdef const floating* src = &x[0, 0, 0, 0]
     cdef floating* dst = &out[0, 0, 0, 0]
     with nogil:
-        for task in prange(batch * n, schedule="static"):
+        for task in range(batch * n):
             # Anchor a of sample b owns channels [a*entries, (a+1)*entries) of that sample.
             base = task * entries * spatial
             for i in range(entries * spatial):

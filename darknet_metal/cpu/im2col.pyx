@@ -8,7 +8,6 @@ outside the image. Rows therefore match the flattened ``(n, c, ky, kx)`` weight 
 """
 
 from cython cimport floating
-from cython.parallel cimport prange
 from libc.string cimport memset
 
 import numpy as np
@@ -23,7 +22,7 @@ cdef void im2col(const floating* im, Py_ssize_t channels, Py_ssize_t height, Py_
     cdef const floating* src
     cdef floating* dst
     # Rows are independent: one row per work item keeps writes contiguous per thread.
-    for row in prange(rows, schedule="static"):
+    for row in range(rows):
         kx = row % ksize
         ky = (row // ksize) % ksize
         c = row // (ksize * ksize)

@@ -12,7 +12,6 @@ maximum and 0/0 (NaN) for the local average.
 
 cimport cython
 from cython cimport floating
-from cython.parallel cimport prange
 from libc.float cimport FLT_MAX
 
 import numpy as np
@@ -111,7 +110,7 @@ def _pool(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int size,
     cdef const floating* src = &x[0, 0, 0, 0]
     cdef floating* dst = &out[0, 0, 0, 0]
     with nogil:
-        for p in prange(planes, schedule="static"):
+        for p in range(planes):
             if average:
                 _local_avgpool_plane(src + p * h * w, dst + p * out_h * out_w, h, w, out_h,
                                      out_w, size, stride_x, stride_y, offset)
@@ -157,7 +156,7 @@ def _maxpool_depth(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out):
     cdef const floating* src = &x[0, 0, 0, 0]
     cdef floating* dst = &out[0, 0, 0, 0]
     with nogil:
-        for task in prange(batch * out_c, schedule="static"):
+        for task in range(batch * out_c):
             b = task // out_c
             g = task % out_c
             for i in range(spatial):
@@ -197,7 +196,7 @@ def _avgpool(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out):
     cdef const floating* src = &x[0, 0, 0, 0]
     cdef floating* dst = &out[0, 0, 0, 0]
     with nogil:
-        for p in prange(planes, schedule="static"):
+        for p in range(planes):
             total = 0
             for i in range(spatial):
                 total = total + src[p * spatial + i]

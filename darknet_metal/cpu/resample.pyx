@@ -14,7 +14,6 @@ layout is unusual:
 
 cimport cython
 from cython cimport floating
-from cython.parallel cimport prange
 
 import numpy as np
 
@@ -63,7 +62,7 @@ def _upsample(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int s,
     cdef const floating* src = &x[0, 0, 0, 0]
     cdef floating* dst = &out[0, 0, 0, 0]
     with nogil:
-        for p in prange(planes, schedule="static"):
+        for p in range(planes):
             for j in range(oh):
                 srow = src + p * h * w + (j // s) * w
                 drow = dst + p * oh * ow + j * ow
@@ -87,7 +86,7 @@ def _downsample(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int 
     cdef const floating* src = &x[0, 0, 0, 0]
     cdef floating* dst = &out[0, 0, 0, 0]
     with nogil:
-        for p in prange(planes, schedule="static"):
+        for p in range(planes):
             for J in range(oh):
                 for I in range(ow):
                     total = 0
@@ -147,7 +146,7 @@ def _reorg(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, Py_ssize_
     cdef const floating* src = &x[0, 0, 0, 0]
     cdef floating* dst = &out[0, 0, 0, 0]
     with nogil:
-        for task in prange(tasks, schedule="static"):
+        for task in range(tasks):
             _reorg_core(src, dst, task, w, h, c, s, forward)
 
 

@@ -8,7 +8,6 @@ multiply-adds for the same result up to rounding (the transforms only add, subtr
 """
 
 from cython cimport floating
-from cython.parallel cimport prange
 
 from darknet_metal.cpu.activations cimport activate_array
 from darknet_metal.cpu.conv cimport gemm_rowmajor
@@ -36,7 +35,6 @@ def workspace_size(int channels, int filters, int height, int width) -> int:
 cdef inline void input_tile(const floating* src, Py_ssize_t height, Py_ssize_t width,
                             Py_ssize_t y0, Py_ssize_t x0, floating* v,
                             Py_ssize_t plane) noexcept nogil:
-    # Local arrays live on this call's stack, so each parallel thread has its own.
     cdef floating d[4][4]
     cdef floating t[4][4]
     cdef Py_ssize_t i, j, y, xx
@@ -66,7 +64,7 @@ cdef void input_transform(const floating* x, Py_ssize_t channels, Py_ssize_t hei
     """v[(i*4 + j), c, tile] = (B^T d B)[i, j] for the 4x4 input tile d at (2ty-1, 2tx-1)."""
     cdef Py_ssize_t tiles = tiles_y * tiles_x, plane = channels * tiles
     cdef Py_ssize_t c, ty, tx
-    for c in prange(channels, schedule="static"):
+    for c in range(channels):
         for ty in range(tiles_y):
             for tx in range(tiles_x):
                 input_tile(x + c * height * width, height, width, 2 * ty - 1, 2 * tx - 1,
@@ -102,7 +100,7 @@ cdef void output_transform(const floating* m, const floating* bias, Py_ssize_t f
     """out[f] = A^T m A + bias[f] for every tile, then the activation, per filter."""
     cdef Py_ssize_t tiles = tiles_y * tiles_x, plane = filters * tiles
     cdef Py_ssize_t f, ty, tx
-    for f in prange(filters, schedule="static"):
+    for f in range(filters):
         for ty in range(tiles_y):
             for tx in range(tiles_x):
                 output_tile(m + f * tiles + ty * tiles_x + tx, plane, bias[f], height, width,
