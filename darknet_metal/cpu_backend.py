@@ -20,7 +20,7 @@ _LINEAR = ACTIVATION_ID["linear"]
 
 #: Input channels from which Winograd beats im2col + GEMM for a 3x3 convolution: below it
 #: the 16 transformed GEMMs are too thin to pay for the transforms.
-WINOGRAD_MIN_CHANNELS = 16
+WINOGRAD_MIN_CHANNELS = 32
 
 
 def uses_winograd(spec: LayerSpec) -> bool:

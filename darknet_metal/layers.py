@@ -206,9 +206,11 @@ def _upsample(s: Section, shape: Shape) -> LayerSpec:
 def _reorg(s: Section, shape: Shape) -> LayerSpec:
     c, h, w = shape
     stride = s.values["stride"]
+    # Darknet's reorg permutes through a (C/stride^2, H*stride, W*stride) view in both
+    # directions, so the channels must divide either way.
+    if c % (stride * stride):
+        raise s.error(f"reorg needs the input channels ({c}) divisible by stride^2", "stride")
     if s.values["reverse"]:
-        if c % (stride * stride):
-            raise s.error(f"reverse reorg needs channels ({c}) divisible by stride^2", "stride")
         out = (c // (stride * stride), h * stride, w * stride)
     else:
         if h % stride or w % stride:

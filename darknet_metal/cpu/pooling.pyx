@@ -44,21 +44,41 @@ def pool_output_hw(int h, int w, int size, int stride_x, int stride_y, int paddi
     return out_h, out_w
 
 
-
-
-
-
 # ----------------------------------------------------------------------------------------
 
 cdef void _maxpool_plane(const floating* src, floating* dst, Py_ssize_t h, Py_ssize_t w,
                          Py_ssize_t out_h, Py_ssize_t out_w, Py_ssize_t size,
                          Py_ssize_t stride_x, Py_ssize_t stride_y,
                          Py_ssize_t offset) noexcept nogil:
-    cdef Py_ssize_t i, j, n, m, y, x
+    cdef Py_ssize_t i, j, n, m, y, x, y0, x0
     cdef floating best, val
+    cdef const floating* window
+    cdef bint rows_inside
     for i in range(out_h):
+        y0 = i * stride_y - offset
+        rows_inside = y0 >= 0 and y0 + size <= h
         for j in range(out_w):
             best = -FLT_MAX
+            x0 = j * stride_x - offset
+            if rows_inside and size == 2 and x0 >= 0 and x0 + 2 <= w:
+                # The common 2x2 window, unrolled (same comparison order).
+                window = src + y0 * w + x0
+                best = window[0] if window[0] > best else best
+                best = window[1] if window[1] > best else best
+                best = window[w] if window[w] > best else best
+                best = window[w + 1] if window[w + 1] > best else best
+                dst[i * out_w + j] = best
+                continue
+            if rows_inside and x0 >= 0 and x0 + size <= w:
+                # Window wholly inside: the same comparisons in the same order, unchecked.
+                window = src + y0 * w + x0
+                for n in range(size):
+                    for m in range(size):
+                        val = window[n * w + m]
+                        if val > best:
+                            best = val
+                dst[i * out_w + j] = best
+                continue
             for n in range(size):
                 y = i * stride_y + n - offset
                 if y < 0 or y >= h:
