@@ -1,8 +1,11 @@
 """darknet_metal: Darknet networks (``.cfg`` + ``.weights``) from Python.
 
-``load`` builds a ``Network``; ``Network.forward`` and ``Network.detect`` run it.
+``load`` builds a ``Network``; ``Network.forward`` and ``Network.detect`` run it on the CPU
+(``device="cpu"``), an Apple GPU (``"metal"``) or the Metal emulator (``"emu"``);
+``darknet_metal.metal`` reports on and manages the GPU devices.
 """
 
+from darknet_metal import metal
 from darknet_metal.boxes import Detection
 from darknet_metal.errors import (
     CfgError,
@@ -27,4 +30,5 @@ __all__ = [
     "WeightsError",
     "__version__",
     "load",
+    "metal",
 ]

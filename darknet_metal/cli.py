@@ -94,7 +94,40 @@ def _parser() -> argparse.ArgumentParser:
     )
     summary.add_argument("cfg", metavar="CFG", type=Path, help="network .cfg file")
     summary.set_defaults(run=_run_summary)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="check the Metal path on this machine",
+        description=(
+            "Print the device facts, build every kernel pipeline, compare every kernel and "
+            "a yolov3-tiny network with the CPU reference on the device (Metal when "
+            "available, else its CPU emulator) and print a report to paste into a bug "
+            "report. Exits 1 if anything fails."
+        ),
+    )
+    doctor.add_argument(
+        "--device",
+        choices=("metal", "emu"),
+        default=None,
+        help="device to check (default: metal when available, else emu)",
+    )
+    doctor.add_argument(
+        "--size",
+        type=int,
+        default=96,
+        metavar="N",
+        help="yolov3-tiny input size for the network check (default 96)",
+    )
+    doctor.set_defaults(run=_run_doctor)
     return parser
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    from darknet_metal.metal.doctor import run_doctor
+
+    if args.size < 32 or args.size % 32:
+        raise CfgError(f"--size must be a positive multiple of 32, not {args.size}")
+    return 0 if run_doctor(args.device, size=args.size) else 1
 
 
 def _check_detect_args(args: argparse.Namespace) -> None:

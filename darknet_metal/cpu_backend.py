@@ -78,11 +78,13 @@ class CpuBackend:
             self._buffers = {batch: buffers}  # keep one batch size: bounded memory
         return buffers
 
-    def forward(self, x: np.ndarray, timings: list[float] | None = None) -> list[np.ndarray]:
+    def forward(self, x: np.ndarray, timings: list[float] | None = None,
+                outputs: list[int] | None = None) -> list[np.ndarray]:
         """Run every layer on ``x`` (N, C, H, W) and return each layer's output buffer.
 
         The returned arrays are reused by the next call: copy what must outlive it. With
-        ``timings``, the wall time of each layer in seconds is appended to it.
+        ``timings``, the wall time of each layer in seconds is appended to it. ``outputs``
+        (the layers the caller will read) changes nothing here: every buffer is in memory.
         """
         x = np.ascontiguousarray(x, self.dtype)
         outs = self._outputs(x.shape[0])

@@ -9,14 +9,16 @@ import numpy as np
 
 from darknet_metal.boxes import Detection, YoloHead, detect_boxes
 from darknet_metal.cfg import NetConfig, parse_cfg
-from darknet_metal.errors import CfgError, DeviceError
+from darknet_metal.errors import CfgError
 from darknet_metal.image import load_image, prepare_input
 from darknet_metal.layers import LayerSpec, Shape, build_layers, input_shape
 from darknet_metal.params import Params, init_params
 from darknet_metal.summary import summary_table
 from darknet_metal.weights import WeightsHeader, read_weights, write_weights
 
-DEVICES = ("cpu",)
+#: Devices ``load`` accepts: the CPU reference, the Apple GPU, and the CPU emulator of the
+#: Metal compute model (the same kernels as "metal").
+DEVICES = ("cpu", "metal", "emu")
 
 
 def _read_names(names: str | os.PathLike[str] | Sequence[str] | None) -> list[str] | None:
@@ -50,8 +52,7 @@ class Network:
         self.device = device
         self.batch = batch
         self.dtype = np.dtype(dtype)
-        if device not in DEVICES:
-            _check_device(device)
+        _check_device(device)
         self._backend_instance = None
 
     @property
@@ -90,7 +91,8 @@ class Network:
         if not np.issubdtype(x.dtype, np.floating):
             raise ValueError(f"input dtype is {x.dtype}; expected float32")
         wanted = self.yolo_layers if outputs is None else self._check_indices(outputs)
-        outs = self._backend.forward(x)
+        # Device backends keep outputs on the device and download only the wanted ones.
+        outs = self._backend.forward(x, outputs=wanted)
         return [np.array(outs[i]) for i in wanted]
 
     def profile(self, x: np.ndarray, repeats: int = 5) -> list[float]:
@@ -163,15 +165,23 @@ class Network:
 
 
 def _check_device(device: str) -> None:
-    if device in ("metal", "emu"):
-        raise DeviceError(f"device '{device}' is not available in this build; use 'cpu'")
-    raise ValueError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)}")
+    """Raise ValueError for an unknown device, DeviceError for one this machine lacks."""
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)}")
+    if device != "cpu":
+        from darknet_metal.metal import get_device
+
+        get_device(device)
 
 
 def _make_backend(device: str, specs: list[LayerSpec], params: dict[int, Params], dtype):
-    from darknet_metal.cpu_backend import CpuBackend
+    if device == "cpu":
+        from darknet_metal.cpu_backend import CpuBackend
 
-    return CpuBackend(specs, params, dtype)
+        return CpuBackend(specs, params, dtype)
+    from darknet_metal.gpu_backend import GpuBackend
+
+    return GpuBackend(specs, params, dtype, device=device)
 
 
 def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None, *,
@@ -182,8 +192,10 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
 
     ``cfg``: the ``.cfg`` path. ``weights``: a ``.weights`` path, or None to initialise the
     parameters as Darknet does (reproducibly with ``seed``). ``names``: a ``.names`` path or a
-    list of class names. ``device``: ``"cpu"``. ``batch``: the batch size to prepare for (any
-    batch size works in ``forward``). ``dtype``: float32, or float64 for gradient checks.
+    list of class names. ``device``: ``"cpu"``, ``"metal"`` (Apple GPU) or ``"emu"`` (the Metal
+    kernels in the CPU emulator; DeviceError when unavailable). ``batch``: the batch size to
+    prepare for (any batch size works in ``forward``). ``dtype``: float32, or float64 for
+    gradient checks (CPU only).
     Raises ``CfgError`` / ``WeightsError`` naming the file and line or layer at fault.
     """
     if not isinstance(batch, (int, np.integer)) or batch < 1:

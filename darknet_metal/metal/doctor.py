@@ -1,0 +1,318 @@
+"""``darknet-metal doctor``: what a user runs to check the Metal path on their machine.
+
+It reports the device facts, builds the pipeline of every registry kernel, runs the kernel
+parity suite (small one-layer-kind networks that exercise every kernel the layers use, with
+both GEMM variants, plus direct checks of the kernels no layer kind uses) and a yolov3-tiny
+network parity at a small input size (real weights when they are in the model cache, random
+ones otherwise), each against the CPU reference, and returns a text report to paste into a bug
+report with an overall verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from darknet_metal.activations import ACTIVATIONS, CHANNEL_ACTIVATIONS
+from darknet_metal.metal import get_device, registry
+from darknet_metal.metal.parity import compare, format_report, run_parity
+
+_NET = "[net]\nwidth={w}\nheight={h}\nchannels={c}\n"
+
+_ELEMENTWISE = [a for a in ACTIVATIONS if a not in CHANNEL_ACTIVATIONS]
+
+#: Small networks that together run every kernel a layer kind dispatches: (name, cfg text).
+MINI_NETWORKS: list[tuple[str, str]] = [
+    (
+        "conv-activations",
+        _NET.format(w=7, h=5, c=3)
+        + "".join(
+            f"[convolutional]\nfilters=5\nsize=3\nstride=1\npad=1\nactivation={a}\n\n"
+            for a in _ELEMENTWISE
+        ),
+    ),
+    (
+        "conv-shapes",
+        _NET.format(w=13, h=7, c=6)
+        + (
+            "[convolutional]\nbatch_normalize=1\nfilters=8\nsize=3\nstride=2\npad=1\n"
+            "activation=leaky\n\n"
+            "[convolutional]\nfilters=6\nsize=3\nstride=1\npad=1\ngroups=2\ndilation=2\n"
+            "activation=mish\n\n"
+            "[convolutional]\nfilters=7\nsize=1\nstride=1\npad=0\nactivation=logistic\n\n"
+            "[convolutional]\nfilters=5\nsize=3\nstride=1\npad=1\n"
+            "activation=normalize_channels\n\n"
+            "[convolutional]\nfilters=5\nsize=1\nstride=1\npad=0\n"
+            "activation=normalize_channels_softmax\n\n"
+            "[convolutional]\nfilters=5\nsize=1\nstride=1\npad=0\n"
+            "activation=normalize_channels_softmax_maxval\n"
+        ),
+    ),
+    (
+        "pool-route-resample",
+        _NET.format(w=16, h=12, c=6)
+        + (
+            "[maxpool]\nsize=3\nstride=2\n\n"
+            "[maxpool]\nmaxpool_depth=1\nout_channels=2\n\n"
+            "[route]\nlayers=-2,-1\n\n"
+            "[reorg]\nstride=2\n\n"
+            "[route]\nlayers=-1\ngroups=4\ngroup_id=3\n\n"
+            "[upsample]\nstride=2\n\n"
+            "[upsample]\nstride=-2\nscale=0.5\n\n"
+            "[avgpool]\n"
+        ),
+    ),
+    (
+        "combine",
+        _NET.format(w=7, h=5, c=4)
+        + (
+            "[convolutional]\nfilters=4\nsize=1\nstride=1\npad=0\nactivation=leaky\n\n"
+            "[convolutional]\nfilters=6\nsize=3\nstride=1\npad=1\nactivation=linear\n\n"
+            "[shortcut]\nfrom=-2\nactivation=linear\n\n"
+            "[shortcut]\nfrom=-2,-3\nweights_type=per_channel\nweights_normalization=softmax\n"
+            "activation=swish\n\n"
+            "[avgpool]\n\n"
+            "[scale_channels]\nfrom=-2\n\n"
+            "[convolutional]\nfilters=1\nsize=1\nstride=1\npad=0\nactivation=logistic\n\n"
+            "[scale_channels]\nfrom=-2\nscale_wh=1\n\n"
+            "[sam]\nfrom=-3\nactivation=normalize_channels\n"
+        ),
+    ),
+    (
+        "heads",
+        _NET.format(w=5, h=3, c=3)
+        + (
+            "[convolutional]\nfilters=21\nsize=1\nstride=1\npad=0\nactivation=linear\n\n"
+            "[yolo]\nmask=0,1,2\nanchors=1,2,3,4,5,6\nclasses=2\nnum=3\nscale_x_y=1.05\n\n"
+            "[route]\nlayers=-2\n\n"
+            "[yolo]\nmask=0,1,2\nanchors=1,2,3,4,5,6\nclasses=2\nnum=3\nnew_coords=1\n"
+            "scale_x_y=2.0\n\n"
+            "[connected]\noutput=12\nactivation=relu\n\n"
+            "[softmax]\ngroups=3\ntemperature=0.5\n"
+        ),
+    ),
+]
+
+
+def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
+    """Kernels no layer kind dispatches: local_avgpool and the transposed-A GEMMs, against
+    the CPU reference and a float64 NumPy product."""
+    from darknet_metal.cpu import pooling
+
+    rng = np.random.default_rng(5)
+    results = []
+    x = rng.standard_normal((2, 3, 7, 5)).astype(np.float32)
+    size, sx, sy, padding = 3, 2, 1, 2
+    oh, ow = pooling.pool_output_hw(7, 5, size, sx, sy, padding)
+    want = np.empty((2, 3, oh, ow), np.float32)
+    pooling.local_avgpool_forward(x, want, size, sx, sy, padding)
+    got = _run(
+        device,
+        "local_avgpool_fwd_f32",
+        [x],
+        want.shape,
+        {"out_w": ow, "out_h": oh, "planes": 6},
+        planes=6,
+        height=7,
+        width=5,
+        out_h=oh,
+        out_w=ow,
+        size=size,
+        stride_x=sx,
+        stride_y=sy,
+        padding=padding,
+    )
+    results.append(("local_avgpool_fwd_f32", *_verdict(got, want)))
+    m, n, k = 17, 33, 29
+    a = rng.standard_normal((k, m)).astype(np.float32)  # stored transposed
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(m).astype(np.float32)
+    ref = (a.T.astype(np.float64) @ b.astype(np.float64) + bias[:, None]).astype(np.float32)
+    for name in ("gemm_tn_f32", "gemm_tn_simd_f32"):
+        got = _run(
+            device,
+            name,
+            [a, b, bias],
+            (m, n),
+            {"N": n, "M": m, "slices": 1},
+            M=m,
+            N=n,
+            K=k,
+            lda=m,
+            ldb=n,
+            ldc=n,
+            groups=1,
+            a_batch_stride=0,
+            a_group_stride=0,
+            b_batch_stride=0,
+            b_group_stride=0,
+            c_batch_stride=0,
+            c_group_stride=0,
+            bias_group_stride=0,
+            bias_mode=registry.BIAS_ROWS,
+            act=0,
+        )
+        results.append((name, *_verdict(got, ref)))
+    return results
+
+
+def _verdict(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
+    r = compare(got, want, "convolutional")
+    return r["max_abs"], r["ok"]
+
+
+def _run(
+    device: Any,
+    name: str,
+    inputs: list[np.ndarray],
+    out_shape: tuple[int, ...],
+    sizes: dict[str, int],
+    **args: int | float,
+) -> np.ndarray:
+    from darknet_metal.metal.encoders import make_dispatch
+
+    bufs = [device.upload(np.ascontiguousarray(a, np.float32)) for a in inputs]
+    out = device.buffer(4 * int(np.prod(out_shape)))
+    try:
+        device.dispatch(*make_dispatch(name, [*bufs, out], sizes, **args))
+        result = np.empty(out_shape, np.float32)
+        out.read_into(result)
+        return result
+    finally:
+        for b in (*bufs, out):
+            b.release()
+
+
+def _section(title: str) -> str:
+    return f"\n== {title} " + "=" * max(0, 66 - len(title))
+
+
+def run_doctor(
+    device: str | None = None, *, size: int = 96, out: Callable[[str], None] = print
+) -> bool:
+    """Run every check on ``device`` (default: "metal" when available, else "emu"), writing
+    the report line by line through ``out``; True when everything passed."""
+    from darknet_metal import __version__
+    from darknet_metal.metal import is_available
+
+    if device is None:
+        device = "metal" if is_available("metal") else "emu"
+    ok = True
+    out(f"darknet-metal doctor {__version__}")
+    out(f"python {platform.python_version()} on {platform.platform()} ({platform.machine()})")
+    out(f"numpy {np.__version__}")
+    out(_section("device"))
+    try:
+        dev = get_device(device)
+    except Exception as e:  # report any failure to create the device, do not crash
+        out(f"device {device!r} unavailable: {e}")
+        return False
+    for key, value in dev.info.items():
+        out(f"{key:>28}: {value}")
+
+    out(_section("pipelines"))
+    failed = []
+    for name, k in registry.KERNELS.items():
+        try:
+            facts = dev.pipeline_info(name)
+        except Exception as e:
+            failed.append(name)
+            out(f"  FAIL {name}: {e}")
+            continue
+        if k.grid.threads_per_group > facts["max_total_threads"]:
+            failed.append(name)
+            out(
+                f"  FAIL {name}: needs {k.grid.threads_per_group} threads per group, "
+                f"pipeline allows {facts['max_total_threads']}"
+            )
+    out(f"  {len(registry.KERNELS) - len(failed)}/{len(registry.KERNELS)} pipelines built")
+    ok &= not failed
+
+    out(_section("kernel parity (vs CPU reference)"))
+    exercised: set[str] = set()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in MINI_NETWORKS:
+            path = os.path.join(tmp, f"{name}.cfg")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            for gemm in ("tiled", "simd"):
+                try:
+                    report = run_parity(path, seed=1, device=device, gemm=gemm, input_seed=2)
+                except Exception:
+                    ok = False
+                    out(f"  FAIL {name} ({gemm} GEMM): error\n{traceback.format_exc()}")
+                    continue
+                for row in report["layers"]:
+                    exercised.update(row["kernels"])
+                worst = max(r["max_abs"] for r in report["layers"])
+                bad = [r["index"] for r in report["layers"] if not r["ok"]]
+                out(
+                    f"  {'ok  ' if not bad else 'FAIL'} {name:<22} {gemm:<5} GEMM  "
+                    f"{len(report['layers']):>2} layers, max abs diff {worst:.2e}"
+                    + (f", failing layers {bad}" if bad else "")
+                )
+                ok &= not bad
+    try:
+        for name, diff, passed in _direct_checks(dev):
+            exercised.add(name)
+            out(f"  {'ok  ' if passed else 'FAIL'} {name:<34} max abs diff {diff:.2e}")
+            ok &= passed
+    except Exception:
+        ok = False
+        out(f"  FAIL direct kernel checks: error\n{traceback.format_exc()}")
+    missing = sorted(set(registry.KERNELS) - exercised)
+    out(
+        f"  kernels checked: {len(exercised & set(registry.KERNELS))}/{len(registry.KERNELS)}"
+        + (f"; not checked: {missing}" if missing else "")
+    )
+    ok &= not missing
+
+    out(_section(f"network parity: yolov3-tiny at {size}x{size}"))
+    try:
+        cfg, weights = _yolov3_tiny()
+        start = time.perf_counter()
+        report = run_parity(cfg, weights, seed=1, device=device, size=(size, size))
+        out(format_report(report))
+        out(f"({time.perf_counter() - start:.1f} s)")
+        ok &= report["ok"]
+    except Exception:
+        ok = False
+        out(f"FAIL: error\n{traceback.format_exc()}")
+
+    stats = dev.stats()
+    out(_section("device counters"))
+    for key in (
+        "kernels_dispatched",
+        "command_buffers_committed",
+        "waits",
+        "cpu_fallbacks",
+        "pipelines_built",
+        "peak_allocated_bytes",
+    ):
+        out(f"{key:>28}: {stats[key]}")
+    out(_section("verdict"))
+    out(
+        "PASS: the Metal path agrees with the CPU reference on this device"
+        if ok
+        else "FAIL: see the failures above"
+    )
+    return bool(ok)
+
+
+def _yolov3_tiny() -> tuple[str, str | None]:
+    """The bundled yolov3-tiny cfg and its cached weights (None when not downloaded)."""
+    from darknet_metal.errors import ModelNotFoundError
+    from darknet_metal.models import get_spec, model_files
+
+    try:
+        files = model_files("yolov3-tiny", download=False)
+    except ModelNotFoundError:
+        return str(get_spec("yolov3-tiny").cfg), None
+    return str(files.cfg), str(files.weights)

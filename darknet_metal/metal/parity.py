@@ -1,0 +1,277 @@
+"""Layer-by-layer parity of a network on a Metal device ("metal" or "emu") against the CPU.
+
+Both backends run the whole network on the same input; the device runs on its own previous
+outputs (as in real use), so differences accumulate with depth. Each layer's output is
+compared with the CPU's by the maximum absolute difference and the normalised mean squared
+error ``NMSE = sum((gpu - cpu)^2) / sum(cpu^2)``, and judged against ``TOLERANCES``:
+
+=============================  ==============  =========  ===============================
+layer kinds                    max abs diff    NMSE       why
+=============================  ==============  =========  ===============================
+convolutional, connected       1e-3 x max|cpu| 1e-6       float32 sums in another order
+yolo, softmax                  1e-3 x max|cpu| 1e-6       exp/logistic of those inputs
+all others (data movement,     1e-3 x max|cpu| 1e-6       carry their inputs' differences
+pooling, shortcut, ...)
+=============================  ==============  =========  ===============================
+
+A wrong index, stride or missing barrier gives differences of the order of the values
+themselves (relative 1e-1 and more), far above these bounds; float32 reordering gives about
+1e-6 relative.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from darknet_metal.cfg import parse_cfg
+from darknet_metal.layers import build_layers
+from darknet_metal.network import Network
+from darknet_metal.params import init_params
+from darknet_metal.weights import WeightsHeader, read_weights
+
+#: (max abs diff as a fraction of max |cpu| (plus 1e-6 absolute), max NMSE) per layer kind.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "convolutional": (1e-3, 1e-6),
+    "connected": (1e-3, 1e-6),
+    "yolo": (1e-3, 1e-6),
+    "softmax": (1e-3, 1e-6),
+}
+DEFAULT_TOLERANCE = (1e-3, 1e-6)
+ABS_FLOOR = 1e-6
+
+
+def tolerance(kind: str) -> tuple[float, float]:
+    """(relative max abs diff, NMSE) allowed for a layer of ``kind``."""
+    return TOLERANCES.get(kind, DEFAULT_TOLERANCE)
+
+
+def load_cpu_network(
+    cfg: str | os.PathLike[str],
+    weights: str | os.PathLike[str] | None,
+    seed: int,
+    size: tuple[int, int] | None,
+) -> Network:
+    """The CPU network of ``cfg`` with ``weights`` (or Darknet's random init from ``seed``),
+    with the [net] width/height replaced by ``size`` = (W, H) when given."""
+    config = parse_cfg(cfg)
+    if size is not None:
+        config.net.values["width"], config.net.values["height"] = int(size[0]), int(size[1])
+    specs = build_layers(config)
+    params = init_params(specs, seed)
+    header = WeightsHeader()
+    if weights is not None:
+        header, loaded = read_weights(weights, specs)
+        for index, layer in loaded.items():
+            params[index].update(layer)
+    return Network(config, params, header=header, names=None, device="cpu", batch=1)
+
+
+def compare(gpu: np.ndarray, cpu: np.ndarray, kind: str) -> dict[str, Any]:
+    """Max abs diff, NMSE, the allowed values and the verdict for one layer output."""
+    g, c = gpu.astype(np.float64), cpu.astype(np.float64)
+    diff = g - c
+    finite = bool(np.isfinite(g).all())
+    max_abs = float(np.abs(diff).max()) if diff.size else 0.0
+    denom = float((c * c).sum())
+    nmse = float((diff * diff).sum()) / denom if denom > 0 else float((diff * diff).sum())
+    rel, nmse_max = tolerance(kind)
+    allowed = rel * (float(np.abs(c).max()) if c.size else 0.0) + ABS_FLOOR
+    ok = finite and max_abs <= allowed and nmse <= nmse_max
+    return {
+        "max_abs": max_abs,
+        "nmse": nmse,
+        "allowed_max_abs": allowed,
+        "allowed_nmse": nmse_max,
+        "ok": ok,
+    }
+
+
+def run_parity(
+    cfg: str | os.PathLike[str],
+    weights: str | os.PathLike[str] | None = None,
+    *,
+    seed: int = 0,
+    image: str | os.PathLike[str] | None = None,
+    device: str = "emu",
+    size: tuple[int, int] | None = None,
+    gemm: str = "auto",
+    input_seed: int = 0,
+) -> dict[str, Any]:
+    """Run ``cfg`` on the CPU and on ``device`` and compare every layer's output.
+
+    ``weights``: a ``.weights`` file, or None for random weights from ``seed``. ``image``: an
+    image file prepared as ``detect`` does, or None for a uniform [0, 1) random input from
+    ``input_seed``. ``size``: (W, H) replacing the [net] size (small sizes make the emulator
+    fast). ``gemm``: the GPU backend's GEMM choice. Returns a JSON-serialisable report: the
+    settings, device facts, ``layers`` (index, type, shape, where, kernels, reason, max_abs,
+    nmse, allowed values, ok), timings in seconds and ``ok`` (every layer passed).
+    """
+    from darknet_metal.gpu_backend import GpuBackend
+    from darknet_metal.image import load_image, prepare_input
+    from darknet_metal.metal import device_info
+
+    net = load_cpu_network(cfg, weights, seed, size)
+    c, h, w = net.input_shape
+    if image is not None:
+        letterbox = bool(net.config.net.values.get("letter_box"))
+        x = prepare_input(load_image(image), w, h, letterbox)[None]
+    else:
+        x = np.random.default_rng(input_seed).random((1, c, h, w), dtype=np.float32)
+    start = time.perf_counter()
+    backend = GpuBackend(net.layers, net.params, np.float32, device=device, gemm=gemm)
+    load_s = time.perf_counter() - start
+    try:
+        start = time.perf_counter()
+        cpu_outs = net.forward(x, outputs=range(len(net.layers)))
+        cpu_s = time.perf_counter() - start
+        start = time.perf_counter()
+        gpu_outs = [np.asarray(o) for o in backend.forward(x)]
+        gpu_s = time.perf_counter() - start
+        placements = backend.coverage()
+        simd = backend.simd
+    finally:
+        backend.close()
+    layers = []
+    for spec, place, g, ref in zip(net.layers, placements, gpu_outs, cpu_outs, strict=True):
+        row = {
+            "index": spec.index,
+            "type": spec.kind,
+            "shape": list(spec.out_shape),
+            "where": place.where,
+            "kernels": list(place.kernels),
+            "reason": place.reason,
+        }
+        row.update(compare(g, ref, spec.kind))
+        layers.append(row)
+    return {
+        "cfg": os.fspath(cfg),
+        "weights": None if weights is None else os.fspath(weights),
+        "seed": seed if weights is None else None,
+        "input": os.fspath(image) if image is not None else f"random (seed {input_seed})",
+        "input_shape": [int(v) for v in x.shape],
+        "device": device,
+        "device_info": device_info(device),
+        "gemm": "simd" if simd else "tiled",
+        "seconds": {"gpu_load": load_s, "cpu_forward": cpu_s, "gpu_forward": gpu_s},
+        "layers": layers,
+        "ok": all(row["ok"] for row in layers),
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A fixed-width text table of a ``run_parity`` report."""
+    weights = report["weights"] or f"random (seed {report['seed']})"
+    lines = [
+        f"cfg {report['cfg']}  weights {weights}",
+        f"input {report['input']} {tuple(report['input_shape'])}  device {report['device']} "
+        f"({report['device_info']['name']}), {report['gemm']} GEMM",
+        f"{'layer':>5} {'type':<15} {'output':<16} {'ran on':<9} {'max abs diff':>12} "
+        f"{'NMSE':>10}  verdict",
+    ]
+    for row in report["layers"]:
+        shape = "x".join(str(v) for v in row["shape"])
+        where = row["where"]
+        verdict = (
+            "ok"
+            if row["ok"]
+            else (f"FAIL (allowed {row['allowed_max_abs']:.2e}, NMSE {row['allowed_nmse']:.0e})")
+        )
+        if row["reason"]:
+            verdict += f"  [{row['reason']}]"
+        lines.append(
+            f"{row['index']:>5} {row['type']:<15} {shape:<16} {where:<9} "
+            f"{row['max_abs']:>12.3e} {row['nmse']:>10.2e}  {verdict}"
+        )
+    failed = [r["index"] for r in report["layers"] if not r["ok"]]
+    t = report["seconds"]
+    lines.append(f"cpu {t['cpu_forward']:.2f} s, {report['device']} {t['gpu_forward']:.2f} s")
+    lines.append(
+        "PASS: every layer within tolerance"
+        if not failed
+        else f"FAIL: layers {failed} outside tolerance"
+    )
+    return "\n".join(lines)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"WxH"`` (or ``"N"`` for a square) -> (W, H); ValueError otherwise."""
+    parts = text.lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"size must be WxH, e.g. 96x96, not {text!r}") from None
+    if len(values) == 1:
+        values = values * 2
+    if len(values) != 2 or min(values) < 1:
+        raise ValueError(f"size must be WxH with positive integers, not {text!r}")
+    return values[0], values[1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line of ``tools/parity.py``; returns 0 when every layer passes, 1 when one
+    fails, 2 for usage errors."""
+    import argparse
+    import json
+    import sys
+
+    from darknet_metal.errors import DarknetMetalError
+
+    parser = argparse.ArgumentParser(
+        prog="parity.py",
+        description="Compare every layer of a Darknet network on a Metal "
+        "device (or its CPU emulator) with the CPU reference.",
+    )
+    parser.add_argument("cfg", help="network .cfg file")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--weights", help=".weights file")
+    source.add_argument(
+        "--random-seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="random weights from seed S (default 0) when no --weights",
+    )
+    inp = parser.add_mutually_exclusive_group()
+    inp.add_argument("--image", help="input image, prepared as detect does")
+    inp.add_argument(
+        "--random-input", action="store_true", help="uniform random input (the default)"
+    )
+    parser.add_argument("--device", choices=("emu", "metal"), default="emu")
+    parser.add_argument(
+        "--size", type=_size_arg, metavar="WxH", help="replace the [net] width and height"
+    )
+    parser.add_argument("--gemm", choices=("auto", "simd", "tiled"), default="auto")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        report = run_parity(
+            args.cfg,
+            args.weights,
+            seed=args.random_seed,
+            image=args.image,
+            device=args.device,
+            size=args.size,
+            gemm=args.gemm,
+        )
+    except (DarknetMetalError, OSError) as e:
+        print(f"parity.py: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 0 if report["ok"] else 1
+
+
+def _size_arg(text: str) -> tuple[int, int]:
+    import argparse
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

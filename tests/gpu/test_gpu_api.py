@@ -1,0 +1,121 @@
+"""The darknet_metal.metal API on the emulator device, device errors, and the buffer planner."""
+
+import sys
+
+import numpy as np
+import pytest
+from gpu_paths import YOLOV3_TINY
+
+import darknet_metal as dm
+from darknet_metal import metal
+from darknet_metal.cfg import parse_cfg
+from darknet_metal.layers import build_layers
+from darknet_metal.metal import _shim
+from darknet_metal.metal.planner import INPUT, plan_storage
+
+STAT_KEYS = {
+    "kernels_dispatched",
+    "command_buffers_committed",
+    "waits",
+    "bytes_uploaded",
+    "bytes_downloaded",
+    "pool_hits",
+    "pool_misses",
+    "cpu_fallbacks",
+    "encode_ns",
+}
+
+
+def test_emu_is_available_and_shared():
+    assert metal.is_available("emu")
+    assert metal.get_device("emu") is metal.get_device("emu")
+    assert "emulator" in metal.device_name("emu").lower()
+    assert metal.recommended_max_memory("emu") >= 0
+    assert STAT_KEYS <= set(metal.stats("emu"))
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="a Mac may have Metal")
+def test_metal_unavailable_off_macos():
+    assert not metal.is_available("metal")
+    with pytest.raises(dm.DeviceError, match="emu"):
+        metal.device_name("metal")
+    with pytest.raises(dm.DeviceError, match="device='emu'"):
+        dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", device="metal")
+
+
+def test_unknown_devices():
+    with pytest.raises(dm.DeviceError, match="unknown device"):
+        metal.stats("gpu")
+    with pytest.raises(ValueError, match="unknown device"):
+        dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", device="gpu")
+
+
+def test_float64_is_refused_on_emu():
+    net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", device="emu", dtype=np.float64)
+    with pytest.raises(dm.DeviceError, match="float32 only"):
+        net.forward(np.zeros((1, 3, 416, 416), np.float32))
+
+
+def test_memory_statistics_follow_buffers():
+    dev = metal.get_device("emu")
+    metal.synchronize("emu")
+    metal.empty_cache("emu")
+    metal.reset_peak_memory_stats("emu")
+    base = metal.memory_allocated("emu")
+    assert metal.max_memory_allocated("emu") == base
+    nbytes = 3 << 20
+    buf = dev.buffer(nbytes)
+    grown = metal.memory_allocated("emu")
+    assert grown - base == _shim.size_class(nbytes)
+    buf.release()  # back to the pool: still held by the driver
+    assert metal.memory_allocated("emu") == grown
+    metal.empty_cache("emu")
+    assert metal.memory_allocated("emu") == base
+    assert metal.max_memory_allocated("emu") == grown
+    metal.reset_peak_memory_stats("emu")
+    assert metal.max_memory_allocated("emu") == base
+
+
+def test_stats_count_one_upload_and_download():
+    dev = metal.get_device("emu")
+    before = metal.stats("emu")
+    a = np.arange(1000, dtype=np.float32)
+    buf = dev.upload(a)
+    out = buf.read()
+    after = metal.stats("emu")
+    buf.release()
+    np.testing.assert_array_equal(out, a)
+    assert after["bytes_uploaded"] - before["bytes_uploaded"] == 4000
+    assert after["bytes_downloaded"] - before["bytes_downloaded"] == 4000
+
+
+def test_planner_reuses_buffers_safely():
+    specs = build_layers(parse_cfg(YOLOV3_TINY / "yolov3-tiny.cfg"))
+    keep = {16, 23}
+    plan = plan_storage(specs, 2, keep, aliases=())
+    assert len(plan.slot_bytes) < len(specs) // 2  # buffers are reused
+    # Simulate the pass: a slot may be overwritten only when nobody will read its tensor.
+    last_read = {}
+    for s in specs:
+        for t in s.inputs:
+            last_read[t] = s.index
+    holder = {plan.slot_of[INPUT]: INPUT}
+    for s in specs:
+        slot = plan.slot_of[s.index]
+        assert slot not in {plan.slot_of[t] for t in s.inputs}, s.index
+        prev = holder.get(slot)
+        if prev is not None:
+            assert prev not in keep and last_read.get(prev, prev) <= s.index, (s.index, prev)
+        holder[slot] = s.index
+        c, h, w = s.out_shape
+        assert plan.slot_bytes[slot] >= 2 * c * h * w * 4
+    for t in keep:
+        assert holder[plan.slot_of[t]] == t
+
+
+def test_planner_aliases_identity_layers():
+    specs = build_layers(parse_cfg(YOLOV3_TINY / "yolov3-tiny.cfg"))
+    plan = plan_storage(specs, 1, None, aliases={5})
+    assert plan.owner[5] == 4 and plan.slot_of[5] == plan.slot_of[4]
+    # keep=None: every layer output survives, in its own slot (layer 5 shares layer 4's).
+    assert len({plan.slot_of[s.index] for s in specs}) == len(specs) - 1

@@ -1,0 +1,101 @@
+"""tools/parity.py and darknet-metal doctor on the emulator device."""
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gpu_paths import CFG_DIR, YOLOV3_TINY
+
+from darknet_metal.cli import main
+from darknet_metal.metal import parity
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("parity_tool", ROOT / "tools" / "parity.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_parity_yolov3_tiny_real_weights():
+    report = _tool().run_parity(
+        YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights", size=(96, 96)
+    )
+    assert report["ok"], parity.format_report(report)
+    assert report["input_shape"] == [1, 3, 96, 96]
+    assert len(report["layers"]) == 24
+    assert all(r["where"] == "kernels" for r in report["layers"])
+
+
+def test_parity_yolov4_tiny_random_weights_cli(capsys):
+    rc = parity.main(
+        [str(CFG_DIR / "yolov4-tiny.cfg"), "--random-seed", "4", "--size", "96x64", "--json"]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0, parity.format_report(report)
+    assert report["ok"] and report["input_shape"] == [1, 3, 64, 96]
+    assert [r["type"] for r in report["layers"]].count("yolo") == 2
+
+
+def test_parity_fails_when_outside_tolerance(monkeypatch, capsys):
+    monkeypatch.setattr(parity, "DEFAULT_TOLERANCE", (-1.0, -1.0))
+    monkeypatch.setattr(parity, "TOLERANCES", {})
+    rc = parity.main([str(YOLOV3_TINY / "yolov3-tiny.cfg"), "--size", "64x64"])
+    assert rc == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_compare_catches_wrong_values():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal(1000).astype(np.float32)
+    assert parity.compare(ref + np.float32(1e-7), ref, "convolutional")["ok"]
+    bad = ref.copy()
+    bad[17] += 0.05 * np.abs(ref).max()
+    assert not parity.compare(bad, ref, "convolutional")["ok"]
+    assert not parity.compare(np.full_like(ref, np.nan), ref, "route")["ok"]
+
+
+def test_parity_tool_command_line():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "parity.py"),
+            str(YOLOV3_TINY / "yolov3-tiny.cfg"),
+            "--size",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS" in proc.stdout
+
+
+def test_parity_size_argument_errors(capsys):
+    assert parity.main([str(YOLOV3_TINY / "yolov3-tiny.cfg"), "--size", "0x5"]) == 2
+    assert "size" in capsys.readouterr().err
+
+
+def test_doctor_passes_on_emu(capsys, monkeypatch):
+    monkeypatch.setenv("DARKNET_METAL_HOME", str(YOLOV3_TINY.parent))
+    assert main(["doctor", "--device", "emu", "--size", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "24/24 pipelines built" in out
+    assert "kernels checked: 24/24" in out
+    assert "PASS: the Metal path agrees" in out
+    assert "yolov3-tiny.weights" in out  # the cached real weights were used
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="a Mac may have Metal")
+def test_doctor_reports_missing_metal(capsys):
+    assert main(["doctor", "--device", "metal"]) == 1
+    assert "unavailable" in capsys.readouterr().out

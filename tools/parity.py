@@ -1,0 +1,20 @@
+"""CPU-versus-GPU parity of a Darknet network, layer by layer.
+
+    python tools/parity.py CFG [--weights W | --random-seed S] [--image IMG | --random-input]
+                           [--device emu|metal] [--size WxH] [--gemm auto|simd|tiled] [--json]
+
+Prints, per layer: index, type, output shape, where it ran (kernels or CPU fallback), max abs
+diff, NMSE and the verdict against the tolerance table of ``darknet_metal.metal.parity``;
+exits 1 if any layer fails. Importable: ``run_parity(...)`` returns the report as a dict.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from darknet_metal.metal.parity import TOLERANCES, format_report, main, run_parity
+
+__all__ = ["TOLERANCES", "format_report", "main", "run_parity"]
+
+if __name__ == "__main__":
+    sys.exit(main())
