@@ -22,6 +22,7 @@ import numpy as np
 
 from darknet_metal.errors import CfgError, DarknetMetalError, WeightsError
 from darknet_metal.models import model_files, model_names
+from darknet_metal.network import DEVICES
 
 if TYPE_CHECKING:
     from darknet_metal.boxes import Detection
@@ -84,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     detect.add_argument(
         "--out", metavar="DIR", type=Path, default=Path("."), help="where to write images"
     )
-    detect.add_argument("--device", default="cpu", help="compute device (default: cpu)")
+    detect.add_argument("--device", default="cpu", choices=DEVICES,
+                        help="cpu, metal (Apple GPU) or emu (Metal kernels in the CPU emulator)")
     detect.set_defaults(run=_run_detect, parser=detect)
 
     summary = commands.add_parser(
