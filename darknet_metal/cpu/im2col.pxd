@@ -2,5 +2,5 @@ from cython cimport floating
 
 cdef void im2col(const floating* im, Py_ssize_t channels, Py_ssize_t height, Py_ssize_t width,
                  Py_ssize_t ksize, Py_ssize_t stride_x, Py_ssize_t stride_y,
-                 Py_ssize_t pad, Py_ssize_t dilation, Py_ssize_t out_h, Py_ssize_t out_w,
-                 floating* col) noexcept nogil
+                 Py_ssize_t pad, Py_ssize_t dilation, Py_ssize_t oy_begin, Py_ssize_t oy_end,
+                 Py_ssize_t out_w, floating* col) noexcept nogil

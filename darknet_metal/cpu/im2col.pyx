@@ -1,6 +1,9 @@
 # cython: language_level=3
 """im2col: unfold convolution windows into the columns of a GEMM operand.
 
+``im2col`` fills the columns of output rows ``oy_begin..oy_end-1`` only, so a convolution can
+unfold and multiply a cache-sized block of rows at a time.
+
 Layout (Darknet's and Caffe's): row ``(c*ksize + ky)*ksize + kx`` of the column matrix holds,
 for every output pixel ``oy*out_w + ox``, the input at
 ``(oy*stride_y - pad + ky*dilation, ox*stride_x - pad + kx*dilation)`` of channel ``c``, or 0
@@ -15,13 +18,12 @@ import numpy as np
 
 cdef void im2col(const floating* im, Py_ssize_t channels, Py_ssize_t height, Py_ssize_t width,
                  Py_ssize_t ksize, Py_ssize_t stride_x, Py_ssize_t stride_y,
-                 Py_ssize_t pad, Py_ssize_t dilation, Py_ssize_t out_h, Py_ssize_t out_w,
-                 floating* col) noexcept nogil:
-    cdef Py_ssize_t rows = channels * ksize * ksize
+                 Py_ssize_t pad, Py_ssize_t dilation, Py_ssize_t oy_begin, Py_ssize_t oy_end,
+                 Py_ssize_t out_w, floating* col) noexcept nogil:
+    cdef Py_ssize_t rows = channels * ksize * ksize, block_h = oy_end - oy_begin
     cdef Py_ssize_t row, c, ky, kx, oy, ox, iy, ix, ox_lo, ox_hi
     cdef const floating* src
     cdef floating* dst
-    # Rows are independent: one row per work item keeps writes contiguous per thread.
     for row in range(rows):
         kx = row % ksize
         ky = (row // ksize) % ksize
@@ -33,8 +35,8 @@ cdef void im2col(const floating* im, Py_ssize_t channels, Py_ssize_t height, Py_
         ox_hi = out_w
         while ox_hi > ox_lo and (ox_hi - 1) * stride_x - pad + kx * dilation >= width:
             ox_hi = ox_hi - 1
-        for oy in range(out_h):
-            dst = col + (row * out_h + oy) * out_w
+        for oy in range(oy_begin, oy_end):
+            dst = col + (row * block_h + oy - oy_begin) * out_w
             iy = oy * stride_y - pad + ky * dilation
             if iy < 0 or iy >= height or ox_lo >= ox_hi:
                 memset(dst, 0, out_w * sizeof(floating))
@@ -69,5 +71,5 @@ def im2col_forward(const floating[:, :, ::1] image, int ksize, int stride_x, int
     cdef floating[:, ::1] col = out
     with nogil:
         im2col(&image[0, 0, 0], image.shape[0], image.shape[1], image.shape[2], ksize,
-               stride_x, stride_y, pad, dilation, out_h, out_w, &col[0, 0])
+               stride_x, stride_y, pad, dilation, 0, out_h, out_w, &col[0, 0])
     return out
