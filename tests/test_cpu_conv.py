@@ -44,6 +44,9 @@ CASES = [
     (1, 7, 6, 6, 7, 3, 1, 2, 0, 1, 7),
     (1, 3, 5, 5, 4, 1, 2, 2, 0, 1, 1),
     (3, 1, 1, 1, 3, 1, 1, 1, 0, 1, 1),
+    # Wide enough that im2col unfolds blocks of 1 and of 2 output rows (last block partial).
+    (1, 64, 5, 120, 3, 3, 1, 1, 1, 1, 1),
+    (2, 16, 5, 200, 4, 3, 1, 1, 1, 1, 2),
 ]
 
 
