@@ -5,8 +5,8 @@
  * uint32_t and float (4 bytes each, so no padding anywhere), and every struct is followed by a
  * size assertion that the C, C++ and Metal compilers all check: host and shader cannot drift.
  * Sizes, counts and offsets are in elements (float32), never bytes. darknet_metal/metal/
- * registry.py declares the same fields in the same order; tests compare them with what a C
- * compiler sees.
+ * registry.py reads these structs from this file to pack them; tests compare that layout with
+ * what C and C++ compilers see. Keep one member per line.
  */
 #ifndef DM_ARGS_H
 #define DM_ARGS_H

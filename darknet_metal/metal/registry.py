@@ -2,10 +2,10 @@
 
 For each kernel: its Metal function name (the registry key, ``<op>_<fwd|bwd>[_<part>]_<dtype>``
 or a direction-free op such as ``gemm_nn_f32``), the ``.metal`` file defining it, its argument
-struct (``shaders/dm_args.h``; the fields are repeated here so the host can pack them, and tests
-check both agree with what a C compiler sees), the role of each buffer in index order (buffer 0
-is always the argument struct, then inputs, then outputs), the grid rule (what the host
-dispatches over) and the Darknet layer kinds it serves.
+struct (``shaders/dm_args.h``, read from the header itself so the host packs exactly what the
+shaders declare; tests check that layout against what a C compiler sees), the role of each
+buffer in index order (buffer 0 is always the argument struct, then inputs, then outputs), the
+grid rule (what the host dispatches over) and the Darknet layer kinds it serves.
 
 Grid rules (``Grid``): the host dispatches with ``dispatchThreads`` over ``axes``, named sizes
 given in x, y, z order. Without ``tile`` there is one thread per element and the threadgroup
@@ -18,8 +18,11 @@ threadgroup barriers). ``Grid.dispatch`` computes both.
 from __future__ import annotations
 
 import math
+import re
 import struct
 from dataclasses import dataclass
+
+from darknet_metal.metal.sources import shader_header
 
 __all__ = [
     "ARGS",
@@ -135,54 +138,37 @@ class Kernel:
         return tuple(b[4:] for b in self.buffers if b.startswith("out:"))
 
 
-def _args(name: str, spec: str) -> ArgsStruct:
-    """``spec``: "u32 a, b; i32 c; f32 d" in declaration order."""
-    fields = []
-    for group in spec.split(";"):
-        kind, names = group.strip().split(" ", 1)
-        fields.extend((n.strip(), kind) for n in names.split(","))
-    return ArgsStruct(name, tuple(fields))
+_C_KINDS = {"uint32_t": "u32", "int32_t": "i32", "float": "f32"}
+_STRUCT = re.compile(r"typedef\s+struct\s+(dm_\w+_args)\s*\{(.*?)\}\s*\1\s*;", re.S)
+_MEMBER = re.compile(r"^\s*(\w+)\s+(\w+)\s*;", re.M)
 
 
-#: Argument structs, field for field as declared in shaders/dm_args.h.
-ARGS: dict[str, ArgsStruct] = {
-    a.name: a
-    for a in (
-        _args("dm_activation_args", "u32 n; i32 act"),
-        _args("dm_normalize_channels_args", "u32 batch, channels, spatial"),
-        _args(
-            "dm_im2col_args",
-            "u32 channels, height, width, ksize, stride_x, stride_y, pad, dilation, out_h, out_w",
-        ),
-        _args(
-            "dm_gemm_args",
-            "u32 M, N, K, lda, ldb, ldc, groups, a_batch_stride, a_group_stride, "
-            "b_batch_stride, b_group_stride, c_batch_stride, c_group_stride, bias_group_stride; "
-            "i32 bias_mode, act",
-        ),
-        _args(
-            "dm_pool_args",
-            "u32 planes, height, width, out_h, out_w, size, stride_x, stride_y, padding",
-        ),
-        _args("dm_maxpool_depth_args", "u32 batch, channels, spatial, out_channels"),
-        _args("dm_avgpool_args", "u32 planes, spatial"),
-        _args(
-            "dm_route_args",
-            "u32 batch, spatial, channels, src_channels, src_offset, dst_channels, dst_offset",
-        ),
-        _args("dm_shortcut_weights_args", "u32 n_inputs, channels, per_channel, normalization"),
-        _args(
-            "dm_shortcut_args",
-            "u32 batch, channels, spatial, src_channels, source, first, weighted",
-        ),
-        _args("dm_upsample_args", "u32 planes, height, width, out_h, out_w; i32 stride; f32 scale"),
-        _args("dm_reorg_args", "u32 batch, width, height, channels, stride, forward"),
-        _args("dm_scale_channels_args", "u32 batch, channels, spatial, scale_wh"),
-        _args("dm_sam_args", "u32 n"),
-        _args("dm_softmax_args", "u32 rows, n; f32 temperature"),
-        _args("dm_yolo_args", "u32 batch, anchors, classes, spatial, new_coords; f32 scale_x_y"),
-    )
-}
+def parse_args_header(text: str) -> dict[str, ArgsStruct]:
+    """The ``dm_<op>_args`` structs of ``shaders/dm_args.h``, fields in declaration order.
+
+    The header is the one declaration shared by the shaders, the C shim and this host code;
+    reading it here means the fields are never written twice. Raises ValueError for a member
+    type other than uint32_t, int32_t and float.
+    """
+    structs = {}
+    for name, body in _STRUCT.findall(re.sub(r"/\*.*?\*/", "", text, flags=re.S)):
+        fields = []
+        for ctype, field_name in _MEMBER.findall(body):
+            if ctype not in _C_KINDS:
+                raise ValueError(f"{name}.{field_name}: member type {ctype} is not one of "
+                                 f"{', '.join(_C_KINDS)}")
+            fields.append((field_name, _C_KINDS[ctype]))
+        structs[name] = ArgsStruct(name, tuple(fields))
+    return structs
+
+
+def _read_args() -> dict[str, ArgsStruct]:
+    with open(shader_header("dm_args.h"), encoding="utf-8") as f:
+        return parse_args_header(f.read())
+
+
+#: Argument structs, read from shaders/dm_args.h.
+ARGS: dict[str, ArgsStruct] = _read_args()
 
 #: dm_gemm_args.bias_mode values.
 BIAS_NONE, BIAS_ROWS, BIAS_COLS = 0, 1, 2
