@@ -240,15 +240,24 @@ def test_static_assertions_fire(tmp_path):
     assert proc.returncode != 0 and "dm_activation_args size" in proc.stderr
 
 
-def test_registry_fields_match_header_text():
-    """Field names and types in declaration order, read from the header text."""
+def test_every_header_struct_is_read():
+    """The registry reads dm_args.h: no struct may be skipped by the parser."""
     text = (SHADERS / "dm_args.h").read_text()
-    kinds = {"uint32_t": "u32", "int32_t": "i32", "float": "f32"}
-    for s in registry.ARGS.values():
-        m = re.search(r"typedef struct " + s.name + r" \{(.*?)\} " + s.name + ";", text, re.S)
-        assert m, s.name
-        fields = tuple((n, kinds[t]) for t, n in re.findall(r"(\w+)\s+(\w+);", m.group(1)))
-        assert fields == s.fields, s.name
+    assert len(registry.ARGS) == len(re.findall(r"typedef\s+struct\s+dm_\w+_args\b", text))
+    assert all(s.fields for s in registry.ARGS.values())
+
+
+def test_args_header_parser():
+    text = (
+        "/* a comment with typedef struct dm_fake_args { float no; } dm_fake_args; */\n"
+        "typedef struct dm_x_args {\n    uint32_t a; /* count */\n    int32_t b;\n"
+        "    float c;\n} dm_x_args;\n"
+    )
+    parsed = registry.parse_args_header(text)
+    assert list(parsed) == ["dm_x_args"]
+    assert parsed["dm_x_args"].fields == (("a", "u32"), ("b", "i32"), ("c", "f32"))
+    with pytest.raises(ValueError, match="double"):
+        registry.parse_args_header("typedef struct dm_y_args {\n double d;\n} dm_y_args;\n")
 
 
 def test_headers_are_valid_msl_tokens():
