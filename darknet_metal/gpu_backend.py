@@ -5,9 +5,10 @@ reason), builds their pipelines, and uploads the parameters once (batch norm fol
 the CPU backend folds it). Per batch size and set of requested outputs it makes a *plan*: the
 buffer of every tensor (``metal.planner``: an output's buffer is reused once its last reader
 has run; requested outputs survive the pass), the im2col workspace, and every dispatch with its
-arguments packed. A forward pass then only uploads the input (one write), replays the
-dispatches into one command buffer and commits it once; nothing is allocated after the first
-pass of a plan. Outputs stay on the device as ``DeviceArray``s: reading one waits for the pass
+arguments packed into a prepared dispatch list of the shim (``Device.plan``: checked once,
+encoded by one call). A forward pass then only uploads the input (one write), encodes that
+list into one command buffer and commits it once; nothing is allocated after the first pass
+of a plan. Outputs stay on the device as ``DeviceArray``s: reading one waits for the pass
 (the only wait) and downloads exactly its bytes.
 
 A layer without kernels runs on the CPU: the pass commits what it has encoded, reads the
@@ -108,12 +109,31 @@ class _Plan:
     workspace: Any
     steps: list[Any] = field(default_factory=list)
     layer_ends: list[int] = field(default_factory=list)  # steps index after each layer
+    # What a pass runs, in order: the ``encode`` of a prepared dispatch list (a run of kernel
+    # steps) or a CPU fallback. Without fallbacks, one list holds the whole pass.
+    segments: list[Callable[[], None]] = field(default_factory=list)
+    lists: list[Any] = field(default_factory=list)  # the shim Plans behind ``segments``
 
-    @property
-    def has_fallback(self) -> bool:
-        return any(step[0] is None for step in self.steps)
+    def prepare(self, device: Any) -> None:
+        """Packs the kernel steps into shim dispatch lists, cut at each CPU fallback."""
+        current = None
+        for step in self.steps:
+            if step[0] is None:
+                self.segments.append(step[1])
+                current = None
+                continue
+            if current is None:
+                current = device.plan(len(self.steps))
+                self.lists.append(current)
+                self.segments.append(current.encode)
+            current.add(*step)
 
     def release(self) -> None:
+        # The lists first: they hold the buffers, which return to the pool once both let go.
+        for dispatch_list in self.lists:
+            dispatch_list.close()
+        self.lists = []
+        self.segments = []
         for b in self.buffers:
             b.release()
         if self.workspace is not None:
@@ -284,6 +304,11 @@ class GpuBackend:
                     self._fallback_step(spec, batch, ins, [shapes[i] for i in spec.inputs], out)
                 )
             plan.layer_ends.append(len(plan.steps))
+        try:
+            plan.prepare(self.device)
+        except BaseException:
+            plan.release()
+            raise
         self._plans[key] = plan
         return plan
 
@@ -325,17 +350,9 @@ class GpuBackend:
         dispatch = self.device.dispatch
         start = time.perf_counter()
         plan.input_buffer.write(x)
-        if timings is None and not plan.has_fallback:
-            for step in plan.steps:
-                dispatch(*step)
-            self.device.commit()
-            self.last_encode_seconds = time.perf_counter() - start
-        elif timings is None:
-            for step in plan.steps:
-                if step[0] is None:
-                    step[1]()
-                else:
-                    dispatch(*step)
+        if timings is None:
+            for segment in plan.segments:
+                segment()
             self.device.commit()
             self.last_encode_seconds = time.perf_counter() - start
         else:

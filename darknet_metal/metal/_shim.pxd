@@ -28,6 +28,8 @@ cdef extern from "dm_shim.h" nogil:
         pass
     ctypedef struct dm_pipeline:
         pass
+    ctypedef struct dm_plan:
+        pass
 
     ctypedef struct dm_device_options:
         const char *metallib_path
@@ -110,6 +112,11 @@ cdef extern from "dm_shim.h" nogil:
     uint32_t dm_pipeline_static_tg_memory(const dm_pipeline *pipeline)
     const char *dm_pipeline_name(const dm_pipeline *pipeline)
     int dm_dispatch(dm_device *device, dm_pipeline *pipeline, const dm_dispatch_desc *desc)
+    int dm_plan_create(dm_device *device, int capacity, dm_plan **out)
+    int dm_plan_add(dm_plan *plan, dm_pipeline *pipeline, const dm_dispatch_desc *desc)
+    int dm_plan_encode(dm_device *device, dm_plan *plan)
+    int dm_plan_size(const dm_plan *plan)
+    void dm_plan_destroy(dm_plan *plan)
 
 
 cdef class Device:
@@ -124,5 +131,14 @@ cdef class Buffer:
     cdef dm_buffer *_ptr
     cdef readonly Device device
     cdef object _host  # the wrapped array, kept alive while the buffer exists
+
+    cdef int _ok(self) except -1
+
+
+cdef class Plan:
+    cdef dm_plan *_ptr
+    cdef readonly Device device
+    cdef list _buffers  # every Buffer the plan binds, kept alive while it exists
+    cdef set _buffer_ids
 
     cdef int _ok(self) except -1

@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""Python interface of the host shim: devices, buffers and kernel dispatch.
+"""Python interface of the host shim: devices, buffers, kernel dispatch and prepared
+dispatch lists (``Device.plan``).
 
 ``Device("emu")`` runs the kernels built into this extension on the CPU emulator of the Metal
 compute model (every OS); ``Device("metal")`` runs them on the Apple GPU (macOS builds only).
@@ -351,71 +352,169 @@ cdef class Device:
         length of ``[[threadgroup(i)]]`` memory. Nothing runs until a commit and a wait.
         """
         self._check()
-        if mode not in _MODES:
-            raise DeviceError(f"unknown dispatch mode {mode!r}; expected 'threads' or "
-                              "'threadgroups'")
-        g = _dim3(grid, "grid")
-        t = _dim3(threadgroup, "threadgroup")
-        tgm = tuple(int(v) for v in threadgroup_mem)
-        if len(tgm) > DM_MAX_TG_MEMORY_ARGS:
-            raise DeviceError(f"{len(tgm)} threadgroup memory lengths; at most "
-                              f"{DM_MAX_TG_MEMORY_ARGS}")
-        for v in tgm:
-            if v < 0 or v > 0xFFFFFFFF:
-                raise DeviceError(f"threadgroup memory length {v} out of range")
-        args = b"" if args_bytes is None else bytes(args_bytes)
-        bufs = list(buffers)
-        if offsets is not None and len(offsets) != len(bufs):
-            raise DeviceError(f"{len(offsets)} offsets for {len(bufs)} buffers")
-        for i, b in enumerate(bufs):
-            if b is not None and not isinstance(b, Buffer):
-                raise DeviceError(f"kernel {kernel_name!r}: buffers[{i}] is a "
-                                  f"{type(b).__name__}, not a Buffer")
-            if b is not None and (<Buffer>b).device is not self:
-                raise DeviceError(f"kernel {kernel_name!r}: buffers[{i}] belongs to another "
-                                  "device")
-            if b is not None and (<Buffer>b)._ptr == NULL:
-                raise DeviceError(f"kernel {kernel_name!r}: buffers[{i}] was released")
-        cdef dm_pipeline *p = NULL
-        _raise(dm_pipeline_get(self._ptr, kernel_name.encode(), &p))
-        cdef int n = len(bufs)
-        cdef dm_buffer **handles = <dm_buffer **>malloc(max(n, 1) * sizeof(dm_buffer *))
-        cdef size_t *offs = <size_t *>malloc(max(n, 1) * sizeof(size_t))
-        if handles == NULL or offs == NULL:
-            free(handles)
-            free(offs)
-            raise MemoryError()
-        cdef dm_dispatch_desc desc
-        cdef const unsigned char *args_ptr = args
-        try:
-            for i in range(n):
-                handles[i] = NULL
-                if bufs[i] is not None:
-                    handles[i] = (<Buffer>bufs[i])._ptr
-                offs[i] = 0 if offsets is None else int(offsets[i])
-            memset(&desc, 0, sizeof(desc))
-            desc.args = args_ptr if len(args) else NULL
-            desc.args_size = len(args)
-            desc.buffers = handles
-            desc.offsets = offs
-            desc.n_buffers = n
-            desc.first_buffer_index = 1 if len(args) else 0
-            for i in range(3):
-                desc.grid[i] = g[i]
-                desc.group[i] = t[i]
-            desc.mode = _MODES[mode]
-            for i, v in enumerate(tgm):
-                desc.tg_memory[i] = v
-            desc.n_tg_memory = len(tgm)
-            _raise(dm_dispatch(self._ptr, p, &desc))
-        finally:
-            free(handles)
-            free(offs)
+        _submit(self, NULL, kernel_name, args_bytes, buffers, grid, threadgroup,
+                threadgroup_mem, mode, offsets)
+
+    def plan(self, capacity: int = 0) -> Plan:
+        """An empty prepared dispatch list for this device (``capacity``: dispatches to make
+        room for; it grows as needed). See ``Plan``."""
+        return Plan(self, capacity)
 
     def __repr__(self) -> str:
         if self._ptr == NULL:
             return f"<Device {self.kind} (closed)>"
         return f"<Device {self.kind}: {self.name}>"
+
+
+cdef int _submit(Device dev, dm_plan *plan, kernel_name, args_bytes, buffers, grid,
+                 threadgroup, threadgroup_mem, mode, offsets) except -1:
+    """Checks one dispatch's Python arguments, builds its descriptor and encodes it
+    (``plan`` NULL) or adds it to ``plan``."""
+    if mode not in _MODES:
+        raise DeviceError(f"unknown dispatch mode {mode!r}; expected 'threads' or "
+                          "'threadgroups'")
+    g = _dim3(grid, "grid")
+    t = _dim3(threadgroup, "threadgroup")
+    tgm = tuple(int(v) for v in threadgroup_mem)
+    if len(tgm) > DM_MAX_TG_MEMORY_ARGS:
+        raise DeviceError(f"{len(tgm)} threadgroup memory lengths; at most "
+                          f"{DM_MAX_TG_MEMORY_ARGS}")
+    for v in tgm:
+        if v < 0 or v > 0xFFFFFFFF:
+            raise DeviceError(f"threadgroup memory length {v} out of range")
+    args = b"" if args_bytes is None else bytes(args_bytes)
+    bufs = list(buffers)
+    if offsets is not None and len(offsets) != len(bufs):
+        raise DeviceError(f"{len(offsets)} offsets for {len(bufs)} buffers")
+    for i, b in enumerate(bufs):
+        if b is not None and not isinstance(b, Buffer):
+            raise DeviceError(f"kernel {kernel_name!r}: buffers[{i}] is a "
+                              f"{type(b).__name__}, not a Buffer")
+        if b is not None and (<Buffer>b).device is not dev:
+            raise DeviceError(f"kernel {kernel_name!r}: buffers[{i}] belongs to another "
+                              "device")
+        if b is not None and (<Buffer>b)._ptr == NULL:
+            raise DeviceError(f"kernel {kernel_name!r}: buffers[{i}] was released")
+    cdef dm_pipeline *p = NULL
+    _raise(dm_pipeline_get(dev._ptr, kernel_name.encode(), &p))
+    cdef int n = len(bufs)
+    cdef dm_buffer **handles = <dm_buffer **>malloc(max(n, 1) * sizeof(dm_buffer *))
+    cdef size_t *offs = <size_t *>malloc(max(n, 1) * sizeof(size_t))
+    if handles == NULL or offs == NULL:
+        free(handles)
+        free(offs)
+        raise MemoryError()
+    cdef dm_dispatch_desc desc
+    cdef const unsigned char *args_ptr = args
+    try:
+        for i in range(n):
+            handles[i] = NULL
+            if bufs[i] is not None:
+                handles[i] = (<Buffer>bufs[i])._ptr
+            offs[i] = 0 if offsets is None else int(offsets[i])
+        memset(&desc, 0, sizeof(desc))
+        desc.args = args_ptr if len(args) else NULL
+        desc.args_size = len(args)
+        desc.buffers = handles
+        desc.offsets = offs
+        desc.n_buffers = n
+        desc.first_buffer_index = 1 if len(args) else 0
+        for i in range(3):
+            desc.grid[i] = g[i]
+            desc.group[i] = t[i]
+        desc.mode = _MODES[mode]
+        for i, v in enumerate(tgm):
+            desc.tg_memory[i] = v
+        desc.n_tg_memory = len(tgm)
+        if plan == NULL:
+            _raise(dm_dispatch(dev._ptr, p, &desc))
+        else:
+            _raise(dm_plan_add(plan, p, &desc))
+    finally:
+        free(handles)
+        free(offs)
+    return 0
+
+
+cdef class Plan:
+    """A prepared dispatch list: dispatches checked and packed once by ``add``, then encoded
+    together, in order, by each ``encode`` (one call into the shim instead of one per
+    dispatch). Counters, commits and waits are those of the same ``Device.dispatch`` calls.
+
+    The plan keeps every buffer it binds alive. Releasing one of them explicitly makes
+    ``encode`` raise DeviceError (nothing is encoded); its memory returns to the pool when
+    the plan is closed. ``close()`` (or garbage collection) frees the plan.
+    """
+
+    def __cinit__(self, Device device, int capacity=0):
+        self._ptr = NULL
+        self.device = device
+        self._buffers = []
+        self._buffer_ids = set()
+        device._check()
+        if capacity < 0:
+            raise DeviceError(f"plan capacity must be >= 0, got {capacity}")
+        _raise(dm_plan_create(device._ptr, capacity, &self._ptr))
+
+    def __dealloc__(self):
+        # Safe in any order with the device: a destroyed device detaches its plans.
+        if self._ptr != NULL:
+            dm_plan_destroy(self._ptr)
+            self._ptr = NULL
+
+    cdef int _ok(self) except -1:
+        if self._ptr == NULL:
+            raise DeviceError("the plan was closed")
+        self.device._check()
+        return 0
+
+    def add(
+        self,
+        kernel_name: str,
+        args_bytes,
+        buffers,
+        grid,
+        threadgroup,
+        threadgroup_mem=(),
+        *,
+        mode: str = "threads",
+        offsets=None,
+    ) -> None:
+        """Appends one dispatch; the arguments are those of ``Device.dispatch`` and are
+        checked the same way, now. The argument bytes are copied."""
+        self._ok()
+        bufs = list(buffers)
+        _submit(self.device, self._ptr, kernel_name, args_bytes, bufs, grid, threadgroup,
+                threadgroup_mem, mode, offsets)
+        for b in bufs:
+            if b is not None and id(b) not in self._buffer_ids:
+                self._buffer_ids.add(id(b))
+                self._buffers.append(b)
+
+    def encode(self) -> None:
+        """Encodes every dispatch, in order, into the device's current command buffer."""
+        self._ok()
+        _raise(dm_plan_encode(self.device._ptr, self._ptr))
+
+    def close(self) -> None:
+        """Frees the plan and lets go of its buffers."""
+        if self._ptr != NULL:
+            dm_plan_destroy(self._ptr)
+            self._ptr = NULL
+        self._buffers = []
+        self._buffer_ids = set()
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr == NULL
+
+    def __len__(self) -> int:
+        return dm_plan_size(self._ptr)
+
+    def __repr__(self) -> str:
+        if self._ptr == NULL:
+            return "<Plan (closed)>"
+        return f"<Plan of {dm_plan_size(self._ptr)} dispatches on {self.device.kind}>"
 
 
 def is_page_aligned(array, page_size: int) -> bool:

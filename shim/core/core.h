@@ -20,6 +20,7 @@ struct dm_buffer {
     size_t capacity; /* size class (or exact size when wrapped) */
     int wrapped;
     int live;          /* handed out, not released */
+    uint32_t plan_refs; /* plans naming it: a released buffer waits for 0 before pooling */
     uint64_t last_use; /* sequence number of the last command buffer that bound it */
     dm_buffer *next_free;            /* pool free list of its class */
     dm_buffer *prev_all, *next_all;  /* every buffer the device owns */
@@ -60,6 +61,8 @@ struct dm_device {
     dm_in_flight in_flight[DM_MAX_IN_FLIGHT];
     int n_in_flight;
 
+    dm_plan *plans; /* every plan made on this device (detached when it is destroyed) */
+
     dm_stats stats;
 };
 
@@ -70,6 +73,15 @@ int dm_stream_commit(dm_device *device);
 /* Makes work up to `seq` complete: commits the open command buffer if it is `seq`, then
  * waits for in-flight command buffers with a sequence number <= seq (counts one wait). */
 int dm_stream_wait_for(dm_device *device, uint64_t seq);
+/* Opens a command buffer if none is open. */
+int dm_stream_open(dm_device *device);
+/* dm_dispatch's checks; fills the driver's form of the dispatch (args not copied). */
+int dm_check_dispatch(dm_device *device, dm_pipeline *pipeline, const dm_dispatch_desc *desc,
+                      dm_driver_dispatch *out);
+/* Ends a release deferred while plans named the buffer: stats, then the pool (or freed). */
+void dm_buffer_finish_release(dm_buffer *buffer);
+/* Detaches every plan of a device being destroyed (they can then only be destroyed). */
+void dm_plans_detach(dm_device *device);
 /* Frees every cached pipeline. */
 void dm_pipelines_free(dm_device *device);
 /* Frees every buffer (live or pooled) after all work completed. */

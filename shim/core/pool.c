@@ -158,13 +158,22 @@ int dm_buffer_wrap(dm_device *device, void *host, size_t nbytes, dm_buffer **out
 void dm_buffer_release(dm_buffer *b) {
     if (b == NULL || !b->live) return;
     dm_device *device = b->device;
-    dm_stats *s = &device->stats;
     b->live = 0;
-    s->live_buffers--;
-    if (b->wrapped) {
+    if (b->wrapped && b->last_use > device->completed_seq) {
         /* The host memory may be freed as soon as this returns: finish the work using it.
          * A failure here belongs to that work and is reported to whoever reads its results. */
-        if (b->last_use > device->completed_seq) (void)dm_stream_wait_for(device, b->last_use);
+        (void)dm_stream_wait_for(device, b->last_use);
+    }
+    /* A plan still holds its handle: handing it out again would let the plan write into
+     * someone else's buffer. The plan's destruction finishes the release. */
+    if (b->plan_refs == 0) dm_buffer_finish_release(b);
+}
+
+void dm_buffer_finish_release(dm_buffer *b) {
+    dm_device *device = b->device;
+    dm_stats *s = &device->stats;
+    s->live_buffers--;
+    if (b->wrapped) {
         unlink_and_free(device, b);
         return;
     }

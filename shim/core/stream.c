@@ -136,8 +136,20 @@ int dm_device_synchronize(dm_device *device) {
     return dm_stream_wait_for(device, last);
 }
 
-static int check_dispatch(dm_device *device, dm_pipeline *p, const dm_dispatch_desc *d,
-                          dm_driver_dispatch *out) {
+int dm_stream_open(dm_device *device) {
+    if (device->open_command != NULL) return DM_OK;
+    int rc = device->driver->command_begin(device->handle, &device->open_command);
+    if (rc != DM_OK) {
+        device->open_command = NULL;
+        return rc;
+    }
+    device->open_seq = device->next_seq++;
+    device->open_dispatches = 0;
+    return DM_OK;
+}
+
+int dm_check_dispatch(dm_device *device, dm_pipeline *p, const dm_dispatch_desc *d,
+                      dm_driver_dispatch *out) {
     const char *k = p->name;
     if (d->mode != DM_DISPATCH_THREADS && d->mode != DM_DISPATCH_THREADGROUPS)
         return dm_set_error(DM_ERR_INVALID, "kernel '%s': unknown dispatch mode %d", k, d->mode);
@@ -225,6 +237,7 @@ static int check_dispatch(dm_device *device, dm_pipeline *p, const dm_dispatch_d
         out->group[i] = d->group[i];
     }
     out->mode = d->mode;
+    if (device->driver->check) return device->driver->check(device->handle, p->handle, out);
     return DM_OK;
 }
 
@@ -236,17 +249,10 @@ int dm_dispatch(dm_device *device, dm_pipeline *pipeline, const dm_dispatch_desc
                             pipeline->name);
     uint64_t start = dm_now_ns();
     dm_driver_dispatch d;
-    int rc = check_dispatch(device, pipeline, desc, &d);
+    int rc = dm_check_dispatch(device, pipeline, desc, &d);
     if (rc != DM_OK) return rc;
-    if (device->open_command == NULL) {
-        rc = device->driver->command_begin(device->handle, &device->open_command);
-        if (rc != DM_OK) {
-            device->open_command = NULL;
-            return rc;
-        }
-        device->open_seq = device->next_seq++;
-        device->open_dispatches = 0;
-    }
+    rc = dm_stream_open(device);
+    if (rc != DM_OK) return rc;
     rc = device->driver->encode(device->handle, device->open_command, pipeline->handle, &d);
     if (rc != DM_OK) return rc;
     for (int i = 0; i < desc->n_buffers; i++)

@@ -48,6 +48,12 @@ typedef struct dm_driver_dispatch {
     int n_tg_memory;
 } dm_driver_dispatch;
 
+/* One entry of a batch: a pipeline handle and its validated dispatch. */
+typedef struct dm_driver_item {
+    void *pipeline;
+    dm_driver_dispatch dispatch;
+} dm_driver_item;
+
 typedef struct dm_driver {
     const char *name;
     int (*device_create)(const dm_device_options *options, void **out, dm_driver_facts *facts);
@@ -66,7 +72,15 @@ typedef struct dm_driver {
     /* A command buffer: begun, encoded into, committed once, waited once (which frees it),
      * or discarded if never committed. */
     int (*command_begin)(void *device, void **out);
+    /* Driver-specific checks of a dispatch (NULL: none), run by the core with its own before
+     * a dispatch is encoded or added to a plan, so a plan never fails half encoded. */
+    int (*check)(void *device, void *pipeline, const dm_driver_dispatch *d);
     int (*encode)(void *device, void *command, void *pipeline, const dm_driver_dispatch *d);
+    /* Encodes `n` dispatches in order, as `n` calls of `encode` would; on failure the ones
+     * before the failing item stay encoded and *n_done says how many. NULL: the core calls
+     * `encode` for each. */
+    int (*encode_batch)(void *device, void *command, const dm_driver_item *items, int n,
+                        int *n_done);
     int (*commit)(void *device, void *command);
     int (*wait)(void *device, void *command);
     void (*discard)(void *device, void *command);

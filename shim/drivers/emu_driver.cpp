@@ -138,9 +138,10 @@ int command_begin(void *, void **out) {
     return DM_OK;
 }
 
-int encode(void *, void *command, void *pipeline, const dm_driver_dispatch *d) {
+// Refused when the dispatch is checked, where the host can still be told which call was wrong
+// (Metal would run the kernel on whatever is bound).
+int check(void *, void *pipeline, const dm_driver_dispatch *d) {
     const emu_kernel_info *kernel = static_cast<const emu_kernel_info *>(pipeline);
-    // Refuse here, where the host can still be told which call was wrong.
     for (int i = 0; i < EMU_MAX_BUFFERS; i++) {
         bool bound = (i == 0 && d->args_size > 0) || (i < d->n_indices && d->buffers[i]);
         if ((kernel->buffer_mask >> i & 1u) && !bound)
@@ -156,6 +157,11 @@ int encode(void *, void *command, void *pipeline, const dm_driver_dispatch *d) {
                                 "length was set",
                                 kernel->name, kernel->file, kernel->line, i);
     }
+    return DM_OK;
+}
+
+int encode(void *, void *command, void *pipeline, const dm_driver_dispatch *d) {
+    const emu_kernel_info *kernel = static_cast<const emu_kernel_info *>(pipeline);
     Recorded r;
     r.kernel = kernel;
     std::memset(r.buffers, 0, sizeof r.buffers);
@@ -182,6 +188,22 @@ int encode(void *, void *command, void *pipeline, const dm_driver_dispatch *d) {
         static_cast<EmuCommand *>(command)->dispatches.push_back(std::move(r));
     } catch (const std::bad_alloc &) {
         return dm_set_error(DM_ERR_RESOURCE, "out of host memory recording a dispatch");
+    }
+    return DM_OK;
+}
+
+int encode_batch(void *device, void *command, const dm_driver_item *items, int n, int *n_done) {
+    *n_done = 0;
+    try {
+        EmuCommand *c = static_cast<EmuCommand *>(command);
+        c->dispatches.reserve(c->dispatches.size() + static_cast<size_t>(n));
+    } catch (const std::bad_alloc &) {
+        return dm_set_error(DM_ERR_RESOURCE, "out of host memory recording dispatches");
+    }
+    for (int i = 0; i < n; i++) {
+        int rc = encode(device, command, items[i].pipeline, &items[i].dispatch);
+        if (rc != DM_OK) return rc;
+        *n_done = i + 1;
     }
     return DM_OK;
 }
@@ -234,9 +256,10 @@ int set_thread_order(void *handle, int order, uint64_t seed) {
 }
 
 const dm_driver emu_driver = {
-    "emulator",    device_create, device_destroy, buffer_alloc, buffer_wrap,
-    buffer_free,   pipeline_create, pipeline_free, command_begin, encode,
-    commit,        wait,          discard,        set_thread_order,
+    "emulator",    device_create,   device_destroy, buffer_alloc,  buffer_wrap,
+    buffer_free,   pipeline_create, pipeline_free,  command_begin, check,
+    encode,        encode_batch,    commit,         wait,          discard,
+    set_thread_order,
 };
 
 } // namespace

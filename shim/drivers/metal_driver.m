@@ -218,35 +218,66 @@ static int metal_command_begin(void *handle, void **out) {
     }
 }
 
+static id<MTLComputeCommandEncoder> open_encoder(DMMetalCommand *command) {
+    if (command.encoder == nil) command.encoder = [command.buffer computeCommandEncoder];
+    return command.encoder;
+}
+
+/* Binds and dispatches one validated dispatch; `pipeline` nil keeps the state already set. */
+static void encode_one(id<MTLComputeCommandEncoder> encoder, id<MTLComputePipelineState> pipeline,
+                       const dm_driver_dispatch *d) {
+    if (pipeline != nil) [encoder setComputePipelineState:pipeline];
+    if (d->args_size > 0) [encoder setBytes:d->args length:d->args_size atIndex:0];
+    for (int i = 0; i < d->n_indices; i++) {
+        if (d->buffers[i] == NULL) continue;
+        [encoder setBuffer:(__bridge id<MTLBuffer>)d->buffers[i]
+                    offset:d->offsets[i]
+                   atIndex:(NSUInteger)i];
+    }
+    for (int i = 0; i < d->n_tg_memory; i++)
+        if (d->tg_memory[i] > 0)
+            [encoder setThreadgroupMemoryLength:d->tg_memory[i] atIndex:(NSUInteger)i];
+    MTLSize size = MTLSizeMake(d->grid[0], d->grid[1], d->grid[2]);
+    MTLSize group = MTLSizeMake(d->group[0], d->group[1], d->group[2]);
+    if (d->mode == DM_DISPATCH_THREADGROUPS)
+        [encoder dispatchThreadgroups:size threadsPerThreadgroup:group];
+    else
+        [encoder dispatchThreads:size threadsPerThreadgroup:group];
+}
+
 static int metal_encode(void *handle, void *command_handle, void *pipeline_handle,
                         const dm_driver_dispatch *d) {
     (void)handle;
     @autoreleasepool {
         DMMetalCommand *command = (__bridge DMMetalCommand *)command_handle;
-        id<MTLComputePipelineState> pipeline = (__bridge id<MTLComputePipelineState>)pipeline_handle;
-        if (command.encoder == nil) {
-            command.encoder = [command.buffer computeCommandEncoder];
-            if (command.encoder == nil)
-                return dm_set_error(DM_ERR_RESOURCE, "Metal: cannot create a compute encoder");
+        id<MTLComputeCommandEncoder> encoder = open_encoder(command);
+        if (encoder == nil)
+            return dm_set_error(DM_ERR_RESOURCE, "Metal: cannot create a compute encoder");
+        encode_one(encoder, (__bridge id<MTLComputePipelineState>)pipeline_handle, d);
+        return DM_OK;
+    }
+}
+
+/* A prepared list: one autorelease pool for all of it, and the pipeline state set only when
+ * it changes (consecutive dispatches of one kernel are common: im2col/GEMM pairs aside,
+ * routes copy input after input). */
+static int metal_encode_batch(void *handle, void *command_handle, const dm_driver_item *items,
+                              int n, int *n_done) {
+    (void)handle;
+    *n_done = 0;
+    @autoreleasepool {
+        DMMetalCommand *command = (__bridge DMMetalCommand *)command_handle;
+        id<MTLComputeCommandEncoder> encoder = open_encoder(command);
+        if (encoder == nil)
+            return dm_set_error(DM_ERR_RESOURCE, "Metal: cannot create a compute encoder");
+        void *current = NULL;
+        for (int i = 0; i < n; i++) {
+            void *p = items[i].pipeline;
+            encode_one(encoder, p == current ? nil : (__bridge id<MTLComputePipelineState>)p,
+                       &items[i].dispatch);
+            current = p;
         }
-        id<MTLComputeCommandEncoder> encoder = command.encoder;
-        [encoder setComputePipelineState:pipeline];
-        if (d->args_size > 0) [encoder setBytes:d->args length:d->args_size atIndex:0];
-        for (int i = 0; i < d->n_indices; i++) {
-            if (d->buffers[i] == NULL) continue;
-            [encoder setBuffer:(__bridge id<MTLBuffer>)d->buffers[i]
-                        offset:d->offsets[i]
-                       atIndex:(NSUInteger)i];
-        }
-        for (int i = 0; i < d->n_tg_memory; i++)
-            if (d->tg_memory[i] > 0)
-                [encoder setThreadgroupMemoryLength:d->tg_memory[i] atIndex:(NSUInteger)i];
-        MTLSize size = MTLSizeMake(d->grid[0], d->grid[1], d->grid[2]);
-        MTLSize group = MTLSizeMake(d->group[0], d->group[1], d->group[2]);
-        if (d->mode == DM_DISPATCH_THREADGROUPS)
-            [encoder dispatchThreadgroups:size threadsPerThreadgroup:group];
-        else
-            [encoder dispatchThreads:size threadsPerThreadgroup:group];
+        *n_done = n;
         return DM_OK;
     }
 }
@@ -301,7 +332,9 @@ static const dm_driver metal_driver = {
     .pipeline_create = metal_pipeline_create,
     .pipeline_free = metal_pipeline_free,
     .command_begin = metal_command_begin,
+    .check = NULL,
     .encode = metal_encode,
+    .encode_batch = metal_encode_batch,
     .commit = metal_commit,
     .wait = metal_wait,
     .discard = metal_discard,

@@ -123,3 +123,17 @@ def test_stale_output_raises(networks):
     with pytest.raises(DeviceError, match="earlier forward pass"):
         np.asarray(first)
     backend.close()
+
+
+def test_close_returns_every_buffer(networks):
+    """The prepared dispatch lists hold the plan's buffers; closing the backend must let go of
+    all of them (none stays live behind a list)."""
+    cpu_net = networks["yolov3-tiny"]
+    before = metal.stats("emu")["live_buffers"]
+    backend = GpuBackend(cpu_net.layers, cpu_net.params, device="emu")
+    x = np.zeros((1, 3, SIZE[1], SIZE[0]), np.float32)
+    backend.forward(x, outputs=[16])
+    backend.forward(np.zeros((2, 3, SIZE[1], SIZE[0]), np.float32), outputs=[23])
+    assert metal.stats("emu")["live_buffers"] > before
+    backend.close()
+    assert metal.stats("emu")["live_buffers"] == before
