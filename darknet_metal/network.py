@@ -186,8 +186,8 @@ def _make_backend(device: str, specs: list[LayerSpec], params: dict[int, Params]
 
 def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None, *,
          names: str | os.PathLike[str] | Sequence[str] | None = None, device: str = "cpu",
-         batch: int = 1, seed: int | None = None,
-         dtype: np.dtype | type = np.float32) -> Network:
+         batch: int = 1, seed: int | None = None, dtype: np.dtype | type = np.float32,
+         input_size: tuple[int, int] | None = None) -> Network:
     """Load a Darknet network.
 
     ``cfg``: the ``.cfg`` path. ``weights``: a ``.weights`` path, or None to initialise the
@@ -196,11 +196,18 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     kernels in the CPU emulator; DeviceError when unavailable). ``batch``: the batch size to
     prepare for (any batch size works in ``forward``). ``dtype``: float32, or float64 for
     gradient checks (CPU only).
+    ``input_size``: (width, height) in pixels replacing ``[net]``'s, as editing the cfg would
+    (convolutional weights do not depend on it).
     Raises ``CfgError`` / ``WeightsError`` naming the file and line or layer at fault.
     """
     if not isinstance(batch, (int, np.integer)) or batch < 1:
         raise ValueError(f"batch must be a positive integer, not {batch!r}")
     config = parse_cfg(cfg)
+    if input_size is not None:
+        width, height = (int(v) for v in input_size)
+        if width < 1 or height < 1:
+            raise ValueError(f"input_size must be positive (width, height), not {input_size!r}")
+        config.net.values["width"], config.net.values["height"] = width, height
     specs = build_layers(config)
     params = init_params(specs, seed)
     header = WeightsHeader()

@@ -102,3 +102,12 @@ def test_devices_and_arguments():
 def test_names_default_and_list(x):
     net = dm.load(CFG_DIR / "yolov3-tiny.cfg", seed=0, names=["a"] * 80)
     assert net.names[0] == "a"
+
+
+def test_input_size_replaces_the_cfg_size():
+    net = dm.load(CFG_DIR / "yolov4-tiny.cfg", seed=0, input_size=(64, 96))
+    assert net.input_shape == (3, 96, 64)
+    outs = net.forward(np.zeros((1, 3, 96, 64), np.float32))
+    assert [o.shape for o in outs] == [(1, 255, 3, 2), (1, 255, 6, 4)]
+    with pytest.raises(ValueError, match="input_size"):
+        dm.load(CFG_DIR / "yolov4-tiny.cfg", input_size=(0, 32))

@@ -286,6 +286,16 @@ def run_doctor(
         ok = False
         out(f"FAIL: error\n{traceback.format_exc()}")
 
+    out(_section("speed: yolov4-tiny 416x416, batch 1, random weights"))
+    if device == "emu":
+        out("  skipped: the emulator checks correctness; its speed says nothing of a GPU")
+    else:
+        try:
+            measure_speed(device, size=416, out=out)
+        except Exception:
+            ok = False
+            out(f"FAIL: error\n{traceback.format_exc()}")
+
     stats = dev.stats()
     out(_section("device counters"))
     for key in (
@@ -304,6 +314,32 @@ def run_doctor(
         else "FAIL: see the failures above"
     )
     return bool(ok)
+
+
+def measure_speed(device: str, *, size: int = 416, repeats: int = 20,
+                  out: Callable[[str], None] = print) -> tuple[float, float]:
+    """Median ms per yolov4-tiny forward pass (random weights, batch 1, ``size`` x ``size``)
+    on ``device`` and on this package's CPU path, measured in turn; returns (device, cpu)."""
+    from darknet_metal.models import get_spec
+    from darknet_metal.network import load
+
+    cfg = get_spec("yolov4-tiny").cfg
+    x = np.random.default_rng(0).uniform(0, 1, (1, 3, size, size)).astype(np.float32)
+    medians = []
+    for name in (device, "cpu"):
+        net = load(cfg, seed=0, device=name, input_size=(size, size))
+        net.forward(x)  # warm up: pipelines, plans, buffers
+        times = []
+        for _ in range(max(1, repeats)):
+            start = time.perf_counter()
+            net.forward(x)
+            times.append(time.perf_counter() - start)
+        medians.append(1e3 * float(np.median(times)))
+    gpu, cpu = medians
+    out(f"  {device}: {gpu:.2f} ms   cpu (this package, BLAS): {cpu:.2f} ms   "
+        f"speed-up {cpu / gpu:.1f}x")
+    out("  (design target on Apple silicon: at least 14x Darknet's CPU/OpenBLAS build)")
+    return gpu, cpu
 
 
 def _yolov3_tiny() -> tuple[str, str | None]:

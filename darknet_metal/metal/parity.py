@@ -28,11 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from darknet_metal.cfg import parse_cfg
-from darknet_metal.layers import build_layers
-from darknet_metal.network import Network
-from darknet_metal.params import init_params
-from darknet_metal.weights import WeightsHeader, read_weights
+from darknet_metal.network import load
 
 #: (max abs diff as a fraction of max |cpu| (plus 1e-6 absolute), max NMSE) per layer kind.
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -48,27 +44,6 @@ ABS_FLOOR = 1e-6
 def tolerance(kind: str) -> tuple[float, float]:
     """(relative max abs diff, NMSE) allowed for a layer of ``kind``."""
     return TOLERANCES.get(kind, DEFAULT_TOLERANCE)
-
-
-def load_cpu_network(
-    cfg: str | os.PathLike[str],
-    weights: str | os.PathLike[str] | None,
-    seed: int,
-    size: tuple[int, int] | None,
-) -> Network:
-    """The CPU network of ``cfg`` with ``weights`` (or Darknet's random init from ``seed``),
-    with the [net] width/height replaced by ``size`` = (W, H) when given."""
-    config = parse_cfg(cfg)
-    if size is not None:
-        config.net.values["width"], config.net.values["height"] = int(size[0]), int(size[1])
-    specs = build_layers(config)
-    params = init_params(specs, seed)
-    header = WeightsHeader()
-    if weights is not None:
-        header, loaded = read_weights(weights, specs)
-        for index, layer in loaded.items():
-            params[index].update(layer)
-    return Network(config, params, header=header, names=None, device="cpu", batch=1)
 
 
 def compare(gpu: np.ndarray, cpu: np.ndarray, kind: str) -> dict[str, Any]:
@@ -115,7 +90,7 @@ def run_parity(
     from darknet_metal.image import load_image, prepare_input
     from darknet_metal.metal import device_info
 
-    net = load_cpu_network(cfg, weights, seed, size)
+    net = load(cfg, weights, seed=seed, input_size=size)
     c, h, w = net.input_shape
     if image is not None:
         letterbox = bool(net.config.net.values.get("letter_box"))

@@ -18,10 +18,10 @@ import pytest
 pytest.importorskip("darknet_metal.metal._shim", reason="the shim extension is not built")
 from shared_paths import CFG_DIR, YOLOV3_TINY  # noqa: E402
 
+from darknet_metal import load  # noqa: E402
 from darknet_metal.activations import ACTIVATION_ID  # noqa: E402
 from darknet_metal.gpu_backend import GpuBackend  # noqa: E402
 from darknet_metal.metal import encoders, get_device, registry  # noqa: E402
-from darknet_metal.metal.parity import load_cpu_network  # noqa: E402
 
 ENCODE_TARGET_MS = 0.3
 ENCODE_SIZE = (96, 96)  # encode work does not depend on the input size; execution does
@@ -41,7 +41,7 @@ def _median_ms(seconds: list[float]) -> float:
 
 @pytest.fixture(scope="module")
 def yolov4_tiny():
-    cpu = load_cpu_network(CFG_DIR / "yolov4-tiny.cfg", None, 5, ENCODE_SIZE)
+    cpu = load(CFG_DIR / "yolov4-tiny.cfg", None, seed=5, input_size=ENCODE_SIZE)
     backend = GpuBackend(cpu.layers, cpu.params, device="emu")
     x = np.random.default_rng(0).random((1, 3, ENCODE_SIZE[1], ENCODE_SIZE[0]), np.float32)
     yield cpu, backend, x
@@ -122,9 +122,8 @@ def test_peer_encode_yolov4_tiny_one_call_per_dispatch(benchmark, capsys, yolov4
 
 @pytest.mark.benchmark(group="gpu-emu-throughput")
 def test_emu_yolov3_tiny_forward(benchmark, capsys):
-    cpu = load_cpu_network(
-        YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights", 0, THROUGHPUT_SIZE
-    )
+    cpu = load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights", seed=0,
+               input_size=THROUGHPUT_SIZE)
     backend = GpuBackend(cpu.layers, cpu.params, device="emu")
     x = np.random.default_rng(1).random((1, 3, THROUGHPUT_SIZE[1], THROUGHPUT_SIZE[0]), np.float32)
     wanted = cpu.yolo_layers

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 from gpu_paths import CFG_DIR, YOLOV3_TINY
 
-from darknet_metal import metal
+from darknet_metal import load, metal
 from darknet_metal.errors import DeviceError
 from darknet_metal.gpu_backend import GpuBackend
-from darknet_metal.metal.parity import load_cpu_network
 from darknet_metal.network import Network
 
 SIZE = (64, 64)
@@ -32,10 +31,9 @@ def _expected_dispatches(specs):
 
 
 def _networks():
-    v3 = load_cpu_network(
-        YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights", 0, SIZE
-    )
-    v4 = load_cpu_network(CFG_DIR / "yolov4-tiny.cfg", None, 5, SIZE)
+    v3 = load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights", seed=0,
+              input_size=SIZE)
+    v4 = load(CFG_DIR / "yolov4-tiny.cfg", None, seed=5, input_size=SIZE)
     return {"yolov3-tiny": v3, "yolov4-tiny": v4}
 
 

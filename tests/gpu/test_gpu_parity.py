@@ -99,3 +99,12 @@ def test_doctor_passes_on_emu(capsys, monkeypatch):
 def test_doctor_reports_missing_metal(capsys):
     assert main(["doctor", "--device", "metal"]) == 1
     assert "unavailable" in capsys.readouterr().out
+
+
+def test_doctor_speed_measurement_runs():
+    from darknet_metal.metal.doctor import measure_speed
+
+    lines = []
+    gpu_ms, cpu_ms = measure_speed("emu", size=32, repeats=1, out=lines.append)
+    assert gpu_ms > 0 and cpu_ms > 0
+    assert "speed-up" in lines[0]
