@@ -16,12 +16,14 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from darknet_metal.activations import ACTIVATIONS, CHANNEL_ACTIVATIONS
 from darknet_metal.metal import get_device, registry
+from darknet_metal.metal.encoders import gemm_dispatch, make_dispatch
 from darknet_metal.metal.parity import compare, format_report, run_parity
 
 _NET = "[net]\nwidth={w}\nheight={h}\nchannels={c}\n"
@@ -113,12 +115,10 @@ def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
     oh, ow = pooling.pool_output_hw(7, 5, size, sx, sy, padding)
     want = np.empty((2, 3, oh, ow), np.float32)
     pooling.local_avgpool_forward(x, want, size, sx, sy, padding)
-    got = _run(
-        device,
+    step = partial(
+        make_dispatch,
         "local_avgpool_fwd_f32",
-        [x],
-        want.shape,
-        {"out_w": ow, "out_h": oh, "planes": 6},
+        sizes={"out_w": ow, "out_h": oh, "planes": 6},
         planes=6,
         height=7,
         width=5,
@@ -129,6 +129,7 @@ def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
         stride_y=sy,
         padding=padding,
     )
+    got = _run(device, [x], want.shape, step)
     results.append(("local_avgpool_fwd_f32", *_verdict(got, want)))
     m, n, k = 17, 33, 29
     a = rng.standard_normal((k, m)).astype(np.float32)  # stored transposed
@@ -136,29 +137,19 @@ def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
     bias = rng.standard_normal(m).astype(np.float32)
     ref = (a.T.astype(np.float64) @ b.astype(np.float64) + bias[:, None]).astype(np.float32)
     for name in ("gemm_tn_f32", "gemm_tn_simd_f32"):
-        got = _run(
-            device,
+        step = partial(
+            gemm_dispatch,
             name,
-            [a, b, bias],
-            (m, n),
-            {"N": n, "M": m, "slices": 1},
             M=m,
             N=n,
             K=k,
             lda=m,
             ldb=n,
             ldc=n,
-            groups=1,
-            a_batch_stride=0,
-            a_group_stride=0,
-            b_batch_stride=0,
-            b_group_stride=0,
-            c_batch_stride=0,
-            c_group_stride=0,
-            bias_group_stride=0,
             bias_mode=registry.BIAS_ROWS,
             act=0,
         )
+        got = _run(device, [a, b, bias], (m, n), step)
         results.append((name, *_verdict(got, ref)))
     return results
 
@@ -170,18 +161,15 @@ def _verdict(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
 
 def _run(
     device: Any,
-    name: str,
     inputs: list[np.ndarray],
     out_shape: tuple[int, ...],
-    sizes: dict[str, int],
-    **args: int | float,
+    step: Callable[[list[Any]], Any],
 ) -> np.ndarray:
-    from darknet_metal.metal.encoders import make_dispatch
-
+    """Upload ``inputs``, dispatch ``step(buffers + [output])`` once, return the output."""
     bufs = [device.upload(np.ascontiguousarray(a, np.float32)) for a in inputs]
     out = device.buffer(4 * int(np.prod(out_shape)))
     try:
-        device.dispatch(*make_dispatch(name, [*bufs, out], sizes, **args))
+        device.dispatch(*step([*bufs, out]))
         result = np.empty(out_shape, np.float32)
         out.read_into(result)
         return result
@@ -316,8 +304,9 @@ def run_doctor(
     return bool(ok)
 
 
-def measure_speed(device: str, *, size: int = 416, repeats: int = 20,
-                  out: Callable[[str], None] = print) -> tuple[float, float]:
+def measure_speed(
+    device: str, *, size: int = 416, repeats: int = 20, out: Callable[[str], None] = print
+) -> tuple[float, float]:
     """Median ms per yolov4-tiny forward pass (random weights, batch 1, ``size`` x ``size``)
     on ``device`` and on this package's CPU path, measured in turn; returns (device, cpu)."""
     from darknet_metal.models import get_spec
@@ -336,8 +325,10 @@ def measure_speed(device: str, *, size: int = 416, repeats: int = 20,
             times.append(time.perf_counter() - start)
         medians.append(1e3 * float(np.median(times)))
     gpu, cpu = medians
-    out(f"  {device}: {gpu:.2f} ms   cpu (this package, BLAS): {cpu:.2f} ms   "
-        f"speed-up {cpu / gpu:.1f}x")
+    out(
+        f"  {device}: {gpu:.2f} ms   cpu (this package, BLAS): {cpu:.2f} ms   "
+        f"speed-up {cpu / gpu:.1f}x"
+    )
     out("  (design target on Apple silicon: at least 14x Darknet's CPU/OpenBLAS build)")
     return gpu, cpu
 

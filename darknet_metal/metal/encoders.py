@@ -68,6 +68,53 @@ def _gemm_name(trans: str, simd: bool) -> str:
     return f"gemm_{trans}{'_simd' if simd else ''}_f32"
 
 
+def gemm_dispatch(
+    name: str,
+    buffers: Sequence[Any],
+    *,
+    M: int,
+    N: int,
+    K: int,
+    lda: int,
+    ldb: int,
+    ldc: int,
+    bias_mode: int,
+    act: int,
+    groups: int = 1,
+    slices: int = 1,
+    **strides: int,
+) -> Dispatch:
+    """A GEMM dispatch (``buffers``: a, b, bias, c). Batch and group strides default to 0
+    (one slice); give ``a_group_stride=...`` etc. for batched or grouped GEMMs."""
+    names = (
+        "a_batch_stride",
+        "a_group_stride",
+        "b_batch_stride",
+        "b_group_stride",
+        "c_batch_stride",
+        "c_group_stride",
+        "bias_group_stride",
+    )
+    unknown = set(strides) - set(names)
+    if unknown:
+        raise TypeError(f"gemm_dispatch: unknown strides {sorted(unknown)}")
+    return make_dispatch(
+        name,
+        buffers,
+        {"N": N, "M": M, "slices": slices},
+        M=M,
+        N=N,
+        K=K,
+        lda=lda,
+        ldb=ldb,
+        ldc=ldc,
+        groups=groups,
+        bias_mode=bias_mode,
+        act=act,
+        **{n: strides.get(n, 0) for n in names},
+    )
+
+
 def _post_activation(spec: LayerSpec) -> str | None:
     """Kernel applying the layer's activation after its main kernels, or None."""
     name = spec.values.get("activation", "linear")
@@ -143,24 +190,15 @@ def layer_dispatches(
     elif kind == "connected":
         k = c * h * w
         d.append(
-            make_dispatch(
+            gemm_dispatch(
                 _gemm_name("nt", simd),
                 (x, res.weights, res.biases, out),
-                {"N": oc, "M": batch, "slices": 1},
                 M=batch,
                 N=oc,
                 K=k,
                 lda=k,
                 ldb=k,
                 ldc=oc,
-                groups=1,
-                a_batch_stride=0,
-                a_group_stride=0,
-                b_batch_stride=0,
-                b_group_stride=0,
-                c_batch_stride=0,
-                c_group_stride=0,
-                bias_group_stride=0,
                 bias_mode=registry.BIAS_COLS,
                 act=fused_act,
             )
@@ -342,10 +380,9 @@ def _conv(
             )
         )
     d.append(
-        make_dispatch(
+        gemm_dispatch(
             _gemm_name("nn", simd),
             (res.weights, operand, res.biases, out),
-            {"N": n, "M": fg, "slices": batch * groups},
             M=fg,
             N=n,
             K=k,
@@ -353,7 +390,7 @@ def _conv(
             ldb=n,
             ldc=n,
             groups=groups,
-            a_batch_stride=0,
+            slices=batch * groups,
             a_group_stride=fg * k,
             b_batch_stride=b_batch,
             b_group_stride=b_group,

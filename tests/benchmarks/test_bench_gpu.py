@@ -122,8 +122,12 @@ def test_peer_encode_yolov4_tiny_one_call_per_dispatch(benchmark, capsys, yolov4
 
 @pytest.mark.benchmark(group="gpu-emu-throughput")
 def test_emu_yolov3_tiny_forward(benchmark, capsys):
-    cpu = load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights", seed=0,
-               input_size=THROUGHPUT_SIZE)
+    cpu = load(
+        YOLOV3_TINY / "yolov3-tiny.cfg",
+        YOLOV3_TINY / "yolov3-tiny.weights",
+        seed=0,
+        input_size=THROUGHPUT_SIZE,
+    )
     backend = GpuBackend(cpu.layers, cpu.params, device="emu")
     x = np.random.default_rng(1).random((1, 3, THROUGHPUT_SIZE[1], THROUGHPUT_SIZE[0]), np.float32)
     wanted = cpu.yolo_layers
@@ -193,24 +197,16 @@ def test_emu_tiled_gemm_gflops(benchmark, capsys):
         dev.upload(np.zeros(m, np.float32)),
         (dev.buffer(4 * m * n)),
     )
-    step = encoders.make_dispatch(
+    # One slice: the strides are never applied (zero by default).
+    step = encoders.gemm_dispatch(
         "gemm_nn_f32",
         (ba, bb, bias, bc),
-        {"N": n, "M": m, "slices": 1},
         M=m,
         N=n,
         K=k,
         lda=k,
         ldb=n,
         ldc=n,
-        groups=1,
-        a_batch_stride=0,
-        a_group_stride=m * k,
-        b_batch_stride=k * n,
-        b_group_stride=k * n,
-        c_batch_stride=m * n,
-        c_group_stride=m * n,
-        bias_group_stride=m,
         bias_mode=registry.BIAS_NONE,
         act=ACTIVATION_ID["linear"],
     )
