@@ -58,6 +58,7 @@ def _cpu_extensions() -> list[Extension]:
                 include_dirs=[numpy.get_include()],
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                 extra_compile_args=opt,
+                depends=sorted(glob(os.path.join("darknet_metal", "cpu", "*.h"))),
             )
         )
     return extensions

@@ -26,9 +26,16 @@ WINOGRAD_MIN_CHANNELS = 32
 def uses_winograd(spec: LayerSpec) -> bool:
     """Whether the CPU runs this convolution with Winograd F(2x2, 3x3)."""
     v = spec.values
-    return (spec.kind == "convolutional" and v["size"] == 3 and v["stride_x"] == 1
-            and v["stride_y"] == 1 and v["padding"] == 1 and v["dilation"] == 1
-            and v["groups"] == 1 and spec.in_shape[0] >= WINOGRAD_MIN_CHANNELS)
+    return (
+        spec.kind == "convolutional"
+        and v["size"] == 3
+        and v["stride_x"] == 1
+        and v["stride_y"] == 1
+        and v["padding"] == 1
+        and v["dilation"] == 1
+        and v["groups"] == 1
+        and spec.in_shape[0] >= WINOGRAD_MIN_CHANNELS
+    )
 
 
 class CpuBackend:
@@ -36,8 +43,9 @@ class CpuBackend:
 
     name = "cpu"
 
-    def __init__(self, specs: list[LayerSpec], params: dict[int, Params],
-                 dtype: np.dtype | type = np.float32) -> None:
+    def __init__(
+        self, specs: list[LayerSpec], params: dict[int, Params], dtype: np.dtype | type = np.float32
+    ) -> None:
         self.specs = specs
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
@@ -57,17 +65,26 @@ class CpuBackend:
                 w = np.ascontiguousarray(w, self.dtype)
                 if uses_winograd(spec):
                     w = winograd.transform_filters(w, spec.in_shape[0])
-                    need = max(need, winograd.workspace_size(spec.in_shape[0], spec.out_shape[0],
-                                                             *spec.out_shape[1:]))
+                    need = max(
+                        need,
+                        winograd.workspace_size(
+                            spec.in_shape[0], spec.out_shape[0], *spec.out_shape[1:]
+                        ),
+                    )
                 self._weights[spec.index] = (w, np.ascontiguousarray(b, self.dtype))
             elif spec.kind == "shortcut" and "weights" in spec.param_shapes:
                 self._shortcut[spec.index] = np.ascontiguousarray(
-                    params[spec.index]["weights"], self.dtype)
+                    params[spec.index]["weights"], self.dtype
+                )
             if spec.kind == "convolutional":
                 v = spec.values
                 c = spec.in_shape[0]
-                need = max(need, conv.workspace_size(c, v["size"], v["groups"],
-                                                     spec.out_shape[1], spec.out_shape[2]))
+                need = max(
+                    need,
+                    conv.workspace_size(
+                        c, v["size"], v["groups"], spec.out_shape[1], spec.out_shape[2]
+                    ),
+                )
         if self._workspace.size < need:
             self._workspace = np.empty(need, self.dtype)
 
@@ -78,8 +95,9 @@ class CpuBackend:
             self._buffers = {batch: buffers}  # keep one batch size: bounded memory
         return buffers
 
-    def forward(self, x: np.ndarray, timings: list[float] | None = None,
-                outputs: list[int] | None = None) -> list[np.ndarray]:
+    def forward(
+        self, x: np.ndarray, timings: list[float] | None = None, outputs: list[int] | None = None
+    ) -> list[np.ndarray]:
         """Run every layer on ``x`` (N, C, H, W) and return each layer's output buffer.
 
         The returned arrays are reused by the next call: copy what must outlive it. With
@@ -106,23 +124,41 @@ class CpuBackend:
         channel_act = v.get("activation") in CHANNEL_ACTIVATIONS
         if kind == "convolutional" and uses_winograd(spec):
             w, b = self._weights[spec.index]
-            winograd.winograd_forward(src, w, b, out, self._workspace,
-                                      _LINEAR if channel_act else act)
+            winograd.winograd_forward(
+                src, w, b, out, self._workspace, _LINEAR if channel_act else act
+            )
         elif kind == "convolutional":
             w, b = self._weights[spec.index]
-            conv.conv2d_forward(src, w, b, out, self._workspace, v["size"], v["stride_x"],
-                                v["stride_y"], v["padding"], v["dilation"], v["groups"],
-                                _LINEAR if channel_act else act)
+            conv.conv2d_forward(
+                src,
+                w,
+                b,
+                out,
+                self._workspace,
+                v["size"],
+                v["stride_x"],
+                v["stride_y"],
+                v["padding"],
+                v["dilation"],
+                v["groups"],
+                _LINEAR if channel_act else act,
+            )
         elif kind == "connected":
             w, b = self._weights[spec.index]
-            conv.connected_forward(src.reshape(src.shape[0], -1), w, b,
-                                   out.reshape(out.shape[0], -1), _LINEAR if channel_act else act)
+            conv.connected_forward(
+                src.reshape(src.shape[0], -1),
+                w,
+                b,
+                out.reshape(out.shape[0], -1),
+                _LINEAR if channel_act else act,
+            )
         elif kind == "maxpool":
             if v["maxpool_depth"]:
                 pooling.maxpool_depth_forward(src, out)
             else:
-                pooling.maxpool_forward(src, out, v["size"], v["stride_x"], v["stride_y"],
-                                        v["padding"])
+                pooling.maxpool_forward(
+                    src, out, v["size"], v["stride_x"], v["stride_y"], v["padding"]
+                )
         elif kind == "avgpool":
             pooling.avgpool_forward(src, out)
         elif kind == "route":
@@ -130,11 +166,17 @@ class CpuBackend:
             offset = 0
             for part in sources:
                 width = part.shape[1] // groups
-                out[:, offset:offset + width] = part[:, group_id * width:(group_id + 1) * width]
+                out[:, offset : offset + width] = part[:, group_id * width : (group_id + 1) * width]
                 offset += width
         elif kind == "shortcut":
-            combine.shortcut_forward(src, sources[1:], self._shortcut.get(spec.index),
-                                     v["weights_type"], v["weights_normalization"], out)
+            combine.shortcut_forward(
+                src,
+                sources[1:],
+                self._shortcut.get(spec.index),
+                v["weights_type"],
+                v["weights_normalization"],
+                out,
+            )
         elif kind == "upsample":
             resample.upsample_forward(src, out, v["stride"], v["scale"])
         elif kind == "reorg":
@@ -144,11 +186,16 @@ class CpuBackend:
         elif kind == "sam":
             combine.sam_forward(sources[1], src, out)
         elif kind == "softmax":
-            heads.softmax_forward(src.reshape(src.shape[0], -1), out.reshape(out.shape[0], -1),
-                                  v["groups"], v["temperature"])
+            heads.softmax_forward(
+                src.reshape(src.shape[0], -1),
+                out.reshape(out.shape[0], -1),
+                v["groups"],
+                v["temperature"],
+            )
         elif kind == "yolo":
-            heads.yolo_forward(src, out, len(v["mask"]), v["classes"], v["scale_x_y"],
-                               v["new_coords"])
+            heads.yolo_forward(
+                src, out, len(v["mask"]), v["classes"], v["scale_x_y"], v["new_coords"]
+            )
         elif kind in ("dropout", "cost"):
             np.copyto(out, src)
         else:  # build_layers admits only the kinds above

@@ -17,19 +17,24 @@ def reference_conv(x, w, b, size, sx, sy, pad, dilation, groups):
     w4 = w.reshape(f, c // groups, size, size).astype(np.float64)
     p = pad * dilation
     xp = np.zeros((n, c, h + 2 * p, wd + 2 * p))
-    xp[:, :, p:p + h, p:p + wd] = x
+    xp[:, :, p : p + h, p : p + wd] = x
     oh = (h + 2 * p - dilation * (size - 1) - 1) // sy + 1
     ow = (wd + 2 * p - dilation * (size - 1) - 1) // sx + 1
     out = np.zeros((n, f, oh, ow))
     cg, fg = c // groups, f // groups
     for g in range(groups):
-        xs = xp[:, g * cg:(g + 1) * cg]
+        xs = xp[:, g * cg : (g + 1) * cg]
         for ky in range(size):
             for kx in range(size):
-                patch = xs[:, :, ky * dilation: ky * dilation + sy * (oh - 1) + 1: sy,
-                           kx * dilation: kx * dilation + sx * (ow - 1) + 1: sx]
-                out[:, g * fg:(g + 1) * fg] += np.einsum(
-                    "fc,nchw->nfhw", w4[g * fg:(g + 1) * fg, :, ky, kx], patch)
+                patch = xs[
+                    :,
+                    :,
+                    ky * dilation : ky * dilation + sy * (oh - 1) + 1 : sy,
+                    kx * dilation : kx * dilation + sx * (ow - 1) + 1 : sx,
+                ]
+                out[:, g * fg : (g + 1) * fg] += np.einsum(
+                    "fc,nchw->nfhw", w4[g * fg : (g + 1) * fg, :, ky, kx], patch
+                )
     return out + b.reshape(1, f, 1, 1)
 
 
@@ -78,13 +83,15 @@ def test_conv2d_rejects_mismatched_shapes():
         conv.conv2d_forward(x, wt, b, np.zeros((1, 2, 5, 6), np.float32), ws, 3, 1, 1, 1, 1, 1, 0)
     with pytest.raises(ValueError, match="weights shape"):
         narrow = np.ascontiguousarray(wt[:, :9])
-        conv.conv2d_forward(x, narrow, b, np.zeros((1, 2, 6, 6), np.float32), ws, 3, 1, 1, 1, 1,
-                            1, 0)
+        conv.conv2d_forward(
+            x, narrow, b, np.zeros((1, 2, 6, 6), np.float32), ws, 3, 1, 1, 1, 1, 1, 0
+        )
     with pytest.raises(ValueError, match="groups"):
         conv.conv2d_forward(x, wt, b, np.zeros((1, 2, 6, 6), np.float32), ws, 3, 1, 1, 1, 1, 3, 0)
     with pytest.raises(ValueError, match="workspace"):
-        conv.conv2d_forward(x, wt, b, np.zeros((1, 2, 6, 6), np.float32), ws[:10], 3, 1, 1, 1,
-                            1, 1, 0)
+        conv.conv2d_forward(
+            x, wt, b, np.zeros((1, 2, 6, 6), np.float32), ws[:10], 3, 1, 1, 1, 1, 1, 0
+        )
 
 
 def test_im2col_layout_matches_weight_order():
@@ -111,8 +118,10 @@ def test_connected_matches_matmul(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(1, 16, 13, 13, 8), (2, 5, 7, 10, 3), (1, 3, 1, 1, 2),
-                                   (1, 17, 26, 9, 33), (1, 8, 2, 3, 4)])
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 16, 13, 13, 8), (2, 5, 7, 10, 3), (1, 3, 1, 1, 2), (1, 17, 26, 9, 33), (1, 8, 2, 3, 4)],
+)
 def test_winograd_matches_direct_convolution(shape, dtype):
     n, c, h, w, f = shape
     rng = np.random.default_rng(h * w + c)

@@ -4,13 +4,27 @@
 GEMMs go through SciPy's BLAS (``scipy.linalg.cython_blas``), which is column-major: a
 row-major ``C[M, N] = A[M, K] @ B[K, N]`` is issued as the column-major ``C^T = B^T A^T``,
 which reads the same memory without copies.
+
+float32 3x3 stride-1 pad-1 convolutions with at most ``DIRECT_MAX_CHANNELS`` input channels
+(the first layers of a detector) skip im2col and BLAS: ``kernels.h`` computes them directly,
+vectorised along output rows. With K = 9*C of 27 or 144, BLAS was measured at a fraction of
+its peak, and the direct loop is 2-3x faster on one core than the GEMM on two.
 """
 
 from cython cimport floating
 from scipy.linalg.cython_blas cimport dgemm, sgemm
 
-from darknet_metal.cpu.activations cimport activate_array
+from darknet_metal.cpu.activations cimport ACT_LEAKY, ACT_LINEAR, ACT_REVLEAKY, activate_array
 from darknet_metal.cpu.im2col cimport im2col
+
+cdef extern from "kernels.h" nogil:
+    void dm_bias_act_f32(float* out, const float* bias, Py_ssize_t channels,
+                         Py_ssize_t spatial, int leaky)
+    Py_ssize_t dm_conv3x3_direct_scratch(Py_ssize_t channels, Py_ssize_t filters,
+                                         Py_ssize_t height, Py_ssize_t width)
+    void dm_conv3x3_direct_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
+                               Py_ssize_t width, const float* weights, const float* bias,
+                               Py_ssize_t filters, int leaky, float* scratch, float* out)
 
 import numpy as np
 
@@ -32,6 +46,10 @@ cdef void bias_activate(floating* out, const floating* bias, Py_ssize_t channels
                         Py_ssize_t spatial, int act) noexcept nogil:
     cdef Py_ssize_t ch, i
     cdef floating* row
+    if floating is float:
+        if act == ACT_LINEAR or act == ACT_LEAKY or act == ACT_REVLEAKY:
+            dm_bias_act_f32(out, bias, channels, spatial, act != ACT_LINEAR)
+            return
     for ch in range(channels):
         row = out + ch * spatial
         for i in range(spatial):
@@ -42,6 +60,10 @@ cdef void bias_activate(floating* out, const floating* bias, Py_ssize_t channels
 # Elements of im2col columns unfolded at once: 256 KiB of float32, well within L2 (measured
 # 1.2-3x faster than unfolding a whole 416x416 image for the thin early layers).
 cdef Py_ssize_t IM2COL_BLOCK = 1 << 16
+
+#: Most input channels for which a float32 3x3 stride-1 convolution is computed directly
+#: rather than by im2col + GEMM: with K = 9*C this small, BLAS runs far below its peak.
+DIRECT_MAX_CHANNELS = 16
 
 
 def conv_out_size(int size_in, int ksize, int stride, int pad) -> int:
@@ -90,6 +112,12 @@ def conv2d_forward(const floating[:, :, :, ::1] x, const floating[:, ::1] weight
                          f"{height}x{width} with ksize={ksize} stride=({stride_x},{stride_y}) "
                          f"pad={pad} dilation={dilation}")
     cdef bint direct = ksize == 1 and stride_x == 1 and stride_y == 1 and pad == 0
+    cdef bint direct3 = (floating is float and ksize == 3 and stride_x == 1 and stride_y == 1
+                         and pad == 1 and dilation == 1 and groups == 1
+                         and channels <= DIRECT_MAX_CHANNELS
+                         and workspace.shape[0] >= dm_conv3x3_direct_scratch(
+                             channels, filters, height, width)
+                         and (act == ACT_LINEAR or act == ACT_LEAKY or act == ACT_REVLEAKY))
     if not direct and workspace.shape[0] < k * spatial:
         raise ValueError(f"conv2d_forward: workspace has {workspace.shape[0]} elements, "
                          f"needs {k * spatial}")
@@ -101,6 +129,12 @@ def conv2d_forward(const floating[:, :, :, ::1] x, const floating[:, ::1] weight
     cdef floating* dst
     with nogil:
         for b in range(batch):
+            if floating is float:
+                if direct3:
+                    dm_conv3x3_direct_f32(&x[b, 0, 0, 0], channels, height, width,
+                                          &weights[0, 0], &bias[0], filters,
+                                          act != ACT_LINEAR, &workspace[0], &out[b, 0, 0, 0])
+                    continue
             for g in range(groups):
                 src = &x[b, g * cg, 0, 0]
                 dst = &out[b, g * fg, 0, 0]

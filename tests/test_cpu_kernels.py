@@ -1,0 +1,119 @@
+"""The vectorised float32 kernels (darknet_metal/cpu/kernels.h) against NumPy formulas.
+
+Each case is shaped to reach the kernels' edges: row tails shorter than a vector block,
+filter counts that leave a partial block, runs of Winograd tiles longer than one chunk,
+activations the kernels do not fuse, and NaN in max pooling.
+"""
+
+import numpy as np
+import pytest
+
+from darknet_metal.activations import ACTIVATION_ID
+from darknet_metal.cpu import conv, pooling, winograd
+
+LINEAR = ACTIVATION_ID["linear"]
+LEAKY = ACTIVATION_ID["leaky"]
+LOGISTIC = ACTIVATION_ID["logistic"]
+
+
+def conv3x3_reference(x, w, b):
+    """3x3, stride 1, pad 1 convolution in float64: sum over taps of shifted planes."""
+    n, c, h, wd = x.shape
+    f = w.shape[0]
+    w4 = w.reshape(f, c, 3, 3).astype(np.float64)
+    xp = np.zeros((n, c, h + 2, wd + 2))
+    xp[:, :, 1 : h + 1, 1 : wd + 1] = x
+    out = np.zeros((n, f, h, wd))
+    for ky in range(3):
+        for kx in range(3):
+            out += np.einsum("fc,nchw->nfhw", w4[:, :, ky, kx], xp[:, :, ky : ky + h, kx : kx + wd])
+    return out + b.reshape(1, f, 1, 1)
+
+
+def apply(act, ref):
+    if act == LEAKY:
+        return np.where(ref > 0, ref, 0.1 * ref)
+    if act == LOGISTIC:
+        return 1.0 / (1.0 + np.exp(-ref))
+    return ref
+
+
+def random_case(n, c, h, w, f, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((f, c * 9)).astype(np.float32)
+    b = rng.standard_normal(f).astype(np.float32)
+    return x, wt, b
+
+
+# n, c, h, w, f: widths with a partial 16-column block (37, 5), exact blocks (32), filter
+# counts with a partial block of 8 (11, 3), the channel limit of the direct path (16).
+DIRECT_CASES = [(2, 3, 9, 37, 11), (1, 1, 4, 5, 3), (1, 16, 6, 32, 8), (1, 2, 1, 1, 17)]
+
+
+@pytest.mark.parametrize("act", [LINEAR, LEAKY, LOGISTIC])
+@pytest.mark.parametrize("case", DIRECT_CASES)
+def test_float32_3x3_few_channels_matches_reference(case, act):
+    n, c, h, w, f = case
+    x, wt, b = random_case(n, c, h, w, f, seed=sum(case) + act)
+    out = np.full((n, f, h, w), np.nan, np.float32)
+    ws = np.empty(conv.workspace_size(c, 3, 1, h, w), np.float32)
+    conv.conv2d_forward(x, wt, b, out, ws, 3, 1, 1, 1, 1, 1, act)
+    np.testing.assert_allclose(out, apply(act, conv3x3_reference(x, wt, b)), rtol=1e-4, atol=1e-4)
+
+
+# Tile rows of 66 and 131 tiles span two and three 64-tile chunks; odd sizes leave half tiles.
+WINOGRAD_CASES = [(1, 4, 5, 131, 3), (1, 32, 3, 262, 5), (2, 33, 7, 9, 2)]
+
+
+@pytest.mark.parametrize("act", [LINEAR, LEAKY, LOGISTIC])
+@pytest.mark.parametrize("case", WINOGRAD_CASES)
+def test_float32_winograd_matches_reference(case, act):
+    n, c, h, w, f = case
+    x, wt, b = random_case(n, c, h, w, f, seed=sum(case) + act)
+    out = np.full((n, f, h, w), np.nan, np.float32)
+    ws = np.empty(winograd.workspace_size(c, f, h, w), np.float32)
+    winograd.winograd_forward(x, winograd.transform_filters(wt, c), b, out, ws, act)
+    ref = conv3x3_reference(x, wt, b)
+    tol = 2e-6 * np.abs(ref).max()
+    np.testing.assert_allclose(out, apply(act, ref), rtol=0, atol=tol)
+
+
+def test_float32_winograd_equals_float64_path_closely():
+    # The float64 path is the scalar code the vectorised transforms replace for float32.
+    x, wt, b = random_case(1, 8, 11, 150, 4, seed=5)
+    outs = []
+    for dtype in (np.float32, np.float64):
+        out = np.empty((1, 4, 11, 150), dtype)
+        ws = np.empty(winograd.workspace_size(8, 4, 11, 150), dtype)
+        winograd.winograd_forward(
+            x.astype(dtype),
+            winograd.transform_filters(wt.astype(dtype), 8),
+            b.astype(dtype),
+            out,
+            ws,
+            LEAKY,
+        )
+        outs.append(out)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=1e-5 * np.abs(outs[1]).max())
+
+
+@pytest.mark.parametrize("hw", [(8, 8), (6, 40), (416, 416), (2, 34)])
+def test_float32_maxpool_2x2_stride2_matches_numpy(hw):
+    h, w = hw
+    rng = np.random.default_rng(h * w)
+    x = rng.standard_normal((2, 3, h, w)).astype(np.float32)
+    x[0, 0, 0, 0] = np.nan  # a NaN never wins: Darknet compares with a strict ">"
+    x[0, 0, 0, 1] = -np.inf
+    x[1, 2, :2, :2] = np.nan  # an all-NaN window keeps Darknet's starting value -FLT_MAX
+    out = np.empty((2, 3, h // 2, w // 2), np.float32)
+    pooling.maxpool_forward(x, out, 2, 2, 2, 1)
+    win = (
+        x.reshape(2, 3, h // 2, 2, w // 2, 2)
+        .transpose(0, 1, 2, 4, 3, 5)
+        .reshape(2, 3, h // 2, w // 2, 4)
+    )
+    ref = np.nanmax(np.where(np.isnan(win), -np.inf, win), axis=-1)
+    ref = np.maximum(ref, -np.finfo(np.float32).max)
+    np.testing.assert_array_equal(out, ref)
+    assert out[1, 2, 0, 0] == -np.finfo(np.float32).max
