@@ -109,14 +109,16 @@ class CpuBackend:
         for spec in self.specs:
             sources = [x if i < 0 else outs[i] for i in spec.inputs]
             if timings is None:
-                self._run(spec, sources, outs[spec.index])
+                self.run_layer(spec, sources, outs[spec.index])
             else:
                 start = time.perf_counter()
-                self._run(spec, sources, outs[spec.index])
+                self.run_layer(spec, sources, outs[spec.index])
                 timings.append(time.perf_counter() - start)
         return outs
 
-    def _run(self, spec: LayerSpec, sources: list[np.ndarray], out: np.ndarray) -> None:
+    def run_layer(self, spec: LayerSpec, sources: list[np.ndarray], out: np.ndarray) -> None:
+        """Run one layer: ``sources`` are its input arrays (``spec.inputs`` order), ``out``
+        its preallocated output (N, *spec.out_shape)."""
         v = spec.values
         kind = spec.kind
         src = sources[0]

@@ -323,7 +323,7 @@ class GpuBackend:
             device.commit()
             for buf, host in zip(ins, hosts, strict=True):
                 buf.read_into(host)
-            cpu._run(spec, hosts, result)
+            cpu.run_layer(spec, hosts, result)
             out.write(result)
             device.count_fallback(1)
 

@@ -132,7 +132,7 @@ def stats(device: str = "metal") -> dict[str, int]:
     ``command_buffers_committed``, ``waits`` (host waits for the device),
     ``bytes_uploaded``/``bytes_downloaded``, ``pool_hits``/``pool_misses`` (buffer requests
     served from the pool / newly allocated), ``cpu_fallbacks`` (layers run on the CPU),
-    ``pipelines_built``, ``encode_ns`` (host nanoseconds spent encoding dispatches), and
-    memory: ``allocated_bytes``, ``peak_allocated_bytes``, ``live_buffers``, ``live_bytes``,
-    ``pooled_buffers``, ``pooled_bytes``."""
+    ``pipelines_built``, ``encode_ns`` (host nanoseconds spent encoding dispatches, one by one
+    or as prepared lists), and memory: ``allocated_bytes``, ``peak_allocated_bytes``,
+    ``live_buffers``, ``live_bytes``, ``pooled_buffers``, ``pooled_bytes``."""
     return {k: int(v) for k, v in get_device(device).stats().items()}
