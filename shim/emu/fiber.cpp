@@ -84,10 +84,13 @@ static void init_frame(void **sp, void (*fn)(void *), void *arg) {
 
 #elif defined(__aarch64__)
 // Frame layout: x19..x28, x29 (fp), x30 (lr), d8..d15; 176 bytes. A new fiber starts in
-// emu_fiber_start with x19 = arg, x20 = fn.
+// emu_fiber_start with x19 = arg, x20 = fn (reached by `ret`, so it needs no landing pad).
+// `hint #34` is `bti c`: built with -mbranch-protection, this object is marked BTI-compatible
+// and a call through a PLT stub (`br x17`) must land on it; it is a no-op on other cores.
 asm(".text\n"
     ".globl " EMU_SYM(emu_fiber_swap) "\n" EMU_TYPE(emu_fiber_swap)
     ".p2align 2\n" EMU_SYM(emu_fiber_swap) ":\n"
+    "    hint #34\n"
     "    sub sp, sp, #176\n"
     "    stp x19, x20, [sp, #0]\n"
     "    stp x21, x22, [sp, #16]\n"
