@@ -18,13 +18,6 @@
 #include "emu.h"
 #include "fiber.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define EMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define EMU_ASAN 1
-#endif
-#endif
 #ifdef EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #endif

@@ -5,14 +5,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define EMU_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define EMU_ASAN 1
-#endif
-#endif
-
 #ifdef EMU_ASAN
 #include <sanitizer/common_interface_defs.h>
 #endif

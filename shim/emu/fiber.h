@@ -8,6 +8,15 @@
 
 #include <stddef.h>
 
+/* EMU_ASAN: built with AddressSanitizer (GCC or Clang), so fiber switches must be announced. */
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+
 #if !defined(EMU_FIBER_UCONTEXT) && !defined(__x86_64__) && !defined(__aarch64__)
 #define EMU_FIBER_UCONTEXT 1
 #endif
