@@ -1,41 +1,54 @@
-"""The CPU reference backend: runs ``LayerSpec``s with the Cython layers of ``darknet_metal.cpu``.
+"""The CPU executor: runs a network's programs with the Cython layers of ``darknet_metal.cpu``.
 
-It owns inference copies of the parameters (batch norm folded, in the compute dtype) and the
-per-batch-size output buffers, so repeated forward passes allocate nothing.
+Per (batch, requested outputs) it builds the program of host steps (each op's
+``forward_cpu``), plans its memory (``darknet_metal.memory``: buffers reused once their last
+reader has run, workspaces included) and allocates it once, so repeated passes allocate
+nothing. The input array is read in place. Parameters are prepared per op
+(``prepare_cpu``: batch norm folded, Winograd filters) in the compute dtype.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from darknet_metal.activations import ACTIVATION_ID, CHANNEL_ACTIVATIONS
-from darknet_metal.cpu import activations as cpu_act
-from darknet_metal.cpu import combine, conv, heads, pooling, resample, winograd
 from darknet_metal.layers import LayerSpec
-from darknet_metal.params import Params, fold_batchnorm
+from darknet_metal.memory import plan_memory
+from darknet_metal.params import Params
+from darknet_metal.program import INPUT, HostStep, Program, Tensor, build_program
 
-_LINEAR = ACTIVATION_ID["linear"]
-
-#: Input channels from which Winograd beats im2col + GEMM for a 3x3 convolution: below it
-#: the 16 transformed GEMMs are too thin to pay for the transforms.
-WINOGRAD_MIN_CHANNELS = 32
+#: Programs kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
+MAX_PROGRAMS = 4
 
 
-def uses_winograd(spec: LayerSpec) -> bool:
-    """Whether the CPU runs this convolution with Winograd F(2x2, 3x3)."""
-    v = spec.values
-    return (
-        spec.kind == "convolutional"
-        and v["size"] == 3
-        and v["stride_x"] == 1
-        and v["stride_y"] == 1
-        and v["padding"] == 1
-        and v["dilation"] == 1
-        and v["groups"] == 1
-        and spec.in_shape[0] >= WINOGRAD_MIN_CHANNELS
-    )
+class _LoadedProgram:
+    """A CPU program with its memory: every tensor a view of one slot's array."""
+
+    def __init__(self, program: Program, dtype: np.dtype) -> None:
+        self.program = program
+        memory = plan_memory(program, external={INPUT})
+        self.input_owner = memory.owner[INPUT]
+        slots = [np.empty(n, np.uint8) for n in memory.slot_bytes]
+        self.views: dict[Tensor, Any] = {}
+        for t, spec in program.tensors.items():
+            owner = memory.owner[t]
+            if owner == self.input_owner:
+                continue  # bound to the caller's array at each pass
+            if owner in memory.slot_of:
+                slot = slots[memory.slot_of[owner]]
+                self.views[t] = slot[: spec.nbytes].view(dtype).reshape(spec.shape)
+        self.steps: list[tuple[HostStep, list[Any], list[Any]]] = [
+            (step, [self.views.get(t) for t in step.reads], [self.views[t] for t in step.writes])
+            for step in program.steps
+        ]
+        self.input_reads = [
+            [i for i, t in enumerate(step.reads) if memory.owner[t] == self.input_owner]
+            for step in program.steps
+        ]
 
 
 class CpuBackend:
@@ -50,158 +63,76 @@ class CpuBackend:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, not {self.dtype}")
-        self._buffers: dict[int, list[np.ndarray]] = {}
-        self._workspace = np.empty(0, self.dtype)
+        self._programs: OrderedDict[tuple[int, frozenset[int] | None], _LoadedProgram] = (
+            OrderedDict()
+        )
         self.load_params(params)
 
     def load_params(self, params: dict[int, Params]) -> None:
         """(Re)build the inference parameters from the master copies in ``params``."""
-        self._weights: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._shortcut: dict[int, np.ndarray] = {}
-        need = 0
-        for spec in self.specs:
-            if spec.kind in ("convolutional", "connected"):
-                w, b = fold_batchnorm(params[spec.index])
-                w = np.ascontiguousarray(w, self.dtype)
-                if uses_winograd(spec):
-                    w = winograd.transform_filters(w, spec.in_shape[0])
-                    need = max(
-                        need,
-                        winograd.workspace_size(
-                            spec.in_shape[0], spec.out_shape[0], *spec.out_shape[1:]
-                        ),
-                    )
-                self._weights[spec.index] = (w, np.ascontiguousarray(b, self.dtype))
-            elif spec.kind == "shortcut" and "weights" in spec.param_shapes:
-                self._shortcut[spec.index] = np.ascontiguousarray(
-                    params[spec.index]["weights"], self.dtype
-                )
-            if spec.kind == "convolutional":
-                v = spec.values
-                c = spec.in_shape[0]
-                need = max(
-                    need,
-                    conv.workspace_size(
-                        c, v["size"], v["groups"], spec.out_shape[1], spec.out_shape[2]
-                    ),
-                )
-        if self._workspace.size < need:
-            self._workspace = np.empty(need, self.dtype)
+        self._states = {spec.index: spec.prepare_cpu(params.get(spec.index), self.dtype)
+                        for spec in self.specs}
+        self._programs.clear()
 
-    def _outputs(self, batch: int) -> list[np.ndarray]:
-        buffers = self._buffers.get(batch)
-        if buffers is None:
-            buffers = [np.empty((batch, *spec.out_shape), self.dtype) for spec in self.specs]
-            self._buffers = {batch: buffers}  # keep one batch size: bounded memory
-        return buffers
+    def _loaded(self, batch: int, keep: frozenset[int] | None) -> _LoadedProgram:
+        key = (batch, keep)
+        loaded = self._programs.get(key)
+        if loaded is not None:
+            self._programs.move_to_end(key)
+            return loaded
+        while len(self._programs) >= MAX_PROGRAMS:
+            self._programs.popitem(last=False)
+        program = build_program(
+            self.specs,
+            lambda spec, e: spec.emit_cpu_forward(e, self._states[spec.index]),
+            batch=batch,
+            keep=keep,
+            itemsize=self.dtype.itemsize,
+        )
+        loaded = self._programs[key] = _LoadedProgram(program, self.dtype)
+        return loaded
 
     def forward(
-        self, x: np.ndarray, timings: list[float] | None = None, outputs: list[int] | None = None
-    ) -> list[np.ndarray]:
-        """Run every layer on ``x`` (N, C, H, W) and return each layer's output buffer.
+        self,
+        x: np.ndarray,
+        timings: list[float] | None = None,
+        outputs: Sequence[int] | None = None,
+    ) -> list[np.ndarray | None]:
+        """Run every layer on ``x`` (N, C, H, W); per layer its output array if it is in
+        ``outputs`` (None: all), else None.
 
         The returned arrays are reused by the next call: copy what must outlive it. With
-        ``timings``, the wall time of each layer in seconds is appended to it. ``outputs``
-        (the layers the caller will read) changes nothing here: every buffer is in memory.
+        ``timings``, the wall time of each layer in seconds is appended to it.
         """
         x = np.ascontiguousarray(x, self.dtype)
-        outs = self._outputs(x.shape[0])
-        for spec in self.specs:
-            sources = [x if i < 0 else outs[i] for i in spec.inputs]
-            if timings is None:
-                self.run_layer(spec, sources, outs[spec.index])
-            else:
-                start = time.perf_counter()
-                self.run_layer(spec, sources, outs[spec.index])
+        keep = None if outputs is None else frozenset(int(i) for i in outputs)
+        loaded = self._loaded(x.shape[0], keep)
+        program = loaded.program
+        first = 0
+        for end in program.layer_ends:
+            start = time.perf_counter() if timings is not None else 0.0
+            for i in range(first, end):
+                step, reads, writes = loaded.steps[i]
+                positions = loaded.input_reads[i]
+                if positions:
+                    reads = list(reads)
+                    for p in positions:
+                        reads[p] = x.reshape(program.tensors[step.reads[p]].shape)
+                step.run(reads, writes)
+            if timings is not None:
                 timings.append(time.perf_counter() - start)
-        return outs
-
-    def run_layer(self, spec: LayerSpec, sources: list[np.ndarray], out: np.ndarray) -> None:
-        """Run one layer: ``sources`` are its input arrays (``spec.inputs`` order), ``out``
-        its preallocated output (N, *spec.out_shape)."""
-        v = spec.values
-        kind = spec.kind
-        src = sources[0]
-        act = spec.activation
-        channel_act = v.get("activation") in CHANNEL_ACTIVATIONS
-        if kind == "convolutional" and uses_winograd(spec):
-            w, b = self._weights[spec.index]
-            winograd.winograd_forward(
-                src, w, b, out, self._workspace, _LINEAR if channel_act else act
-            )
-        elif kind == "convolutional":
-            w, b = self._weights[spec.index]
-            conv.conv2d_forward(
-                src,
-                w,
-                b,
-                out,
-                self._workspace,
-                v["size"],
-                v["stride_x"],
-                v["stride_y"],
-                v["padding"],
-                v["dilation"],
-                v["groups"],
-                _LINEAR if channel_act else act,
-            )
-        elif kind == "connected":
-            w, b = self._weights[spec.index]
-            conv.connected_forward(
-                src.reshape(src.shape[0], -1),
-                w,
-                b,
-                out.reshape(out.shape[0], -1),
-                _LINEAR if channel_act else act,
-            )
-        elif kind == "maxpool":
-            if v["maxpool_depth"]:
-                pooling.maxpool_depth_forward(src, out)
+            first = end
+        result: list[np.ndarray | None] = []
+        for spec in self.specs:
+            t = Tensor(spec.index, "output")
+            if keep is not None and spec.index not in keep:
+                result.append(None)
+            elif loaded.views.get(t) is None:  # an identity chain back to the input
+                result.append(x.reshape(program.tensors[t].shape))
             else:
-                pooling.maxpool_forward(
-                    src, out, v["size"], v["stride_x"], v["stride_y"], v["padding"]
-                )
-        elif kind == "avgpool":
-            pooling.avgpool_forward(src, out)
-        elif kind == "route":
-            groups, group_id = v["groups"], v["group_id"]
-            offset = 0
-            for part in sources:
-                width = part.shape[1] // groups
-                out[:, offset : offset + width] = part[:, group_id * width : (group_id + 1) * width]
-                offset += width
-        elif kind == "shortcut":
-            combine.shortcut_forward(
-                src,
-                sources[1:],
-                self._shortcut.get(spec.index),
-                v["weights_type"],
-                v["weights_normalization"],
-                out,
-            )
-        elif kind == "upsample":
-            resample.upsample_forward(src, out, v["stride"], v["scale"])
-        elif kind == "reorg":
-            resample.reorg_forward(src, out, v["stride"], v["reverse"])
-        elif kind == "scale_channels":
-            combine.scale_channels_forward(sources[1], src, out, v["scale_wh"])
-        elif kind == "sam":
-            combine.sam_forward(sources[1], src, out)
-        elif kind == "softmax":
-            heads.softmax_forward(
-                src.reshape(src.shape[0], -1),
-                out.reshape(out.shape[0], -1),
-                v["groups"],
-                v["temperature"],
-            )
-        elif kind == "yolo":
-            heads.yolo_forward(
-                src, out, len(v["mask"]), v["classes"], v["scale_x_y"], v["new_coords"]
-            )
-        elif kind in ("dropout", "cost"):
-            np.copyto(out, src)
-        else:  # build_layers admits only the kinds above
-            raise AssertionError(kind)
-        needs_activation = kind in ("shortcut", "scale_channels", "sam") and act != _LINEAR
-        if channel_act or needs_activation:
-            cpu_act.activate(out, act)
+                result.append(loaded.views[t])
+        return result
+
+    def close(self) -> None:
+        """Frees the planned memory."""
+        self._programs.clear()

@@ -67,3 +67,8 @@ class ModelNotFoundError(DarknetMetalError, FileNotFoundError):
 
 class DeviceError(DarknetMetalError, RuntimeError):
     """A compute device that is unavailable or failed."""
+
+
+class BindingError(DeviceError):
+    """A kernel's buffers bound wrongly: a missing, unknown or too small buffer role, or a
+    read of a tensor nothing has written."""

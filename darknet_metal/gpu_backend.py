@@ -1,28 +1,27 @@
-"""The GPU backend: runs ``LayerSpec``s as Metal kernels on ``device="metal"`` or ``"emu"``.
+"""The GPU executor: runs a network's programs as Metal kernels on ``device="metal"`` or ``"emu"``.
 
-At load it chooses, per layer, the registry kernels that run it or a CPU fallback (with the
-reason), builds their pipelines, and uploads the parameters once (batch norm folded exactly as
-the CPU backend folds it). Per batch size and set of requested outputs it makes a *plan*: the
-buffer of every tensor (``metal.planner``: an output's buffer is reused once its last reader
-has run; requested outputs survive the pass), the im2col workspace, and every dispatch with its
-arguments packed into a prepared dispatch list of the shim (``Device.plan``: checked once,
-encoded by one call). A forward pass then only uploads the input (one write), encodes that
-list into one command buffer and commits it once; nothing is allocated after the first pass
-of a plan. Outputs stay on the device as ``DeviceArray``s: reading one waits for the pass
-(the only wait) and downloads exactly its bytes.
+At load it places each layer: its op's kernel steps (``emit_device_forward``), an alias (an
+identity layer), or a CPU fallback with the reason (the op raised ``Unsupported``, a kernel's
+pipeline is missing or too small, or the caller asked for it). It uploads each op's
+``device_params`` once (batch norm folded exactly as on the CPU) and runs its
+``emit_device_setup`` kernels. Per (batch, requested outputs) it builds the program, plans its
+memory (``darknet_metal.memory``: a buffer per slot, reused once its last reader has run;
+workspaces are planned tensors; requested outputs survive the pass), binds every kernel
+step's roles to those buffers and packs the steps into the shim's prepared dispatch lists
+(checked once, encoded by one call each). A forward pass then only uploads the input (one
+write), encodes the lists into one command buffer and commits it once; nothing is allocated
+after the first pass of a program. Outputs stay on the device as ``DeviceArray``s: reading
+one waits for the pass (the only wait) and downloads exactly its bytes.
 
-A layer without kernels runs on the CPU: the pass commits what it has encoded, reads the
-layer's inputs (one wait), runs the CPU reference layer, uploads its output and continues;
-each such layer counts one ``cpu_fallback``. With fallbacks a pass commits once per fallback
-plus once at its end.
+A fallback layer is a host step: the pass commits what it has encoded, reads the layer's
+inputs (one wait), runs the op's ``forward_cpu``, uploads its output and continues; each
+counts one ``cpu_fallback``, so a pass with fallbacks commits once per fallback plus once at
+its end.
 
-Training fits this structure without changing it: a training plan keeps every activation a
-backward kernel reads (``plan_storage`` with those layers in ``keep``), adds a gradient slot
-per tensor planned the same way in reverse order (a gradient buffer freed after the last
-backward reader), adds per-parameter gradient and optimizer-state buffers uploaded once beside
-the weights, and appends the ``*_bwd_*`` and update dispatches to the same replay list, so one
-training step is still one upload of the batch, one command buffer and one wait for the loss.
-The master weights would then live on the device and ``load_params`` run only on load/save.
+Training adds, per op, saved activations and gradient tensors (planned the same way),
+backward and update kernel steps in the same program, and parameters and optimizer state
+resident beside the weights, so one training step stays one upload, one command buffer and
+one wait for the loss.
 """
 
 from __future__ import annotations
@@ -30,19 +29,31 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from darknet_metal.errors import DeviceError
-from darknet_metal.layers import LayerSpec, Shape
-from darknet_metal.metal import encoders, get_device, registry
-from darknet_metal.metal.planner import INPUT, plan_storage
-from darknet_metal.params import Params, fold_batchnorm
+from darknet_metal.layers import LayerSpec
+from darknet_metal.memory import MemoryPlan, plan_memory
+from darknet_metal.metal import get_device, registry
+from darknet_metal.metal.dispatch import Dispatch, pack
+from darknet_metal.ops import Unsupported
+from darknet_metal.params import Params
+from darknet_metal.program import (
+    INPUT,
+    HostStep,
+    KernelStep,
+    LayerEmitter,
+    Param,
+    Program,
+    Tensor,
+    build_program,
+)
 
-#: Plans kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
-MAX_PLANS = 4
+#: Programs kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
+MAX_PROGRAMS = 4
 
 
 @dataclass(frozen=True)
@@ -100,33 +111,69 @@ class DeviceArray:
         return f"DeviceArray(shape={self.shape}, device={self._backend.device.kind!r})"
 
 
-@dataclass
-class _Plan:
-    batch: int
-    buffers: list[Any]
-    slot_of: dict[int, int]
-    input_buffer: Any
-    workspace: Any
-    steps: list[Any] = field(default_factory=list)
-    layer_ends: list[int] = field(default_factory=list)  # steps index after each layer
-    # What a pass runs, in order: the ``encode`` of a prepared dispatch list (a run of kernel
-    # steps) or a CPU fallback. Without fallbacks, one list holds the whole pass.
-    segments: list[Callable[[], None]] = field(default_factory=list)
-    lists: list[Any] = field(default_factory=list)  # the shim Plans behind ``segments``
+class BoundProgram:
+    """A program bound to device memory: a buffer per memory slot, every kernel step packed
+    as a dispatch, every host step wrapped with its transfers, and the dispatch lists a pass
+    encodes (cut at each host step)."""
 
-    def prepare(self, device: Any) -> None:
-        """Packs the kernel steps into shim dispatch lists, cut at each CPU fallback."""
-        current = None
-        for step in self.steps:
-            if step[0] is None:
-                self.segments.append(step[1])
-                current = None
-                continue
-            if current is None:
-                current = device.plan(len(self.steps))
-                self.lists.append(current)
-                self.segments.append(current.encode)
-            current.add(*step)
+    def __init__(self, backend: GpuBackend, program: Program) -> None:
+        device = backend.device
+        self.program = program
+        self.memory: MemoryPlan = plan_memory(program)
+        self.buffers = [device.buffer(n) for n in self.memory.slot_bytes]
+        self.lists: list[Any] = []
+        try:
+            self.input_buffer = self.buffer(INPUT)
+            #: Per step: a packed dispatch, or a callable running a host step.
+            self.steps: list[Dispatch | Callable[[], None]] = [
+                self._pack(backend, step) if isinstance(step, KernelStep)
+                else self._host(device, step)
+                for step in program.steps
+            ]
+            #: What a pass runs, in order: a dispatch list's ``encode`` or a host step.
+            self.segments: list[Callable[[], None]] = []
+            current = None
+            for step in self.steps:
+                if callable(step):
+                    self.segments.append(step)
+                    current = None
+                    continue
+                if current is None:
+                    current = device.plan(len(self.steps))
+                    self.lists.append(current)
+                    self.segments.append(current.encode)
+                current.add(*step)
+        except BaseException:
+            self.release()
+            raise
+
+    def buffer(self, t: Tensor) -> Any:
+        return self.buffers[self.memory.slot_of[t]]
+
+    def _pack(self, backend: GpuBackend, step: KernelStep) -> Dispatch:
+        buffers = {
+            role: None if ref is None
+            else backend.param_buffer(ref) if isinstance(ref, Param)
+            else self.buffer(ref)
+            for role, ref in step.buffers.items()
+        }
+        return pack(step.kernel, buffers, step.args, step.sizes)
+
+    def _host(self, device: Any, step: HostStep) -> Callable[[], None]:
+        shapes = self.program.tensors
+        reads = [(self.buffer(t), np.empty(shapes[t].shape, np.float32)) for t in step.reads]
+        writes = [(self.buffer(t), np.empty(shapes[t].shape, np.float32)) for t in step.writes]
+
+        def run() -> None:
+            device.commit()
+            for buf, host in reads:
+                buf.read_into(host)
+            step.run([h for _, h in reads], [h for _, h in writes])
+            for buf, host in writes:
+                buf.write(host)
+            device.count_fallback(1)
+
+        return run
 
     def release(self) -> None:
         # The lists first: they hold the buffers, which return to the pool once both let go.
@@ -136,17 +183,16 @@ class _Plan:
         self.segments = []
         for b in self.buffers:
             b.release()
-        if self.workspace is not None:
-            self.workspace.release()
+        self.buffers = []
 
 
 class GpuBackend:
     """Executes a network's layers with Metal kernels on ``device`` ("metal" or "emu").
 
-    Same interface as ``CpuBackend`` (``load_params``, ``forward``) plus ``coverage()``.
-    ``gemm``: "auto" (``simdgroup_matrix`` GEMMs when the device has them, else the tiled
-    ones; the tiled ones on the emulator, where they are much faster), "simd" or "tiled".
-    ``fallback``: layer indices forced onto the CPU (for testing the fallback path).
+    Same interface as ``CpuBackend`` (``load_params``, ``forward``, ``close``) plus
+    ``coverage()``. ``gemm``: "auto" (``simdgroup_matrix`` GEMMs when the device has them, else
+    the tiled ones; the tiled ones on the emulator, where they are much faster), "simd" or
+    "tiled". ``fallback``: layer indices forced onto the CPU (for testing the fallback path).
     """
 
     def __init__(
@@ -178,47 +224,67 @@ class GpuBackend:
         else:
             self.simd = gemm == "simd"
         self.generation = 0
-        #: Host seconds spent encoding the last pass (upload, dispatch replay, commit).
+        #: Host seconds spent encoding the last pass (upload, dispatch lists, commit).
         self.last_encode_seconds = 0.0
-        self._placements = [self._place(spec, set(fallback)) for spec in specs]
-        self._aliases = {p.index for p in self._placements if p.where == "alias"}
-        self._params_buffers: list[Any] = []
-        self._resources: dict[int, encoders.LayerResources] = {}
-        self._cpu: Any = None
-        self._plans: OrderedDict[tuple[int, frozenset[int] | None], _Plan] = OrderedDict()
+        self._params: dict[Param, Any] = {}
+        self._cpu_states: dict[int, Any] = {}
+        self._programs: OrderedDict[tuple[int, frozenset[int] | None], BoundProgram] = (
+            OrderedDict()
+        )
+        self._placements = self._place(set(fallback))
         self.load_params(params)
 
     # -- load time -------------------------------------------------------------------------
 
-    def _place(self, spec: LayerSpec, forced: set[int]) -> LayerPlacement:
-        if spec.kind in registry.IDENTITY_KINDS:
-            return LayerPlacement(spec.index, spec.kind, "alias")
-        if spec.index in forced:
-            return LayerPlacement(
-                spec.index, spec.kind, "fallback", reason="CPU fallback requested"
-            )
-        try:
-            names = encoders.layer_kernels(spec, self.simd)
-        except KeyError as e:
-            return LayerPlacement(spec.index, spec.kind, "fallback", reason=str(e.args[0]))
+    def _place(self, forced: set[int]) -> list[LayerPlacement]:
+        reasons: dict[int, str] = {}
+
+        def probe(spec: LayerSpec, e: LayerEmitter) -> None:
+            if spec.output_is_input:
+                return
+            if spec.index in forced:
+                reasons[spec.index] = "CPU fallback requested"
+            else:
+                try:
+                    spec.emit_device_setup(e)
+                    spec.emit_device_forward(e)
+                    return
+                except Unsupported as exc:
+                    reasons[spec.index] = str(exc)
+            e.host(e.inputs, [e.output], _never_run)
+
+        program = build_program(self.specs, probe, batch=1, keep=None, simd=self.simd,
+                                param_nbytes=None)
+        kernels: dict[int, list[str]] = {}
+        for step in program.steps:
+            if isinstance(step, KernelStep) and step.kernel not in kernels.get(step.layer, []):
+                kernels.setdefault(step.layer, []).append(step.kernel)
+        placements = []
+        for spec in self.specs:
+            names = tuple(kernels.get(spec.index, ()))
+            if spec.output_is_input:
+                placements.append(LayerPlacement(spec.index, spec.kind, "alias"))
+                continue
+            reason = reasons.get(spec.index) or self._pipeline_problem(names)
+            if reason is not None:
+                placements.append(LayerPlacement(spec.index, spec.kind, "fallback",
+                                                 reason=reason))
+            else:
+                placements.append(LayerPlacement(spec.index, spec.kind, "kernels", names))
+        return placements
+
+    def _pipeline_problem(self, names: Sequence[str]) -> str | None:
         max_threads = self.device.info["max_threads_per_threadgroup"]
         for name in names:
             try:
                 pipeline = self.device.pipeline_info(name)
             except DeviceError as e:
-                return LayerPlacement(
-                    spec.index, spec.kind, "fallback", reason=f"kernel {name} unavailable: {e}"
-                )
+                return f"kernel {name} unavailable: {e}"
             group = registry.kernel(name).grid.threads_per_group
             if group > min(pipeline["max_total_threads"], max_threads):
-                return LayerPlacement(
-                    spec.index,
-                    spec.kind,
-                    "fallback",
-                    reason=f"kernel {name} needs {group} threads per threadgroup; the "
-                    f"pipeline allows {pipeline['max_total_threads']}",
-                )
-        return LayerPlacement(spec.index, spec.kind, "kernels", tuple(names))
+                return (f"kernel {name} needs {group} threads per threadgroup; the pipeline "
+                        f"allows {pipeline['max_total_threads']}")
+        return None
 
     def coverage(self) -> list[LayerPlacement]:
         """Per layer: kernels, fallback (with the reason) or alias."""
@@ -226,108 +292,77 @@ class GpuBackend:
 
     def load_params(self, params: dict[int, Params]) -> None:
         """(Re)upload the inference parameters from the master copies in ``params``."""
-        self._drop_plans()
-        for b in self._params_buffers:
-            b.release()
-        self._params_buffers = []
-        self._resources = {}
-        fallback_specs = []
-        for spec, place in zip(self.specs, self._placements, strict=True):
-            res = encoders.LayerResources()
-            if place.where == "fallback":
-                fallback_specs.append(spec)
-            elif spec.kind in ("convolutional", "connected"):
-                w, b = fold_batchnorm(params[spec.index])
-                res.weights = self._upload(w)
-                res.biases = self._upload(b)
-            elif spec.kind == "shortcut" and spec.values["weights_type"] != "none":
-                weights = self._upload(params[spec.index]["weights"])
-                res.table = self.device.buffer(4 * len(spec.inputs) * spec.out_shape[0])
-                self._params_buffers.append(res.table)
-                self.device.dispatch(*encoders.shortcut_table_dispatch(spec, weights, res.table))
-            self._resources[spec.index] = res
-        self.device.commit()
-        self._cpu = None
-        if fallback_specs:
-            from darknet_metal.cpu_backend import CpuBackend
-
-            self._cpu = CpuBackend(fallback_specs, params, np.float32)
-
-    def _upload(self, array: np.ndarray) -> Any:
-        buf = self.device.upload(np.ascontiguousarray(array, np.float32))
-        self._params_buffers.append(buf)
-        return buf
-
-    # -- planning --------------------------------------------------------------------------
-
-    def _drop_plans(self) -> None:
-        while self._plans:
-            _, plan = self._plans.popitem(last=False)
-            plan.release()
-
-    def _plan(self, batch: int, keep: frozenset[int] | None) -> _Plan:
-        key = (batch, keep)
-        plan = self._plans.get(key)
-        if plan is not None:
-            self._plans.move_to_end(key)
-            return plan
-        while len(self._plans) >= MAX_PLANS:
-            _, old = self._plans.popitem(last=False)
-            old.release()
-        storage = plan_storage(self.specs, batch, keep, self._aliases)
-        buffers = [self.device.buffer(n) for n in storage.slot_bytes]
-        ws_floats = max(
-            (
-                encoders.im2col_floats(s, batch)
-                for s, p in zip(self.specs, self._placements, strict=True)
-                if p.where == "kernels"
-            ),
-            default=0,
+        self._drop_programs()
+        self._release_params()
+        placed = [(spec, place.where) for spec, place in zip(self.specs, self._placements,
+                                                              strict=True)]
+        self._cpu_states = {spec.index: spec.prepare_cpu(params.get(spec.index), np.float32)
+                            for spec, where in placed if where == "fallback"}
+        on_device = [spec for spec, where in placed if where == "kernels"]
+        on_device_indices = {spec.index for spec in on_device}
+        for spec in on_device:
+            for name, value in spec.device_params(params.get(spec.index)).items():
+                if isinstance(value, np.ndarray):
+                    buf = self.device.upload(np.ascontiguousarray(value, np.float32))
+                else:
+                    buf = self.device.buffer(int(value))
+                self._params[Param(spec.index, name)] = buf
+        sizes = {ref: buf.nbytes for ref, buf in self._params.items()}
+        setup = build_program(
+            self.specs,
+            lambda spec, e: spec.emit_device_setup(e) if spec.index in on_device_indices else None,
+            batch=1, keep=(), simd=self.simd, param_nbytes=sizes,
         )
-        workspace = self.device.buffer(4 * ws_floats) if ws_floats else None
-        plan = _Plan(batch, buffers, storage.slot_of, buffers[storage.slot_of[INPUT]], workspace)
-        shapes: dict[int, Shape] = {INPUT: self.specs[0].in_shape}
-        shapes.update({s.index: s.out_shape for s in self.specs})
-        for spec, place in zip(self.specs, self._placements, strict=True):
-            ins = [buffers[storage.slot_of[i]] for i in spec.inputs]
-            out = buffers[storage.slot_of[spec.index]]
-            if place.where == "kernels":
-                res = self._resources[spec.index]
-                res.workspace = workspace
-                plan.steps.extend(
-                    encoders.layer_dispatches(
-                        spec, batch, ins, [shapes[i] for i in spec.inputs], out, res, self.simd
-                    )
-                )
-            elif place.where == "fallback":
-                plan.steps.append(
-                    self._fallback_step(spec, batch, ins, [shapes[i] for i in spec.inputs], out)
-                )
-            plan.layer_ends.append(len(plan.steps))
-        try:
-            plan.prepare(self.device)
-        except BaseException:
-            plan.release()
-            raise
-        self._plans[key] = plan
-        return plan
+        for step in setup.steps:
+            buffers = {role: None if ref is None else self._params[ref]
+                       for role, ref in step.buffers.items()}
+            self.device.dispatch(*pack(step.kernel, buffers, step.args, step.sizes))
+        self.device.commit()
 
-    def _fallback_step(
-        self, spec: LayerSpec, batch: int, ins: list[Any], in_shapes: list[Shape], out: Any
-    ) -> tuple[None, Callable[[], None]]:
-        hosts = [np.empty((batch, *shape), np.float32) for shape in in_shapes]
-        result = np.empty((batch, *spec.out_shape), np.float32)
-        cpu, device = self._cpu, self.device
+    def param_buffer(self, ref: Param) -> Any:
+        """The device buffer of a parameter."""
+        return self._params[ref]
 
-        def run() -> None:
-            device.commit()
-            for buf, host in zip(ins, hosts, strict=True):
-                buf.read_into(host)
-            cpu.run_layer(spec, hosts, result)
-            out.write(result)
-            device.count_fallback(1)
+    def _release_params(self) -> None:
+        for b in self._params.values():
+            b.release()
+        self._params = {}
 
-        return (None, run)
+    # -- programs --------------------------------------------------------------------------
+
+    def _drop_programs(self) -> None:
+        while self._programs:
+            _, bound = self._programs.popitem(last=False)
+            bound.release()
+
+    def _emit(self, spec: LayerSpec, e: LayerEmitter) -> None:
+        where = self._placements[spec.index].where
+        if where == "kernels":
+            spec.emit_device_forward(e)
+        elif where == "fallback":
+            size = spec.cpu_workspace(e.batch)
+            workspace = np.empty(size, np.float32) if size else None
+
+            def run(reads: list[np.ndarray], writes: list[np.ndarray]) -> None:
+                spec.forward_cpu(self._cpu_states[spec.index], reads, writes[0], workspace)
+
+            e.host(e.inputs, [e.output], run, reason=self._placements[spec.index].reason)
+
+    def _bound(self, batch: int, keep: frozenset[int] | None) -> BoundProgram:
+        key = (batch, keep)
+        bound = self._programs.get(key)
+        if bound is not None:
+            self._programs.move_to_end(key)
+            return bound
+        while len(self._programs) >= MAX_PROGRAMS:
+            _, old = self._programs.popitem(last=False)
+            old.release()
+        program = build_program(
+            self.specs, self._emit, batch=batch, keep=keep, simd=self.simd,
+            param_nbytes={ref: buf.nbytes for ref, buf in self._params.items()},
+        )
+        bound = self._programs[key] = BoundProgram(self, program)
+        return bound
 
     # -- running ---------------------------------------------------------------------------
 
@@ -345,23 +380,23 @@ class GpuBackend:
         """
         x = np.ascontiguousarray(x, np.float32)
         keep = None if outputs is None else frozenset(int(i) for i in outputs)
-        plan = self._plan(x.shape[0], keep)
+        bound = self._bound(x.shape[0], keep)
         self.generation += 1
-        dispatch = self.device.dispatch
         start = time.perf_counter()
-        plan.input_buffer.write(x)
+        bound.input_buffer.write(x)
         if timings is None:
-            for segment in plan.segments:
+            for segment in bound.segments:
                 segment()
             self.device.commit()
             self.last_encode_seconds = time.perf_counter() - start
         else:
+            dispatch = self.device.dispatch
             first = 0
-            for end in plan.layer_ends:
+            for end in bound.program.layer_ends:
                 t0 = time.perf_counter()
-                for step in plan.steps[first:end]:
-                    if step[0] is None:
-                        step[1]()
+                for step in bound.steps[first:end]:
+                    if callable(step):
+                        step()
                     else:
                         dispatch(*step)
                 self.device.synchronize()
@@ -370,9 +405,9 @@ class GpuBackend:
         result: list[DeviceArray | None] = []
         for spec in self.specs:
             if keep is None or spec.index in keep:
-                buf = plan.buffers[plan.slot_of[spec.index]]
+                buf = bound.buffer(Tensor(spec.index, "output"))
                 result.append(
-                    DeviceArray(self, buf, (plan.batch, *spec.out_shape), self.generation)
+                    DeviceArray(self, buf, (x.shape[0], *spec.out_shape), self.generation)
                 )
             else:
                 result.append(None)
@@ -380,7 +415,9 @@ class GpuBackend:
 
     def close(self) -> None:
         """Releases every device buffer this backend holds."""
-        self._drop_plans()
-        for b in self._params_buffers:
-            b.release()
-        self._params_buffers = []
+        self._drop_programs()
+        self._release_params()
+
+
+def _never_run(reads: list[Any], writes: list[Any]) -> None:
+    raise AssertionError("placement probes are never run")

@@ -70,8 +70,8 @@ class Network:
 
     @property
     def yolo_layers(self) -> list[int]:
-        """Indices of the ``[yolo]`` layers, in cfg order."""
-        return [spec.index for spec in self.layers if spec.kind == "yolo"]
+        """Indices of the ``[yolo]`` layers (the detection heads), in cfg order."""
+        return [spec.index for spec in self.layers if spec.detection_head is not None]
 
     def forward(self, x: np.ndarray, outputs: Sequence[int] | None = None) -> list[np.ndarray]:
         """Run the network on ``x`` (N, C, H, W) float32 and return layer outputs (copies).
@@ -116,13 +116,7 @@ class Network:
 
     def yolo_heads(self) -> list[YoloHead]:
         """What the box decoder needs of each ``[yolo]`` layer."""
-        heads = []
-        for index in self.yolo_layers:
-            v = self.layers[index].values
-            anchors = np.asarray(v["anchors"], np.float64).reshape(-1, 2)[list(v["mask"])]
-            heads.append(YoloHead(anchors=anchors, classes=v["classes"],
-                                  new_coords=bool(v["new_coords"])))
-        return heads
+        return [self.layers[index].detection_head for index in self.yolo_layers]
 
     def detect(self, image: str | os.PathLike[str] | np.ndarray, thresh: float = 0.25,
                nms: float = 0.45) -> list[Detection]:

@@ -2,8 +2,8 @@
 
 Layout: int32 major, minor, revision; ``seen`` (images trained on) as uint64 when
 ``major*10 + minor >= 2``, else uint32; then, for every layer with parameters, float32 arrays
-in ``layers.WEIGHT_ORDER``. Connected weights are stored transposed when major or minor
-exceeds 1000 (Darknet's convention).
+in the order each layer's op gives (``LayerSpec.stored_params``). When major or minor exceeds
+1000, arrays the op marks (connected weights) are stored transposed (Darknet's convention).
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from darknet_metal.errors import WeightsError
-from darknet_metal.layers import BATCHNORM_PARAMS, WEIGHT_ORDER, LayerSpec
-
-Params = dict[str, np.ndarray]
+from darknet_metal.layers import LayerSpec
+from darknet_metal.params import Params
 
 
 @dataclass
@@ -43,18 +42,9 @@ class WeightsHeader:
 
 
 def stored_params(spec: LayerSpec, *, reading: bool = True) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of the arrays a layer stores in a ``.weights`` file, in file order.
-
-    When reading, ``dontloadscales=1`` skips the batch-norm arrays as Darknet does; writing
-    always stores them.
-    """
-    if spec.kind not in WEIGHT_ORDER:
-        return []
-    skip = set()
-    if reading and spec.kind == "convolutional" and spec.values.get("dontloadscales"):
-        skip.update(BATCHNORM_PARAMS)
-    return [(name, spec.param_shapes[name]) for name in WEIGHT_ORDER[spec.kind]
-            if name in spec.param_shapes and name not in skip]
+    """(name, shape) of the arrays a layer stores in a ``.weights`` file, in file order (the
+    layer's op decides; ``reading`` as Darknet reads them, e.g. ``dontloadscales=1``)."""
+    return spec.stored_params(reading=reading)
 
 
 def weights_file_size(specs: list[LayerSpec], header: WeightsHeader | None = None) -> int:
@@ -121,7 +111,7 @@ def read_weights(path: str | os.PathLike[str], specs: list[LayerSpec]
         count = int(np.prod(shape))
         array = np.frombuffer(data, "<f4", count, offset).astype(np.float32)
         offset += 4 * count
-        if spec.kind == "connected" and name == "weights" and header.transposed:
+        if header.transposed and spec.stored_transposed(name):
             array = array.reshape(shape[1], shape[0]).T
         array = np.ascontiguousarray(array.reshape(shape))
         if not np.isfinite(array).all():

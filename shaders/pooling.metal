@@ -37,7 +37,6 @@ kernel void pool_window_fwd(constant dm_pool_args& args [[buffer(0)]],
 
 typedef decltype(pool_window_fwd<false>) pool_window_fwd_t;
 template [[host_name("maxpool_fwd_f32")]] kernel pool_window_fwd_t pool_window_fwd<false>;
-template [[host_name("local_avgpool_fwd_f32")]] kernel pool_window_fwd_t pool_window_fwd<true>;
 
 // maxpool_depth=1: output channel g is the maximum of input channels g, g + out_channels, ...
 // Grid (spatial, out_channels, batch).

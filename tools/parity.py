@@ -4,7 +4,7 @@
                            [--device emu|metal] [--size WxH] [--gemm auto|simd|tiled] [--json]
 
 Prints, per layer: index, type, output shape, where it ran (kernels or CPU fallback), max abs
-diff, NMSE and the verdict against the tolerance table of ``darknet_metal.metal.parity``;
+diff, NMSE and the verdict against the tolerance of ``darknet_metal.metal.parity``;
 exits 1 if any layer fails. Importable: ``run_parity(...)`` returns the report as a dict.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import sys
 
-from darknet_metal.metal.parity import TOLERANCES, format_report, main, run_parity
+from darknet_metal.metal.parity import DEFAULT_TOLERANCE, format_report, main, run_parity
 
-__all__ = ["TOLERANCES", "format_report", "main", "run_parity"]
+__all__ = ["DEFAULT_TOLERANCE", "format_report", "main", "run_parity"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,14 +16,13 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from darknet_metal.activations import ACTIVATIONS, CHANNEL_ACTIVATIONS
 from darknet_metal.metal import get_device, registry
-from darknet_metal.metal.encoders import gemm_dispatch, make_dispatch
+from darknet_metal.metal.dispatch import gemm_args, gemm_kernel, pack
 from darknet_metal.metal.parity import compare, format_report, run_parity
 
 _NET = "[net]\nwidth={w}\nheight={h}\nchannels={c}\n"
@@ -104,77 +103,48 @@ MINI_NETWORKS: list[tuple[str, str]] = [
 
 
 def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
-    """Kernels no layer kind dispatches: local_avgpool and the transposed-A GEMMs, against
-    the CPU reference and a float64 NumPy product."""
-    from darknet_metal.cpu import pooling
-
+    """Kernels no layer dispatches at inference, the transposed-A GEMMs, against a float64
+    NumPy product."""
     rng = np.random.default_rng(5)
     results = []
-    x = rng.standard_normal((2, 3, 7, 5)).astype(np.float32)
-    size, sx, sy, padding = 3, 2, 1, 2
-    oh, ow = pooling.pool_output_hw(7, 5, size, sx, sy, padding)
-    want = np.empty((2, 3, oh, ow), np.float32)
-    pooling.local_avgpool_forward(x, want, size, sx, sy, padding)
-    step = partial(
-        make_dispatch,
-        "local_avgpool_fwd_f32",
-        sizes={"out_w": ow, "out_h": oh, "planes": 6},
-        planes=6,
-        height=7,
-        width=5,
-        out_h=oh,
-        out_w=ow,
-        size=size,
-        stride_x=sx,
-        stride_y=sy,
-        padding=padding,
-    )
-    got = _run(device, [x], want.shape, step)
-    results.append(("local_avgpool_fwd_f32", *_verdict(got, want)))
     m, n, k = 17, 33, 29
     a = rng.standard_normal((k, m)).astype(np.float32)  # stored transposed
     b = rng.standard_normal((k, n)).astype(np.float32)
     bias = rng.standard_normal(m).astype(np.float32)
     ref = (a.T.astype(np.float64) @ b.astype(np.float64) + bias[:, None]).astype(np.float32)
-    for name in ("gemm_tn_f32", "gemm_tn_simd_f32"):
-        step = partial(
-            gemm_dispatch,
-            name,
-            M=m,
-            N=n,
-            K=k,
-            lda=m,
-            ldb=n,
-            ldc=n,
-            bias_mode=registry.BIAS_ROWS,
-            act=0,
-        )
-        got = _run(device, [a, b, bias], (m, n), step)
+    args, sizes = gemm_args(M=m, N=n, K=k, lda=m, ldb=n, ldc=n, bias_mode=registry.BIAS_ROWS,
+                            act=0)
+    for name in (gemm_kernel("tn", False), gemm_kernel("tn", True)):
+        got = _run(device, name, {"a": a, "b": b, "bias": bias}, "c", (m, n), args, sizes)
         results.append((name, *_verdict(got, ref)))
     return results
 
 
 def _verdict(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
-    r = compare(got, want, "convolutional")
+    r = compare(got, want)
     return r["max_abs"], r["ok"]
 
 
 def _run(
     device: Any,
-    inputs: list[np.ndarray],
+    name: str,
+    inputs: dict[str, np.ndarray],
+    output: str,
     out_shape: tuple[int, ...],
-    step: Callable[[list[Any]], Any],
+    args: dict[str, int | float],
+    sizes: dict[str, int],
 ) -> np.ndarray:
-    """Upload ``inputs``, dispatch ``step(buffers + [output])`` once, return the output."""
-    bufs = [device.upload(np.ascontiguousarray(a, np.float32)) for a in inputs]
+    """Upload ``inputs`` (by role), dispatch kernel ``name`` once with its ``output`` role
+    bound to a new buffer of ``out_shape``, and return that output."""
+    bufs = {role: device.upload(np.ascontiguousarray(a, np.float32)) for role, a in inputs.items()}
     out = device.buffer(4 * int(np.prod(out_shape)))
     try:
-        device.dispatch(*step([*bufs, out]))
+        device.dispatch(*pack(name, {**bufs, output: out}, args, sizes))
         result = np.empty(out_shape, np.float32)
         out.read_into(result)
         return result
     finally:
-        for b in (*bufs, out):
+        for b in (*bufs.values(), out):
             b.release()
 
 

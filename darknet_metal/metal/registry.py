@@ -137,6 +137,23 @@ class Kernel:
     def outputs(self) -> tuple[str, ...]:
         return tuple(b[4:] for b in self.buffers if b.startswith("out:"))
 
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Buffer role names in index order (the argument struct excluded)."""
+        return tuple(b.split(":", 1)[1] for b in self.buffers if ":" in b)
+
+    def bind(self, buffers, args, sizes) -> tuple:
+        """The buffers in index order from role name -> buffer; BindingError for a missing or
+        unknown role."""
+        from darknet_metal.errors import BindingError
+
+        missing = [r for r in self.roles if r not in buffers]
+        unknown = sorted(set(buffers) - set(self.roles))
+        if missing or unknown:
+            raise BindingError(f"{self.name}: missing roles {missing}, unknown roles {unknown}; "
+                               f"its roles are {list(self.roles)}")
+        return tuple(buffers[r] for r in self.roles)
+
 
 _C_KINDS = {"uint32_t": "u32", "int32_t": "i32", "float": "f32"}
 _STRUCT = re.compile(r"typedef\s+struct\s+(dm_\w+_args)\s*\{(.*?)\}\s*\1\s*;", re.S)
@@ -240,14 +257,6 @@ KERNELS: dict[str, Kernel] = {
         ),
         *(_gemm(t, s) for s in (False, True) for t in ("nn", "nt", "tn")),
         Kernel("maxpool_fwd_f32", "pooling.metal", "dm_pool_args", _IO, _PLANE_3D, ("maxpool",)),
-        Kernel(
-            "local_avgpool_fwd_f32",
-            "pooling.metal",
-            "dm_pool_args",
-            _IO,
-            _PLANE_3D,
-            ("local_avgpool",),
-        ),
         Kernel(
             "maxpool_depth_fwd_f32",
             "pooling.metal",

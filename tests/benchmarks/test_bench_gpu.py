@@ -21,7 +21,8 @@ from shared_paths import CFG_DIR, YOLOV3_TINY  # noqa: E402
 from darknet_metal import load  # noqa: E402
 from darknet_metal.activations import ACTIVATION_ID  # noqa: E402
 from darknet_metal.gpu_backend import GpuBackend  # noqa: E402
-from darknet_metal.metal import encoders, get_device, registry  # noqa: E402
+from darknet_metal.metal import get_device, registry  # noqa: E402
+from darknet_metal.metal.dispatch import gemm_args, pack  # noqa: E402
 
 ENCODE_TARGET_MS = 0.3
 ENCODE_SIZE = (96, 96)  # encode work does not depend on the input size; execution does
@@ -96,11 +97,11 @@ def test_ours_encode_yolov4_tiny(benchmark, capsys, yolov4_tiny):
 def test_peer_encode_yolov4_tiny_one_call_per_dispatch(benchmark, capsys, yolov4_tiny):
     """The same pass encoded one ``Device.dispatch`` call per dispatch (the previous scheme)."""
     cpu, backend, x = yolov4_tiny
-    backend.forward(x, outputs=cpu.yolo_layers)  # makes the plan
+    backend.forward(x, outputs=cpu.yolo_layers)  # binds the program
     device = backend.device
-    plan = next(iter(backend._plans.values()))
+    plan = next(iter(backend._programs.values()))
     steps = plan.steps
-    assert all(step[0] is not None for step in steps)
+    assert not any(callable(step) for step in steps)
     times: list[float] = []
 
     def encode_pass() -> None:
@@ -161,8 +162,9 @@ def test_emu_elementwise_threads_per_second(benchmark, capsys):
     n = 1 << 22
     x = np.random.default_rng(2).standard_normal(n).astype(np.float32)
     bx, by = dev.upload(x), dev.buffer(4 * n)
-    step = encoders.make_dispatch(
-        "activation_fwd_f32", (bx, by), {"n": n}, n=n, act=ACTIVATION_ID["leaky"]
+    step = pack(
+        "activation_fwd_f32", {"x": bx, "y": by}, {"n": n, "act": ACTIVATION_ID["leaky"]},
+        {"n": n},
     )
     times: list[float] = []
 
@@ -198,9 +200,7 @@ def test_emu_tiled_gemm_gflops(benchmark, capsys):
         (dev.buffer(4 * m * n)),
     )
     # One slice: the strides are never applied (zero by default).
-    step = encoders.gemm_dispatch(
-        "gemm_nn_f32",
-        (ba, bb, bias, bc),
+    args, sizes = gemm_args(
         M=m,
         N=n,
         K=k,
@@ -210,6 +210,7 @@ def test_emu_tiled_gemm_gflops(benchmark, capsys):
         bias_mode=registry.BIAS_NONE,
         act=ACTIVATION_ID["linear"],
     )
+    step = pack("gemm_nn_f32", {"a": ba, "b": bb, "bias": bias, "c": bc}, args, sizes)
     times: list[float] = []
 
     def run() -> None:

@@ -1,4 +1,4 @@
-"""The darknet_metal.metal API on the emulator device, device errors, and the buffer planner."""
+"""The darknet_metal.metal API on the emulator device, device errors, and the memory planner."""
 
 import sys
 
@@ -10,8 +10,38 @@ import darknet_metal as dm
 from darknet_metal import metal
 from darknet_metal.cfg import parse_cfg
 from darknet_metal.layers import build_layers
+from darknet_metal.memory import plan_memory
 from darknet_metal.metal import _shim
-from darknet_metal.metal.planner import INPUT, plan_storage
+from darknet_metal.program import HostStep, Program, Tensor, TensorSpec
+
+#: The network input, as layer indices count it (``LayerSpec.inputs``).
+INPUT = -1
+
+
+def plan_storage(specs, batch, keep, aliases):
+    """The memory plan of a program with one step per layer (reading its inputs, writing its
+    output; layers in ``aliases`` output their first input), keyed by layer index."""
+    def out(i):
+        return Tensor(i, "output")
+
+    tensors = {out(INPUT): TensorSpec(out(INPUT), (batch, *specs[0].in_shape), 4)}
+    steps = []
+    for s in specs:
+        alias = out(s.inputs[0]) if s.index in aliases else None
+        tensors[out(s.index)] = TensorSpec(out(s.index), (batch, *s.out_shape), 4, alias)
+        if alias is None:
+            steps.append(HostStep(s.index, tuple(out(i) for i in s.inputs), (out(s.index),),
+                                  lambda r, w: None))
+    kept = [s.index for s in specs] if keep is None else keep
+    program = Program(batch, "inference", tensors, frozenset(out(i) for i in kept), steps)
+    memory = plan_memory(program)
+
+    class ByLayer:
+        slot_bytes = memory.slot_bytes
+        slot_of = {t.layer: slot for t, slot in memory.slot_of.items()}
+        owner = {t.layer: o.layer for t, o in memory.owner.items()}
+
+    return ByLayer
 
 STAT_KEYS = {
     "kernels_dispatched",

@@ -1,0 +1,37 @@
+"""What every executor of network programs offers (``CpuBackend``, ``GpuBackend``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from darknet_metal.params import Params
+
+
+class Backend(Protocol):
+    """Runs a network's layers on one device.
+
+    ``name``: the device ("cpu", "metal", "emu"); ``dtype``: the compute dtype. One backend
+    serves one caller at a time: its buffers are reused from pass to pass.
+    """
+
+    name: str
+    dtype: np.dtype
+
+    def load_params(self, params: dict[int, Params]) -> None:
+        """(Re)build the backend's copies of the parameters from the master copies."""
+
+    def forward(
+        self,
+        x: np.ndarray,
+        timings: list[float] | None = None,
+        outputs: Sequence[int] | None = None,
+    ) -> list[Any]:
+        """Run every layer on ``x`` (N, C, H, W); per layer its output (an array-like valid
+        until the next pass) if it is in ``outputs`` (None: all), else None. With
+        ``timings``, each layer's wall time in seconds is appended."""
+
+    def close(self) -> None:
+        """Release what the backend holds (it may not be used afterwards)."""

@@ -1,0 +1,91 @@
+"""The memory plan of a program: which slot of memory holds each tensor, on any backend.
+
+A tensor lives from the first step that writes it to the last step that reads or writes it;
+tensors a program keeps live to the end of the pass. Two tensors whose lifetimes do not
+overlap may share a slot, so a slot freed after a step holds a tensor first written by a later
+step (never one written by the same step: a step's inputs, outputs and workspaces are live
+together). Aliases (an identity layer's output) share their owner's slot. The plan is pure
+bookkeeping: executors allocate one buffer (device memory or a NumPy array) per slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from darknet_metal.program import Program, Tensor
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Where each tensor of a program lives.
+
+    ``slot_bytes[s]``: bytes slot ``s`` needs (its largest tensor); ``slot_of[t]``: the slot
+    of tensor ``t`` (aliases included; tensors in ``external`` have none); ``owner[t]``: the
+    tensor whose memory ``t`` is."""
+
+    slot_bytes: tuple[int, ...]
+    slot_of: dict[Tensor, int]
+    owner: dict[Tensor, Tensor]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.slot_bytes)
+
+
+def plan_memory(program: Program, external: Collection[Tensor] = ()) -> MemoryPlan:
+    """Assign the tensors of ``program`` to reusable slots.
+
+    ``external``: tensors whose memory the executor provides (e.g. the caller's input array
+    on the CPU); they get no slot. Best fit: the smallest free slot large enough, else the
+    largest free slot (grown), else a new slot.
+    """
+    owner = {t: program.owner(t) for t in program.tensors}
+    end = len(program.steps)
+    first: dict[Tensor, int] = {}
+    last: dict[Tensor, int] = {}
+    for t in owner.values():
+        if t.layer < 0:  # the network input exists before the first step
+            first[t] = last[t] = -1
+    for i, step in enumerate(program.steps):
+        for t in (*step.reads, *step.writes):
+            o = owner[t]
+            first.setdefault(o, i)
+            last[o] = i
+    for t in program.keep:
+        o = owner[t]
+        first.setdefault(o, end)  # a kept tensor no step touches still gets memory
+        last[o] = end
+
+    starts: dict[int, list[Tensor]] = {}
+    ends: dict[int, list[Tensor]] = {}
+    for t, i in first.items():
+        if t in external:
+            continue
+        starts.setdefault(i, []).append(t)
+        ends.setdefault(last[t], []).append(t)
+
+    sizes: list[int] = []
+    free: list[int] = []
+    slot_of: dict[Tensor, int] = {}
+    for i in range(-1, end + 1):
+        for t in starts.get(i, ()):
+            need = program.tensors[t].nbytes
+            fitting = [s for s in free if sizes[s] >= need]
+            if fitting:
+                slot = min(fitting, key=lambda s: (sizes[s], s))
+            elif free:
+                slot = max(free, key=lambda s: (sizes[s], -s))
+                sizes[slot] = need
+            else:
+                slot = len(sizes)
+                sizes.append(need)
+            if slot in free:
+                free.remove(slot)
+            slot_of[t] = slot
+        for t in ends.get(i, ()):
+            free.append(slot_of[t])
+    for t, o in owner.items():
+        if o in slot_of:
+            slot_of[t] = slot_of[o]
+    return MemoryPlan(tuple(sizes), slot_of, owner)

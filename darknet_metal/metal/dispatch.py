@@ -1,0 +1,73 @@
+"""Dispatches: a kernel, its packed argument struct, its buffers by role, and its grid.
+
+``pack`` turns a kernel name, buffers by registry role, argument fields and grid sizes into
+the tuple ``Device.dispatch`` and dispatch lists take; the GEMM helpers give every GEMM's
+argument fields once (strides default to 0: one slice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from darknet_metal.metal import registry
+from darknet_metal.metal.registry import BIAS_COLS, BIAS_NONE, BIAS_ROWS
+from darknet_metal.program import LayerEmitter, Param, Tensor
+
+__all__ = ["BIAS_COLS", "BIAS_NONE", "BIAS_ROWS", "Dispatch", "gemm_args", "gemm_kernel",
+           "gemm_step", "pack"]
+
+Dispatch = tuple[str, bytes, tuple[Any, ...], tuple[int, int, int], tuple[int, int, int]]
+
+_GEMM_STRIDES = (
+    "a_batch_stride",
+    "a_group_stride",
+    "b_batch_stride",
+    "b_group_stride",
+    "c_batch_stride",
+    "c_group_stride",
+    "bias_group_stride",
+)
+
+
+def pack(
+    name: str, buffers: Mapping[str, Any], args: Mapping[str, int | float],
+    sizes: Mapping[str, int],
+) -> Dispatch:
+    """The dispatch of kernel ``name``: ``buffers`` by role (checked by the registry: a
+    missing, unknown or too small buffer raises ``BindingError``), ``args`` packed into its
+    struct, the grid its registry entry gives for ``sizes``."""
+    k = registry.kernel(name)
+    bound = k.bind(buffers, args, sizes)
+    grid, group = k.grid.dispatch(**sizes)
+    return (name, registry.ARGS[k.args].pack(**args), bound, grid, group)
+
+
+def gemm_kernel(trans: str, simd: bool) -> str:
+    """The GEMM kernel for ``trans`` ("nn", "nt", "tn"): simdgroup_matrix or tiled."""
+    return f"gemm_{trans}{'_simd' if simd else ''}_f32"
+
+
+def gemm_args(
+    *, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, bias_mode: int, act: int,
+    groups: int = 1, slices: int = 1, **strides: int,
+) -> tuple[dict[str, int | float], dict[str, int]]:
+    """(argument fields, grid sizes) of a GEMM over ``slices`` = batch x groups slices."""
+    unknown = set(strides) - set(_GEMM_STRIDES)
+    if unknown:
+        raise TypeError(f"gemm_args: unknown strides {sorted(unknown)}")
+    args: dict[str, int | float] = dict(
+        M=M, N=N, K=K, lda=lda, ldb=ldb, ldc=ldc, groups=groups, bias_mode=bias_mode, act=act,
+    )
+    args.update({n: strides.get(n, 0) for n in _GEMM_STRIDES})
+    if "beta" in {f for f, _ in registry.ARGS["dm_gemm_args"].fields}:
+        args["beta"] = 0.0
+    return args, {"N": N, "M": M, "slices": slices}
+
+
+def gemm_step(
+    e: LayerEmitter, name: str, buffers: Mapping[str, Tensor | Param | None], **fields: int
+) -> None:
+    """Emits a GEMM kernel step (``buffers``: a, b, bias, c) with ``gemm_args(**fields)``."""
+    args, sizes = gemm_args(**fields)
+    e.kernel(name, buffers, sizes, **args)

@@ -1,0 +1,55 @@
+"""A layer's ``activation=`` key, shared by the ops that have one.
+
+Elementwise activations are fused into a convolution's or connected layer's GEMM epilogue;
+the channel-mixing ones (``normalize_channels*``) run after the layer's main work, as do all
+activations of the combining layers (shortcut, scale_channels, sam), whose kernels do not
+fuse them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
+from darknet_metal.cpu import activations as cpu_activations
+from darknet_metal.program import LayerEmitter
+
+LINEAR = ACTIVATION_ID["linear"]
+
+
+def is_channel_activation(act: int) -> bool:
+    """Whether activation id ``act`` mixes the channels of a pixel."""
+    return ACTIVATIONS[act] in CHANNEL_ACTIVATIONS
+
+
+def fused_activation(act: int) -> int:
+    """The activation a fusing kernel applies: ``act``, or linear when it must run after."""
+    return LINEAR if is_channel_activation(act) else act
+
+
+def activate_after_cpu(out: np.ndarray, act: int, fused: bool) -> None:
+    """Applies ``act`` to ``out`` in place unless the layer's own kernel did (``fused`` and
+    elementwise) or it is linear."""
+    if act != LINEAR and (not fused or is_channel_activation(act)):
+        cpu_activations.activate(out, act)
+
+
+def emit_activation_after(e: LayerEmitter, act: int, fused: bool) -> None:
+    """The device step applying ``act`` to the layer's output in place, when one is needed
+    (same rule as ``activate_after_cpu``)."""
+    if act == LINEAR or (fused and not is_channel_activation(act)):
+        return
+    n, c, h, w = e.shape(e.output)
+    out = e.output
+    if is_channel_activation(act):
+        e.kernel(
+            f"{ACTIVATIONS[act]}_fwd_f32",
+            {"x": out, "y": out},
+            {"spatial": h * w, "batch": n},
+            batch=n,
+            channels=c,
+            spatial=h * w,
+        )
+    else:
+        total = n * c * h * w
+        e.kernel("activation_fwd_f32", {"x": out, "y": out}, {"n": total}, n=total, act=act)

@@ -1,0 +1,193 @@
+"""The base of every op: one class per Darknet layer kind, owning everything about that kind.
+
+A ``LayerSpec`` is one layer of a network: the op of its kind bound to its cfg section and
+shapes. Its class says, for the kind (Darknet's forward/backward/update trio, with room for
+the last two beside the first):
+
+- shapes: ``build`` checks a section against its input shapes (``CfgError`` at the section)
+  and gives the output shape, the parameter shapes and the FLOPs;
+- parameters: ``param_shapes`` in ``.weights`` order, ``stored_params`` (what a file holds),
+  ``init_params`` (Darknet's initialisation), ``trainable_params`` and ``statistics``;
+- the CPU forward: ``prepare_cpu`` (inference copies of the parameters), ``cpu_workspace``
+  and ``forward_cpu`` over NumPy arrays, run by the Cython layers;
+- the GPU forward: ``device_params`` (arrays to upload), ``emit_device_setup`` (kernels run
+  once when they load) and ``emit_device_forward`` (the kernel steps of a pass, buffers bound
+  by registry role), or ``Unsupported`` with the reason it cannot run on a device;
+- presentation: ``describe`` for the summary table.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from darknet_metal.activations import ACTIVATION_ID
+from darknet_metal.cfg import Section
+from darknet_metal.params import Params
+from darknet_metal.program import LayerEmitter
+
+Shape = tuple[int, int, int]  # (C, H, W) of one image
+
+
+class Unsupported(Exception):
+    """Raised by ``emit_device_forward`` when a layer cannot run on a device; the message is
+    the reason (reported by ``coverage()``, and the layer runs on the CPU instead)."""
+
+
+class LayerSpec:
+    """One network layer (see the module docstring). Built by ``build`` of its op class.
+
+    ``index``: 0-based layer index; ``inputs``: indices of the layers whose outputs it reads
+    (-1: the network input), the first being the "main" input; ``in_shape``/``out_shape``:
+    (C, H, W) of one image; ``param_shapes``: name -> shape in ``.weights`` order;
+    ``flops``: floating point operations for one image, counted as Darknet does.
+    """
+
+    #: The cfg section kind this op runs.
+    kind: ClassVar[str] = ""
+    #: Short name in the summary table.
+    short_name: ClassVar[str] = ""
+    #: The output is the first input itself (no step, no memory of its own).
+    output_is_input: ClassVar[bool] = False
+    #: Parameters that are running statistics, not trained.
+    statistics: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        section: Section,
+        inputs: list[int],
+        in_shape: Shape,
+        out_shape: Shape,
+        param_shapes: dict[str, tuple[int, ...]] | None = None,
+        flops: int = 0,
+    ) -> None:
+        self.index = section.index
+        self.section = section
+        self.inputs = inputs
+        self.in_shape = in_shape
+        self.out_shape = out_shape
+        self.param_shapes = param_shapes or {}
+        self.flops = flops
+
+    # -- shapes ----------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, section: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        """The layer of ``section`` whose previous layer outputs ``shape``; ``shapes`` are
+        the output shapes of every earlier layer. Raises ``CfgError`` at the section."""
+        return cls(section, [section.index - 1], shape, shape)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The section's typed key values."""
+        return self.section.values
+
+    @property
+    def type(self) -> str:
+        """The cfg section kind, e.g. ``"convolutional"``."""
+        return self.kind
+
+    @property
+    def activation(self) -> int:
+        """Activation id (see ``darknet_metal.activations``); linear for kinds without one."""
+        return ACTIVATION_ID[self.values.get("activation", "linear")]
+
+    @property
+    def out_size(self) -> int:
+        c, h, w = self.out_shape
+        return c * h * w
+
+    @property
+    def bflops(self) -> float:
+        """Billions of floating point operations for one image, as Darknet's summary prints."""
+        return self.flops / 1e9
+
+    def error(self, message: str, key: str | None = None) -> Exception:
+        return self.section.error(message, key)
+
+    @property
+    def detection_head(self) -> Any:
+        """The ``boxes.YoloHead`` the box decoder reads from this layer's output, or None for
+        layers that are not detection heads."""
+        return None
+
+    # -- parameters ------------------------------------------------------------------------
+
+    def stored_params(self, *, reading: bool = True) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of the arrays a ``.weights`` file holds for this layer, in file
+        order. ``reading``: as Darknet reads them (some keys skip arrays when loading)."""
+        return list(self.param_shapes.items())
+
+    def stored_transposed(self, name: str) -> bool:
+        """Whether files whose version marks transposed matrices hold ``name`` transposed."""
+        return False
+
+    @property
+    def trainable_params(self) -> tuple[str, ...]:
+        """Names of the parameters training updates."""
+        return tuple(n for n in self.param_shapes if n not in self.statistics)
+
+    def init_params(self, rng: np.random.Generator) -> Params:
+        """Darknet's initial values for a network without weights (float32)."""
+        return {name: np.zeros(shape, np.float32) for name, shape in self.param_shapes.items()}
+
+    # -- CPU -------------------------------------------------------------------------------
+
+    def prepare_cpu(self, params: Params | None, dtype: np.dtype) -> Any:
+        """What ``forward_cpu`` needs of the parameters, in ``dtype`` (None by default)."""
+        return None
+
+    def cpu_workspace(self, batch: int) -> int:
+        """Elements of scratch memory ``forward_cpu`` needs at ``batch`` (0: none)."""
+        return 0
+
+    def forward_cpu(
+        self, state: Any, sources: list[np.ndarray], out: np.ndarray, workspace: np.ndarray | None
+    ) -> None:
+        """Inference forward on the CPU: ``sources`` (one (N, C, H, W) array per input),
+        ``out`` (N, *out_shape), ``workspace`` of ``cpu_workspace(N)`` elements or None."""
+        raise NotImplementedError(f"{type(self).__name__}.forward_cpu")
+
+    def emit_cpu_forward(self, e: LayerEmitter, state: Any) -> None:
+        """The CPU program's steps for this layer: one host step running ``forward_cpu``."""
+        size = self.cpu_workspace(e.batch)
+        writes = [e.output]
+        if size:
+            writes.append(e.tensor("workspace", (size,)))
+
+        def run(reads: list[np.ndarray], written: list[np.ndarray]) -> None:
+            self.forward_cpu(state, reads, written[0], written[1] if size else None)
+
+        e.host(e.inputs, writes, run)
+
+    # -- GPU -------------------------------------------------------------------------------
+
+    def device_params(self, params: Params | None) -> dict[str, np.ndarray | int]:
+        """Arrays the device kernels bind as ``Param(index, name)``: float32 arrays to
+        upload, or a byte count for a buffer ``emit_device_setup`` fills."""
+        return {}
+
+    def emit_device_setup(self, e: LayerEmitter) -> None:
+        """Kernel steps run once after ``device_params`` are uploaded (none by default)."""
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        """The kernel steps of this layer's inference forward. Raises ``Unsupported``."""
+        raise Unsupported(f"no Metal kernels for layer kind {self.kind!r}")
+
+    # -- presentation ----------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """The parameters column of the summary table."""
+        return ""
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(index={self.index}, in={self.in_shape}, "
+                f"out={self.out_shape})")
+
+
+def positive(section: Section, shape: Shape, what: str) -> Shape:
+    """``shape``, or a CfgError if any dimension is below 1."""
+    if min(shape) < 1:
+        raise section.error(f"{what} gives an empty output shape {shape} (C, H, W)")
+    return shape

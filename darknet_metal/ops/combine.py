@@ -1,0 +1,179 @@
+"""Layers that combine two or more layers' outputs: [shortcut], [scale_channels], [sam].
+
+Their activation runs after the combination (no kernel of theirs fuses it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from darknet_metal.cfg import Section
+from darknet_metal.cpu import combine as cpu_combine
+from darknet_metal.ops.activation import activate_after_cpu, emit_activation_after
+from darknet_metal.ops.base import LayerSpec, Params, Shape
+from darknet_metal.program import LayerEmitter, Param
+
+_NORMALIZATION = {"none": 0, "relu": 1, "softmax": 2}
+
+
+def _describe_from(spec: LayerSpec) -> str:
+    src = spec.values["from"]
+    return "from " + (" ".join(map(str, src)) if isinstance(src, list) else str(src))
+
+
+class ShortcutOp(LayerSpec):
+    """x plus the ``from=`` layers, optionally weighted per input or per (input, channel)."""
+
+    kind = "shortcut"
+    short_name = "shortcut"
+
+    @classmethod
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        v = s.values
+        sources = list(v["from"])
+        for src in sources:
+            if shapes[src][1:] != shape[1:]:
+                raise s.error(
+                    f"layer {src} output is {shapes[src][1]}x{shapes[src][2]} but the input is "
+                    f"{shape[1]}x{shape[2]}: shortcut layers must have the same width and height",
+                    "from",
+                )
+        params: dict[str, tuple[int, ...]] = {}
+        if v["weights_type"] == "per_feature":
+            params["weights"] = (len(sources) + 1,)
+        elif v["weights_type"] == "per_channel":
+            params["weights"] = (len(sources) + 1, shape[0])
+        return cls(s, [s.index - 1, *sources], shape, shape, params)
+
+    @property
+    def weighted(self) -> bool:
+        return "weights" in self.param_shapes
+
+    def init_params(self, rng: np.random.Generator) -> Params:
+        return {name: np.ones(shape, np.float32) for name, shape in self.param_shapes.items()}
+
+    def prepare_cpu(self, params: Params | None, dtype: np.dtype) -> Any:
+        return np.ascontiguousarray(params["weights"], dtype) if self.weighted else None
+
+    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        v = self.values
+        cpu_combine.shortcut_forward(sources[0], sources[1:], state, v["weights_type"],
+                                     v["weights_normalization"], out)
+        activate_after_cpu(out, self.activation, fused=False)
+
+    def device_params(self, params: Params | None) -> dict[str, np.ndarray | int]:
+        if not self.weighted:
+            return {}
+        table_bytes = 4 * len(self.inputs) * self.out_shape[0]
+        return {"weights": np.ascontiguousarray(params["weights"], np.float32),
+                "table": table_bytes}
+
+    def emit_device_setup(self, e: LayerEmitter) -> None:
+        # The normalised weight table, once per load rather than once per pass.
+        if not self.weighted:
+            return
+        v = self.values
+        channels = self.out_shape[0]
+        e.kernel(
+            "shortcut_weights_fwd_f32",
+            {"weights": Param(self.index, "weights"), "table": Param(self.index, "table")},
+            {"channels": channels},
+            n_inputs=len(self.inputs),
+            channels=channels,
+            per_channel=int(v["weights_type"] == "per_channel"),
+            normalization=_NORMALIZATION[v["weights_normalization"]],
+        )
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        oc, oh, ow = self.out_shape
+        # Unweighted, the kernel never reads its table, but Metal needs every buffer it
+        # declares bound: x stands in.
+        table = Param(self.index, "table") if self.weighted else e.inputs[0]
+        for i, source in enumerate(e.inputs[1:]):
+            e.kernel(
+                "shortcut_fwd_f32",
+                {"x": e.inputs[0] if i == 0 else e.output, "source": source, "table": table,
+                 "y": e.output},
+                {"spatial": oh * ow, "channels": oc, "batch": e.batch},
+                batch=e.batch,
+                channels=oc,
+                spatial=oh * ow,
+                src_channels=e.shape(source)[1],
+                source=i + 1,
+                first=int(i == 0),
+                weighted=int(self.weighted),
+            )
+        emit_activation_after(e, self.activation, fused=False)
+
+    def describe(self) -> str:
+        return _describe_from(self)
+
+
+class ScaleChannelsOp(LayerSpec):
+    """Layer ``from``'s output scaled per channel (or per pixel, ``scale_wh``) by the input."""
+
+    kind = "scale_channels"
+    short_name = "scale_channels"
+
+    @classmethod
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        src = s.values["from"]
+        target = shapes[src]
+        want = (1, *target[1:]) if s.values["scale_wh"] else (target[0], 1, 1)
+        if shape != want:
+            raise s.error(f"the previous layer's output {shape} cannot scale layer {src}'s "
+                          f"{target}: expected {want}", "from")
+        return cls(s, [s.index - 1, src], shape, target)
+
+    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        cpu_combine.scale_channels_forward(sources[1], sources[0], out, self.values["scale_wh"])
+        activate_after_cpu(out, self.activation, fused=False)
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        oc, oh, ow = self.out_shape
+        e.kernel(
+            "scale_channels_fwd_f32",
+            {"x_from": e.inputs[1], "scale": e.inputs[0], "y": e.output},
+            {"spatial": oh * ow, "channels": oc, "batch": e.batch},
+            batch=e.batch,
+            channels=oc,
+            spatial=oh * ow,
+            scale_wh=int(bool(self.values["scale_wh"])),
+        )
+        emit_activation_after(e, self.activation, fused=False)
+
+    def describe(self) -> str:
+        return _describe_from(self)
+
+
+class SamOp(LayerSpec):
+    """Spatial attention: layer ``from``'s output times the input, elementwise."""
+
+    kind = "sam"
+    short_name = "sam"
+
+    @classmethod
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        src = s.values["from"]
+        if shapes[src] != shape:
+            raise s.error(f"layer {src} output {shapes[src]} differs from the input {shape}",
+                          "from")
+        return cls(s, [s.index - 1, src], shape, shape)
+
+    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        cpu_combine.sam_forward(sources[1], sources[0], out)
+        activate_after_cpu(out, self.activation, fused=False)
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        n = e.batch * self.out_size
+        e.kernel("sam_fwd_f32", {"x_from": e.inputs[1], "x": e.inputs[0], "y": e.output},
+                 {"n": n}, n=n)
+        emit_activation_after(e, self.activation, fused=False)
+
+    def describe(self) -> str:
+        return _describe_from(self)

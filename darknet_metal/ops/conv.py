@@ -1,0 +1,284 @@
+"""[convolutional] and [connected]: a GEMM with bias and activation, batch norm folded.
+
+At inference batch normalisation is folded into the weights and biases (in float64, once per
+load); training will run it unfolded. On the CPU, 3x3 stride-1 convolutions from
+``WINOGRAD_MIN_CHANNELS`` input channels use Winograd F(2x2, 3x3), the rest im2col + BLAS (or
+a direct 3x3 loop for thin inputs, chosen inside ``cpu.conv``). On a device: im2col (skipped
+for 1x1 stride-1 unpadded convolutions, whose input already is the column matrix) and one
+batched, grouped GEMM with the bias and elementwise activation in its epilogue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from darknet_metal.cfg import Section
+from darknet_metal.cpu import conv as cpu_conv
+from darknet_metal.cpu import winograd
+from darknet_metal.metal.dispatch import BIAS_COLS, BIAS_ROWS, gemm_kernel, gemm_step
+from darknet_metal.ops.activation import activate_after_cpu, emit_activation_after, fused_activation
+from darknet_metal.ops.base import LayerSpec, Params, Shape, positive
+from darknet_metal.params import BATCHNORM_EPSILON
+from darknet_metal.program import LayerEmitter, Param
+
+#: Input channels from which Winograd beats im2col + GEMM for a 3x3 convolution on the CPU:
+#: below it the 16 transformed GEMMs are too thin to pay for the transforms.
+WINOGRAD_MIN_CHANNELS = 32
+
+#: The arrays batch normalisation adds to a layer.
+BATCHNORM_PARAMS = ("scales", "rolling_mean", "rolling_variance")
+
+
+def fold_batchnorm(layer: Params) -> tuple[np.ndarray, np.ndarray]:
+    """Fold batch normalisation into (weights, biases) for inference.
+
+    ``weights`` is (F, K), the other arrays (F,). With BN, ``y = scales*(Wx - mean)/sqrt(var +
+    eps) + biases`` becomes ``W'x + b'`` with ``W' = W*scales/std`` and ``b' = biases -
+    scales*mean/std``; computed in float64, returned as float64.
+    """
+    weights = layer["weights"].astype(np.float64)
+    biases = layer["biases"].astype(np.float64)
+    if "scales" not in layer:
+        return weights, biases
+    std = np.sqrt(layer["rolling_variance"].astype(np.float64) + BATCHNORM_EPSILON)
+    factor = layer["scales"].astype(np.float64) / std
+    return (weights * factor[:, None],
+            biases - factor * layer["rolling_mean"].astype(np.float64))
+
+
+class _Gemm(LayerSpec):
+    """What convolutional and connected layers share: parameters and their folding."""
+
+    statistics = ("rolling_mean", "rolling_variance")
+
+    def init_params(self, rng: np.random.Generator) -> Params:
+        # Darknet: weights ~ U(-s, s), s = sqrt(2 / fan_in); biases 0; BN scales 1, rolling
+        # mean 0, rolling variance 1. Drawn in .weights order so seeds reproduce.
+        layer: Params = {}
+        for name, shape in self.param_shapes.items():
+            if name == "weights":
+                scale = np.sqrt(2.0 / shape[1])
+                layer[name] = (scale * rng.uniform(-1.0, 1.0, shape)).astype(np.float32)
+            elif name in ("scales", "rolling_variance"):
+                layer[name] = np.ones(shape, np.float32)
+            else:
+                layer[name] = np.zeros(shape, np.float32)
+        return layer
+
+    def device_params(self, params: Params | None) -> dict[str, np.ndarray | int]:
+        w, b = fold_batchnorm(params)
+        return {"weights": w.astype(np.float32), "biases": b.astype(np.float32)}
+
+
+class ConvolutionalOp(_Gemm):
+    kind = "convolutional"
+    short_name = "conv"
+
+    @classmethod
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        v = s.values
+        c, h, w = shape
+        n, size, groups = v["filters"], v["size"], v["groups"]
+        pad, dilation = v["padding"], v["dilation"]
+        sx, sy = v["stride_x"], v["stride_y"]
+        for key in ("binary", "xnor", "antialiasing", "sway", "rotate", "stretch",
+                    "stretch_sway", "assisted_excitation"):
+            if v.get(key):
+                raise s.error(f"'{key}' convolutions are not supported", key)
+        if v.get("share_index") is not None:
+            raise s.error("'share_index' (weights shared between layers) is not supported",
+                          "share_index")
+        if c % groups or n % groups:
+            raise s.error(f"groups={groups} must divide the input channels ({c}) and filters "
+                          f"({n})", "groups")
+        out_h = (h + 2 * pad - size) // sy + 1
+        out_w = (w + 2 * pad - size) // sx + 1
+        if dilation > 1:
+            # Darknet sizes the output without the dilation but samples with it; only the
+            # combinations where both agree are well defined.
+            true_h = (h + 2 * pad * dilation - dilation * (size - 1) - 1) // sy + 1
+            true_w = (w + 2 * pad * dilation - dilation * (size - 1) - 1) // sx + 1
+            if (true_h, true_w) != (out_h, out_w):
+                raise s.error(
+                    f"dilation={dilation} with size={size} pad={pad} gives {true_h}x{true_w} "
+                    f"samples but Darknet allocates {out_h}x{out_w}; use pad=1 with an odd size",
+                    "dilation",
+                )
+        out = positive(s, (n, out_h, out_w), f"size={size} stride=({sx},{sy}) padding={pad}")
+        params = {"biases": (n,)}
+        if v["batch_normalize"]:
+            params.update({name: (n,) for name in BATCHNORM_PARAMS})
+        params["weights"] = (n, c // groups * size * size)
+        flops = 2 * n * (c // groups) * size * size * out_h * out_w
+        return cls(s, [s.index - 1], shape, out, params, flops)
+
+    def stored_params(self, *, reading: bool = True) -> list[tuple[str, tuple[int, ...]]]:
+        # dontloadscales=1: Darknet reads no batch-norm arrays (but always writes them).
+        skip = BATCHNORM_PARAMS if reading and self.values.get("dontloadscales") else ()
+        return [(n, s) for n, s in self.param_shapes.items() if n not in skip]
+
+    # -- CPU -------------------------------------------------------------------------------
+
+    @property
+    def uses_winograd(self) -> bool:
+        """Whether the CPU runs this convolution with Winograd F(2x2, 3x3)."""
+        v = self.values
+        return (
+            v["size"] == 3
+            and v["stride_x"] == 1
+            and v["stride_y"] == 1
+            and v["padding"] == 1
+            and v["dilation"] == 1
+            and v["groups"] == 1
+            and self.in_shape[0] >= WINOGRAD_MIN_CHANNELS
+        )
+
+    def prepare_cpu(self, params: Params | None, dtype: np.dtype) -> Any:
+        w, b = fold_batchnorm(params)
+        w = np.ascontiguousarray(w, dtype)
+        if self.uses_winograd:
+            w = winograd.transform_filters(w, self.in_shape[0])
+        return w, np.ascontiguousarray(b, dtype)
+
+    def cpu_workspace(self, batch: int) -> int:
+        if self.uses_winograd:
+            return winograd.workspace_size(self.in_shape[0], self.out_shape[0],
+                                           *self.out_shape[1:])
+        v = self.values
+        return cpu_conv.workspace_size(self.in_shape[0], v["size"], v["groups"],
+                                       self.out_shape[1], self.out_shape[2])
+
+    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        w, b = state
+        v = self.values
+        act = fused_activation(self.activation)
+        if self.uses_winograd:
+            winograd.winograd_forward(sources[0], w, b, out, workspace, act)
+        else:
+            cpu_conv.conv2d_forward(sources[0], w, b, out, workspace, v["size"], v["stride_x"],
+                                    v["stride_y"], v["padding"], v["dilation"], v["groups"], act)
+        activate_after_cpu(out, self.activation, fused=True)
+
+    # -- GPU -------------------------------------------------------------------------------
+
+    @property
+    def reads_input_as_columns(self) -> bool:
+        """A 1x1, stride-1, unpadded convolution: the GEMM reads the input itself."""
+        v = self.values
+        return v["size"] == 1 and v["stride_x"] == 1 and v["stride_y"] == 1 and v["padding"] == 0
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        v = self.values
+        c, h, w = self.in_shape
+        f, oh, ow = self.out_shape
+        size, groups = v["size"], v["groups"]
+        cg, fg = c // groups, f // groups
+        k, n = cg * size * size, oh * ow
+        batch = e.batch
+        if self.reads_input_as_columns:
+            operand, b_batch, b_group = e.inputs[0], c * h * w, cg * h * w
+        else:
+            operand = e.tensor("workspace", (batch * groups * k * n,))
+            b_batch, b_group = groups * k * n, k * n
+            e.kernel(
+                "im2col_fwd_f32",
+                {"image": e.inputs[0], "col": operand},
+                {"spatial": n, "rows": k, "slices": batch * groups},
+                channels=cg,
+                height=h,
+                width=w,
+                ksize=size,
+                stride_x=v["stride_x"],
+                stride_y=v["stride_y"],
+                pad=v["padding"],
+                dilation=v["dilation"],
+                out_h=oh,
+                out_w=ow,
+            )
+        gemm_step(
+            e,
+            gemm_kernel("nn", e.simd),
+            {"a": Param(self.index, "weights"), "b": operand,
+             "bias": Param(self.index, "biases"), "c": e.output},
+            M=fg,
+            N=n,
+            K=k,
+            lda=k,
+            ldb=n,
+            ldc=n,
+            groups=groups,
+            slices=batch * groups,
+            a_group_stride=fg * k,
+            b_batch_stride=b_batch,
+            b_group_stride=b_group,
+            c_batch_stride=f * n,
+            c_group_stride=fg * n,
+            bias_group_stride=fg,
+            bias_mode=BIAS_ROWS,
+            act=fused_activation(self.activation),
+        )
+        emit_activation_after(e, self.activation, fused=True)
+
+    def describe(self) -> str:
+        v = self.values
+        stride = (f"{v['stride_x']}" if v["stride_x"] == v["stride_y"]
+                  else f"{v['stride_x']}x{v['stride_y']}")
+        dil = f"({v['dilation']})" if v["dilation"] > 1 else ""
+        groups = f" {v['groups']}g" if v["groups"] > 1 else ""
+        return f"{v['filters']:5d}{groups:>4s} {v['size']:2d} x{v['size']:2d}/{stride:>3s}{dil}"
+
+
+class ConnectedOp(_Gemm):
+    kind = "connected"
+    short_name = "connected"
+
+    @classmethod
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        inputs = shape[0] * shape[1] * shape[2]
+        outputs = s.values["output"]
+        params = {"biases": (outputs,), "weights": (outputs, inputs)}
+        if s.values["batch_normalize"]:
+            params.update({name: (outputs,) for name in BATCHNORM_PARAMS})
+        return cls(s, [s.index - 1], shape, (outputs, 1, 1), params, 2 * inputs * outputs)
+
+    def stored_transposed(self, name: str) -> bool:
+        return name == "weights"
+
+    def prepare_cpu(self, params: Params | None, dtype: np.dtype) -> Any:
+        w, b = fold_batchnorm(params)
+        return np.ascontiguousarray(w, dtype), np.ascontiguousarray(b, dtype)
+
+    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        w, b = state
+        src = sources[0]
+        cpu_conv.connected_forward(src.reshape(src.shape[0], -1), w, b,
+                                   out.reshape(out.shape[0], -1),
+                                   fused_activation(self.activation))
+        activate_after_cpu(out, self.activation, fused=True)
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        c, h, w = self.in_shape
+        k = c * h * w
+        oc = self.out_shape[0]
+        gemm_step(
+            e,
+            gemm_kernel("nt", e.simd),
+            {"a": e.inputs[0], "b": Param(self.index, "weights"),
+             "bias": Param(self.index, "biases"), "c": e.output},
+            M=e.batch,
+            N=oc,
+            K=k,
+            lda=k,
+            ldb=k,
+            ldc=oc,
+            bias_mode=BIAS_COLS,
+            act=fused_activation(self.activation),
+        )
+        emit_activation_after(e, self.activation, fused=True)
+
+    def describe(self) -> str:
+        return f"{self.values['output']:5d}"

@@ -1,0 +1,101 @@
+"""[maxpool] (windows, and ``maxpool_depth`` across channels) and global [avgpool]."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from darknet_metal.cfg import Section
+from darknet_metal.cpu import pooling as cpu_pooling
+from darknet_metal.ops.base import LayerSpec, Shape, positive
+from darknet_metal.program import LayerEmitter
+
+
+class MaxpoolOp(LayerSpec):
+    kind = "maxpool"
+    short_name = "max"
+
+    @classmethod
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        v = s.values
+        c, h, w = shape
+        if v.get("antialiasing"):
+            raise s.error("antialiased maxpool is not supported", "antialiasing")
+        if v.get("maxpool_depth"):
+            out = (v["out_channels"], h, w)
+            if out[0] > c:
+                raise s.error(f"out_channels={out[0]} exceeds the input channels ({c})",
+                              "out_channels")
+        else:
+            size, pad = v["size"], v["padding"]
+            out = (c, (h + pad - size) // v["stride_y"] + 1,
+                   (w + pad - size) // v["stride_x"] + 1)
+        out = positive(s, out, "this maxpool")
+        # Darknet counts one operation per compared value.
+        flops = out[0] * out[1] * out[2] * v["size"] * v["size"]
+        return cls(s, [s.index - 1], shape, out, flops=flops)
+
+    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        v = self.values
+        if v["maxpool_depth"]:
+            cpu_pooling.maxpool_depth_forward(sources[0], out)
+        else:
+            cpu_pooling.maxpool_forward(sources[0], out, v["size"], v["stride_x"],
+                                        v["stride_y"], v["padding"])
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        v = self.values
+        c, h, w = self.in_shape
+        oc, oh, ow = self.out_shape
+        batch = e.batch
+        buffers = {"x": e.inputs[0], "y": e.output}
+        if v["maxpool_depth"]:
+            e.kernel(
+                "maxpool_depth_fwd_f32",
+                buffers,
+                {"spatial": h * w, "out_channels": oc, "batch": batch},
+                batch=batch,
+                channels=c,
+                spatial=h * w,
+                out_channels=oc,
+            )
+            return
+        e.kernel(
+            "maxpool_fwd_f32",
+            buffers,
+            {"out_w": ow, "out_h": oh, "planes": batch * c},
+            planes=batch * c,
+            height=h,
+            width=w,
+            out_h=oh,
+            out_w=ow,
+            size=v["size"],
+            stride_x=v["stride_x"],
+            stride_y=v["stride_y"],
+            padding=v["padding"],
+        )
+
+    def describe(self) -> str:
+        v = self.values
+        return f"          {v['size']:2d} x{v['size']:2d}/{v['stride_x']:3d}"
+
+
+class AvgpoolOp(LayerSpec):
+    kind = "avgpool"
+    short_name = "avg"
+
+    @classmethod
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        return cls(s, [s.index - 1], shape, (shape[0], 1, 1))
+
+    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        cpu_pooling.avgpool_forward(sources[0], out)
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        c, h, w = self.in_shape
+        planes = e.batch * c
+        e.kernel("avgpool_fwd_f32", {"x": e.inputs[0], "y": e.output}, {"planes": planes},
+                 planes=planes, spatial=h * w)

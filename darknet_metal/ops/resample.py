@@ -1,0 +1,106 @@
+"""[upsample] (nearest neighbour, or Darknet's summing reverse mode) and [reorg]."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from darknet_metal.cfg import Section
+from darknet_metal.cpu import resample as cpu_resample
+from darknet_metal.ops.base import LayerSpec, Shape, positive
+from darknet_metal.program import LayerEmitter
+
+
+def _describe_stride(spec: LayerSpec) -> str:
+    return f"            {spec.values['stride']:2d}x"
+
+
+class UpsampleOp(LayerSpec):
+    kind = "upsample"
+    short_name = "upsample"
+
+    @classmethod
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        c, h, w = shape
+        stride = s.values["stride"]
+        if stride > 0:
+            out = (c, h * stride, w * stride)
+        else:
+            if h % -stride or w % -stride:
+                raise s.error(f"stride={stride} does not divide the input {h}x{w}", "stride")
+            out = (c, h // -stride, w // -stride)
+        return cls(s, [s.index - 1], shape, positive(s, out, "stride"))
+
+    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        cpu_resample.upsample_forward(sources[0], out, self.values["stride"],
+                                      self.values["scale"])
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        c, h, w = self.in_shape
+        _, oh, ow = self.out_shape
+        planes = e.batch * c
+        e.kernel(
+            "upsample_fwd_f32",
+            {"x": e.inputs[0], "y": e.output},
+            {"out_w": ow, "out_h": oh, "planes": planes},
+            planes=planes,
+            height=h,
+            width=w,
+            out_h=oh,
+            out_w=ow,
+            stride=self.values["stride"],
+            scale=self.values["scale"],
+        )
+
+    def describe(self) -> str:
+        return _describe_stride(self)
+
+
+class ReorgOp(LayerSpec):
+    """Darknet's original reorg: space to depth, or depth to space with ``reverse=1``."""
+
+    kind = "reorg"
+    short_name = "reorg"
+
+    @classmethod
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        c, h, w = shape
+        stride = s.values["stride"]
+        # Darknet's reorg permutes through a (C/stride^2, H*stride, W*stride) view in both
+        # directions, so the channels must divide either way.
+        if c % (stride * stride):
+            raise s.error(f"reorg needs the input channels ({c}) divisible by stride^2",
+                          "stride")
+        if s.values["reverse"]:
+            out = (c // (stride * stride), h * stride, w * stride)
+        else:
+            if h % stride or w % stride:
+                raise s.error(f"stride={stride} does not divide the input {h}x{w}", "stride")
+            out = (c * stride * stride, h // stride, w // stride)
+        return cls(s, [s.index - 1], shape, positive(s, out, "stride"))
+
+    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        cpu_resample.reorg_forward(sources[0], out, self.values["stride"],
+                                   self.values["reverse"])
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        c, h, w = self.in_shape
+        args = {f: 0 for f, _ in _reorg_fields()}
+        args.update(batch=e.batch, width=w, height=h, channels=c, stride=self.values["stride"])
+        # The struct's flag field carries the layer's reverse= key.
+        flag = "reverse" if "reverse" in args else "forward"
+        args[flag] = int(bool(self.values["reverse"]))
+        e.kernel("reorg_fwd_f32", {"x": e.inputs[0], "y": e.output},
+                 {"width": w, "height": h, "slices": e.batch * c}, **args)
+
+    def describe(self) -> str:
+        return _describe_stride(self)
+
+
+def _reorg_fields() -> tuple[tuple[str, str], ...]:
+    from darknet_metal.metal.registry import ARGS
+
+    return ARGS["dm_reorg_args"].fields

@@ -1,0 +1,76 @@
+"""[route]: the channels of several layers side by side, optionally one group of each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from darknet_metal.cfg import Section
+from darknet_metal.ops.base import LayerSpec, Shape
+from darknet_metal.program import LayerEmitter
+
+
+class RouteOp(LayerSpec):
+    kind = "route"
+    short_name = "route"
+
+    @classmethod
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+        v = s.values
+        groups, group_id = v["groups"], v["group_id"]
+        if not 0 <= group_id < groups:
+            raise s.error(f"group_id={group_id} must be in [0, groups={groups})", "group_id")
+        sources = list(v["layers"])
+        first = shapes[sources[0]]
+        channels = 0
+        for src in sources:
+            c, h, w = shapes[src]
+            if (h, w) != first[1:]:
+                raise s.error(
+                    f"layer {src} output is {h}x{w} but layer {sources[0]} output is "
+                    f"{first[1]}x{first[2]}: routed layers must have the same width and height",
+                    "layers",
+                )
+            if c % groups:
+                raise s.error(f"groups={groups} does not divide layer {src}'s {c} channels",
+                              "groups")
+            channels += c // groups
+        return cls(s, sources, first, (channels, first[1], first[2]))
+
+    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                    workspace: np.ndarray | None) -> None:
+        groups, group_id = self.values["groups"], self.values["group_id"]
+        offset = 0
+        for part in sources:
+            width = part.shape[1] // groups
+            out[:, offset : offset + width] = part[:, group_id * width : (group_id + 1) * width]
+            offset += width
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        groups, group_id = self.values["groups"], self.values["group_id"]
+        oc, oh, ow = self.out_shape
+        offset = 0
+        for source in e.inputs:
+            src_c = e.shape(source)[1]
+            width = src_c // groups
+            e.kernel(
+                "route_fwd_f32",
+                {"x": source, "y": e.output},
+                {"spatial": oh * ow, "channels": width, "batch": e.batch},
+                batch=e.batch,
+                spatial=oh * ow,
+                channels=width,
+                src_channels=src_c,
+                src_offset=group_id * width,
+                dst_channels=oc,
+                dst_offset=offset,
+            )
+            offset += width
+
+    def describe(self) -> str:
+        v = self.values
+        text = " ".join(str(i) for i in v["layers"])
+        if v["groups"] > 1:
+            text += f" (group {v['group_id']}/{v['groups']})"
+        return text

@@ -1,0 +1,314 @@
+"""Programs: what one pass of a network runs, as typed steps over named tensors.
+
+A ``Program`` is built per (batch size, tensors that must survive the pass, mode) from the ops
+of a network (``darknet_metal.ops``): each op declares the tensors it produces (``Tensor(layer,
+role)``: its ``"output"``, a ``"workspace"``, later saved activations and gradients) and emits
+steps that read and write them:
+
+- ``KernelStep``: one registry kernel with every buffer bound by its role name to a tensor or
+  a resident parameter (``Param(layer, name)``). Which tensors it reads and writes follows
+  from the roles' directions in the registry (``in``, ``out``, ``inout``), so a swapped
+  binding shows up as a read of a tensor nothing has written yet.
+- ``HostStep``: a function run on the host over NumPy views of the tensors it declares it
+  reads and writes (every CPU layer, and a layer that cannot run on a device).
+
+Executors (``CpuBackend``, ``GpuBackend``) run programs; ``darknet_metal.memory`` plans where
+every tensor lives. "inference" is the only mode so far.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from darknet_metal.errors import BindingError
+
+if TYPE_CHECKING:
+    from darknet_metal.ops.base import LayerSpec
+
+#: Program modes.
+MODES = ("inference",)
+
+
+class Tensor(NamedTuple):
+    """A tensor of a pass: ``role`` of layer ``layer`` (-1: the network input)."""
+
+    layer: int
+    role: str
+
+
+class Param(NamedTuple):
+    """A parameter array resident on the device: ``name`` of layer ``layer``."""
+
+    layer: int
+    name: str
+
+
+#: The network input, (N, C, H, W).
+INPUT = Tensor(-1, "output")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's full shape (batch axis first for activations) and element size in bytes.
+
+    ``alias_of``: the tensor whose memory this one is (an identity layer's output)."""
+
+    id: Tensor
+    shape: tuple[int, ...]
+    itemsize: int
+    alias_of: Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    """One dispatch of registry kernel ``kernel``.
+
+    ``buffers``: role name -> ``Tensor``, ``Param`` or None (a role the kernel does not read
+    with these arguments); ``args``: the fields of its argument struct; ``sizes``: its grid
+    axes. ``reads``/``writes``: the tensors bound to ``in``/``inout`` and ``out``/``inout``
+    roles."""
+
+    layer: int
+    kernel: str
+    buffers: Mapping[str, Tensor | Param | None]
+    args: Mapping[str, int | float]
+    sizes: Mapping[str, int]
+    reads: tuple[Tensor, ...]
+    writes: tuple[Tensor, ...]
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """A host function over the tensors it declares: ``run(reads, writes)`` gets one NumPy
+    array per tensor, in the order given. ``reason``: why a device program runs this layer on
+    the host (None in CPU programs)."""
+
+    layer: int
+    reads: tuple[Tensor, ...]
+    writes: tuple[Tensor, ...]
+    run: Callable[[list[Any], list[Any]], None]
+    reason: str | None = None
+
+
+Step = KernelStep | HostStep
+
+
+@dataclass
+class Program:
+    """The steps of one pass, in order, and every tensor they use.
+
+    ``keep``: tensors readable after the pass. ``layer_ends[i]``: the index in ``steps`` after
+    layer ``i``'s last step (for per-layer timing)."""
+
+    batch: int
+    mode: str
+    tensors: dict[Tensor, TensorSpec]
+    keep: frozenset[Tensor]
+    steps: list[Step] = field(default_factory=list)
+    layer_ends: list[int] = field(default_factory=list)
+
+    def owner(self, t: Tensor) -> Tensor:
+        """The tensor whose memory ``t`` is (``t`` itself unless it is an alias)."""
+        spec = self.tensors[t]
+        while spec.alias_of is not None:
+            spec = self.tensors[spec.alias_of]
+        return spec.id
+
+
+class LayerEmitter:
+    """What an op sees while it emits one layer's steps into a program (see ``build_program``).
+
+    ``batch``; ``inputs``: the tensors of the layer's inputs (``spec.inputs`` order);
+    ``output``: the layer's output tensor; ``simd``: the device has ``simdgroup_matrix``."""
+
+    def __init__(self, builder: _Builder, spec: LayerSpec) -> None:
+        self._builder = builder
+        self.spec = spec
+        self.batch = builder.batch
+        self.simd = builder.simd
+        self.inputs = tuple(Tensor(i, "output") for i in spec.inputs)
+        self.output = Tensor(spec.index, "output")
+
+    def shape(self, t: Tensor) -> tuple[int, ...]:
+        """Full shape of a declared tensor."""
+        return self._builder.tensors[t].shape
+
+    def tensor(self, role: str, shape: Sequence[int]) -> Tensor:
+        """Declares tensor ``(layer, role)`` of ``shape`` (full shape, elements)."""
+        return self._builder.declare(Tensor(self.spec.index, role), tuple(shape))
+
+    def kernel(
+        self,
+        name: str,
+        buffers: Mapping[str, Tensor | Param | None],
+        sizes: Mapping[str, int],
+        **args: int | float,
+    ) -> None:
+        """Appends a dispatch of ``name`` with buffers bound by role. Raises ``BindingError``
+        (before anything is encoded) for a missing or unknown role, a buffer smaller than the
+        kernel touches, or a read of a tensor no earlier step has written."""
+        self._builder.kernel(self.spec.index, name, buffers, sizes, args)
+
+    def host(
+        self,
+        reads: Iterable[Tensor],
+        writes: Iterable[Tensor],
+        run: Callable[[list[Any], list[Any]], None],
+        reason: str | None = None,
+    ) -> None:
+        """Appends a host step (see ``HostStep``)."""
+        self._builder.host(HostStep(self.spec.index, tuple(reads), tuple(writes), run, reason))
+
+
+class _Sized:
+    """Stands in for a buffer of ``nbytes`` when kernel bindings are checked at build time."""
+
+    __slots__ = ("name", "nbytes")
+
+    def __init__(self, name: str, nbytes: int) -> None:
+        self.name = name
+        self.nbytes = nbytes
+
+
+class _Builder:
+    def __init__(
+        self,
+        specs: Sequence[LayerSpec],
+        batch: int,
+        mode: str,
+        keep: Iterable[Tensor],
+        itemsize: int,
+        simd: bool,
+        param_nbytes: Mapping[Param, int] | None,
+    ) -> None:
+        self.specs = specs
+        self.batch = batch
+        self.itemsize = itemsize
+        self.simd = simd
+        self.param_nbytes = param_nbytes
+        self.tensors: dict[Tensor, TensorSpec] = {}
+        self.written: set[Tensor] = set()
+        self.program = Program(batch, mode, self.tensors, frozenset(keep))
+        self.declare(INPUT, (batch, *specs[0].in_shape))
+        self.written.add(INPUT)
+
+    def declare(self, t: Tensor, shape: tuple[int, ...], alias_of: Tensor | None = None) -> Tensor:
+        if t in self.tensors:
+            raise BindingError(f"layer {t.layer} declares tensor {t.role!r} twice")
+        self.tensors[t] = TensorSpec(t, shape, self.itemsize, alias_of)
+        if alias_of is not None and alias_of in self.written:
+            self.written.add(t)
+        return t
+
+    def _check_reads(self, layer: int, what: str, reads: Iterable[Tensor]) -> None:
+        for t in reads:
+            if t not in self.tensors:
+                raise BindingError(f"layer {layer}: {what} reads undeclared tensor {t}")
+            if t not in self.written:
+                raise BindingError(
+                    f"layer {layer}: {what} reads tensor {t} before any step writes it "
+                    "(are two buffer roles swapped?)"
+                )
+
+    def _mark_written(self, writes: Iterable[Tensor]) -> None:
+        for t in writes:
+            self.written.add(t)
+            # Aliases of a written tensor hold its values too.
+            for other in self.tensors.values():
+                if other.alias_of == t:
+                    self.written.add(other.id)
+
+    def kernel(
+        self,
+        layer: int,
+        name: str,
+        buffers: Mapping[str, Tensor | Param | None],
+        sizes: Mapping[str, int],
+        args: Mapping[str, int | float],
+    ) -> None:
+        from darknet_metal.metal import registry
+
+        k = registry.kernel(name)
+        stand_ins: dict[str, Any] = {}
+        for role, ref in buffers.items():
+            if isinstance(ref, Tensor):
+                if ref not in self.tensors:
+                    raise BindingError(f"{name}: role {role!r} is bound to undeclared {ref}")
+                stand_ins[role] = _Sized(str(ref), self.tensors[ref].nbytes)
+            elif isinstance(ref, Param) and self.param_nbytes is None:
+                stand_ins[role] = _Sized(str(ref), 1 << 62)  # sizes not known yet: unchecked
+            elif isinstance(ref, Param):
+                if ref not in self.param_nbytes:
+                    raise BindingError(f"{name}: role {role!r} is bound to unknown {ref}")
+                stand_ins[role] = _Sized(str(ref), self.param_nbytes[ref])
+            else:
+                stand_ins[role] = ref
+        k.bind(stand_ins, args, sizes)
+        reads = tuple(
+            t for role in k.inputs if isinstance(t := buffers.get(role), Tensor)
+        )
+        writes = tuple(
+            t for role in k.outputs if isinstance(t := buffers.get(role), Tensor)
+        )
+        self._check_reads(layer, f"kernel {name}", reads)
+        self.program.steps.append(
+            KernelStep(layer, name, dict(buffers), dict(args), dict(sizes), reads, writes)
+        )
+        self._mark_written(writes)
+
+    def host(self, step: HostStep) -> None:
+        self._check_reads(step.layer, "host step", step.reads)
+        for t in step.writes:
+            if t not in self.tensors:
+                raise BindingError(f"layer {step.layer}: host step writes undeclared tensor {t}")
+        self.program.steps.append(step)
+        self._mark_written(step.writes)
+
+
+def build_program(
+    specs: Sequence[LayerSpec],
+    emit: Callable[[LayerSpec, LayerEmitter], None],
+    *,
+    batch: int,
+    keep: Iterable[int] | None,
+    mode: str = "inference",
+    itemsize: int = 4,
+    simd: bool = False,
+    param_nbytes: Mapping[Param, int] | None = None,
+) -> Program:
+    """The program of one pass of ``specs`` at ``batch``.
+
+    For each layer in order, its output is declared ((batch, *out_shape), or an alias of its
+    first input for ops whose output is their input) and ``emit(spec, emitter)`` appends its
+    steps. ``keep``: layer indices whose outputs survive the pass (None: all). ``itemsize``:
+    bytes per element; ``simd``: passed to the ops; ``param_nbytes``: sizes of the device
+    parameters kernel steps may bind (for the binding checks; None: not known yet, so their
+    sizes are not checked).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    kept = [s.index for s in specs] if keep is None else list(keep)
+    b = _Builder(
+        specs, batch, mode, [Tensor(i, "output") for i in kept], itemsize, simd, param_nbytes
+    )
+    for spec in specs:
+        emitter = LayerEmitter(b, spec)
+        if spec.output_is_input:
+            b.declare(emitter.output, (batch, *spec.out_shape), alias_of=emitter.inputs[0])
+        else:
+            b.declare(emitter.output, (batch, *spec.out_shape))
+        emit(spec, emitter)
+        b.program.layer_ends.append(len(b.program.steps))
+    return b.program
