@@ -1,4 +1,5 @@
-/* Private structures of the portable core, shared by its translation units. */
+/* Private structures of the portable core, shared by its translation units. The clock and the
+ * allocation accounting have their own headers (clock.h, stats.h). */
 #ifndef DM_CORE_H
 #define DM_CORE_H
 
@@ -86,7 +87,5 @@ void dm_plans_detach(dm_device *device);
 void dm_pipelines_free(dm_device *device);
 /* Frees every buffer (live or pooled) after all work completed. */
 void dm_buffers_free_all(dm_device *device);
-void dm_stats_account_alloc(dm_device *device, int64_t delta_bytes);
-uint64_t dm_now_ns(void);
 
 #endif
