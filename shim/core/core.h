@@ -1,4 +1,6 @@
-/* Private structures of the portable core, shared by its translation units. */
+/* Private structures of the portable core and the functions its translation units call in
+ * one another, grouped by the file that defines them. The clock and the allocation
+ * accounting have their own headers (clock.h, stats.h). */
 #ifndef DM_CORE_H
 #define DM_CORE_H
 
@@ -66,8 +68,24 @@ struct dm_device {
     dm_stats stats;
 };
 
+/* pool.c */
 /* Class index of a class size returned by dm_size_class, or -1 beyond the table. */
 int dm_size_class_index(size_t class_size);
+/* Ends a release deferred while plans named the buffer: stats, then the pool (or freed). */
+void dm_buffer_finish_release(dm_buffer *buffer);
+/* Frees every buffer (live or pooled) after all work completed. */
+void dm_buffers_free_all(dm_device *device);
+
+/* pipeline.c */
+/* Frees every cached pipeline. */
+void dm_pipelines_free(dm_device *device);
+
+/* dispatch_check.c */
+/* dm_dispatch's checks; fills the driver's form of the dispatch (args not copied). */
+int dm_check_dispatch(dm_device *device, dm_pipeline *pipeline, const dm_dispatch_desc *desc,
+                      dm_driver_dispatch *out);
+
+/* stream.c */
 /* Commits the open command buffer if any (does not count a wait). */
 int dm_stream_commit(dm_device *device);
 /* Makes work up to `seq` complete: commits the open command buffer if it is `seq`, then
@@ -75,18 +93,9 @@ int dm_stream_commit(dm_device *device);
 int dm_stream_wait_for(dm_device *device, uint64_t seq);
 /* Opens a command buffer if none is open. */
 int dm_stream_open(dm_device *device);
-/* dm_dispatch's checks; fills the driver's form of the dispatch (args not copied). */
-int dm_check_dispatch(dm_device *device, dm_pipeline *pipeline, const dm_dispatch_desc *desc,
-                      dm_driver_dispatch *out);
-/* Ends a release deferred while plans named the buffer: stats, then the pool (or freed). */
-void dm_buffer_finish_release(dm_buffer *buffer);
+
+/* plan.c */
 /* Detaches every plan of a device being destroyed (they can then only be destroyed). */
 void dm_plans_detach(dm_device *device);
-/* Frees every cached pipeline. */
-void dm_pipelines_free(dm_device *device);
-/* Frees every buffer (live or pooled) after all work completed. */
-void dm_buffers_free_all(dm_device *device);
-void dm_stats_account_alloc(dm_device *device, int64_t delta_bytes);
-uint64_t dm_now_ns(void);
 
 #endif

@@ -1,15 +1,8 @@
-/* Device lifetime, facts, statistics and settings. */
+/* Device lifetime, facts and settings. */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core.h"
-
-uint64_t dm_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static const dm_driver *driver_of(int kind) {
     if (kind == DM_DEVICE_EMU) return dm_emu_driver();
@@ -119,36 +112,6 @@ int dm_device_get_info(dm_device *device, dm_device_info *out) {
     return DM_OK;
 }
 
-int dm_device_get_stats(dm_device *device, dm_stats *out) {
-    if (device == NULL || out == NULL)
-        return dm_set_error(DM_ERR_INVALID, "dm_device_get_stats: NULL argument");
-    *out = device->stats;
-    return DM_OK;
-}
-
-int dm_device_reset_peak(dm_device *device) {
-    if (device == NULL) return dm_set_error(DM_ERR_INVALID, "dm_device_reset_peak: NULL device");
-    device->stats.peak_allocated_bytes = device->stats.allocated_bytes;
-    return DM_OK;
-}
-
-int dm_device_reset_counters(dm_device *device) {
-    if (device == NULL)
-        return dm_set_error(DM_ERR_INVALID, "dm_device_reset_counters: NULL device");
-    dm_stats *s = &device->stats;
-    s->kernels_dispatched = s->command_buffers_committed = s->waits = 0;
-    s->bytes_uploaded = s->bytes_downloaded = s->pool_hits = s->pool_misses = 0;
-    s->cpu_fallbacks = s->pipelines_built = s->encode_ns = 0;
-    return DM_OK;
-}
-
-int dm_device_count_fallback(dm_device *device, uint64_t n) {
-    if (device == NULL)
-        return dm_set_error(DM_ERR_INVALID, "dm_device_count_fallback: NULL device");
-    device->stats.cpu_fallbacks += n;
-    return DM_OK;
-}
-
 int dm_device_set_commit_every(dm_device *device, uint32_t n) {
     if (device == NULL)
         return dm_set_error(DM_ERR_INVALID, "dm_device_set_commit_every: NULL device");
@@ -179,10 +142,4 @@ int dm_device_get_thread_order(dm_device *device, int *order, uint64_t *seed) {
     *order = device->order;
     *seed = device->seed;
     return DM_OK;
-}
-
-void dm_stats_account_alloc(dm_device *device, int64_t delta_bytes) {
-    dm_stats *s = &device->stats;
-    s->allocated_bytes = (uint64_t)((int64_t)s->allocated_bytes + delta_bytes);
-    if (s->allocated_bytes > s->peak_allocated_bytes) s->peak_allocated_bytes = s->allocated_bytes;
 }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core.h"
+#include "stats.h"
 
 #define DM_MIN_CLASS ((size_t)256)
 

@@ -54,6 +54,8 @@ typedef struct dm_driver_item {
     dm_driver_dispatch dispatch;
 } dm_driver_item;
 
+/* Each driver fills its table by field name, never by position, so a field can be added or
+ * moved here without silently shifting every entry after it. */
 typedef struct dm_driver {
     const char *name;
     int (*device_create)(const dm_device_options *options, void **out, dm_driver_facts *facts);

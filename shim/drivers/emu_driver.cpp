@@ -255,12 +255,31 @@ int set_thread_order(void *handle, int order, uint64_t seed) {
     return DM_OK;
 }
 
-const dm_driver emu_driver = {
-    "emulator",    device_create,   device_destroy, buffer_alloc,  buffer_wrap,
-    buffer_free,   pipeline_create, pipeline_free,  command_begin, check,
-    encode,        encode_batch,    commit,         wait,          discard,
-    set_thread_order,
-};
+// Fields assigned by name, as designated initialisers would (they need C++20; the build is
+// C++17): a field added to dm_driver, or moved, cannot shift the others. constexpr keeps the
+// table constant-initialised, so it is complete before any code of the module runs.
+constexpr dm_driver make_emu_driver() {
+    dm_driver d{};
+    d.name = "emulator";
+    d.device_create = device_create;
+    d.device_destroy = device_destroy;
+    d.buffer_alloc = buffer_alloc;
+    d.buffer_wrap = buffer_wrap;
+    d.buffer_free = buffer_free;
+    d.pipeline_create = pipeline_create;
+    d.pipeline_free = pipeline_free;
+    d.command_begin = command_begin;
+    d.check = check;
+    d.encode = encode;
+    d.encode_batch = encode_batch;
+    d.commit = commit;
+    d.wait = wait;
+    d.discard = discard;
+    d.set_thread_order = set_thread_order;
+    return d;
+}
+
+constexpr dm_driver emu_driver = make_emu_driver();
 
 } // namespace
 
