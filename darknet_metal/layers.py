@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from darknet_metal.cfg import NetConfig
-from darknet_metal.ops import OPS, LayerSpec, Shape
+from darknet_metal.ops import OPS, LayerSpec, Shape, build_layer
 
 __all__ = ["LAYER_KINDS", "LayerSpec", "Shape", "build_layers", "input_shape"]
 
@@ -29,10 +29,7 @@ def build_layers(config: NetConfig) -> list[LayerSpec]:
     specs: list[LayerSpec] = []
     shapes: list[Shape] = []
     for section in config.layers:
-        op = OPS.get(section.kind)
-        if op is None:
-            raise section.error(f"layer kind '{section.kind}' is not supported")
-        spec = op.build(section, shape, shapes)
+        spec = build_layer(section, shape, shapes)
         specs.append(spec)
         shapes.append(spec.out_shape)
         shape = spec.out_shape

@@ -7,6 +7,7 @@ kind. A new kind is one class here, added to ``OPS`` with ``register``.
 
 from __future__ import annotations
 
+from darknet_metal.cfg import Section
 from darknet_metal.ops.base import LayerSpec, Params, Shape, Unsupported
 from darknet_metal.ops.combine import SamOp, ScaleChannelsOp, ShortcutOp
 from darknet_metal.ops.conv import ConnectedOp, ConvolutionalOp
@@ -16,7 +17,8 @@ from darknet_metal.ops.pooling import AvgpoolOp, MaxpoolOp
 from darknet_metal.ops.resample import ReorgOp, UpsampleOp
 from darknet_metal.ops.route import RouteOp
 
-__all__ = ["OPS", "LayerSpec", "Params", "Shape", "Unsupported", "op_class", "register"]
+__all__ = ["OPS", "LayerSpec", "Params", "Shape", "Unsupported", "build_layer", "op_class",
+           "register"]
 
 #: Layer kind (cfg section name) -> its op class.
 OPS: dict[str, type[LayerSpec]] = {}
@@ -36,6 +38,14 @@ def op_class(kind: str) -> type[LayerSpec]:
         return OPS[kind]
     except KeyError:
         raise KeyError(f"no op for layer kind {kind!r}; known: {sorted(OPS)}") from None
+
+
+def build_layer(section: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    """The layer of ``section`` (its op's ``build``); CfgError for a kind without an op."""
+    op = OPS.get(section.kind)
+    if op is None:
+        raise section.error(f"layer kind '{section.kind}' is not supported")
+    return op.build(section, shape, shapes)
 
 
 for _cls in (ConvolutionalOp, ConnectedOp, MaxpoolOp, AvgpoolOp, RouteOp, ShortcutOp,
