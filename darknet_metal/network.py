@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from darknet_metal.backend import Backend
 from darknet_metal.boxes import Detection, YoloHead, detect_boxes
 from darknet_metal.cfg import NetConfig, parse_cfg
 from darknet_metal.errors import CfgError
@@ -41,27 +42,43 @@ class Network:
     layer (``type``, ``in_shape``, ``out_shape`` as (C, H, W), ``bflops``).
     """
 
-    def __init__(self, config: NetConfig, params: dict[int, Params], *, header: WeightsHeader,
-                 names: list[str] | None, device: str, batch: int,
+    def __init__(self, config: NetConfig, layers: list[LayerSpec], params: dict[int, Params], *,
+                 header: WeightsHeader, names: list[str] | None, device: str, batch: int,
                  dtype: np.dtype | type = np.float32) -> None:
         self.config = config
-        self.layers: list[LayerSpec] = build_layers(config)
+        self.layers = layers
         self.params = params
         self.header = header
         self.names = names
         self.device = device
+        #: The batch size the caller prepared the network for (any batch works in forward).
         self.batch = batch
         self.dtype = np.dtype(dtype)
         _check_device(device)
-        self._backend_instance = None
+        self._backend_instance: Backend | None = None
 
     @property
-    def _backend(self):
+    def _backend(self) -> Backend:
         # Built on first use, so a cfg can be inspected (summary, layers) without running it.
         if self._backend_instance is None:
             self._backend_instance = _make_backend(self.device, self.layers, self.params,
                                                    self.dtype)
         return self._backend_instance
+
+    def to(self, device: str) -> Network:
+        """Moves the network to ``device`` ("cpu", "metal", "emu") and returns it.
+
+        The parameters are the same arrays; the old device's buffers are released, so
+        outputs of earlier passes still on that device can no longer be read. Raises
+        ValueError for an unknown device, DeviceError for one this machine lacks (the
+        network then stays where it was)."""
+        _check_device(device)
+        if device != self.device:
+            if self._backend_instance is not None:
+                self._backend_instance.close()
+                self._backend_instance = None
+            self.device = device
+        return self
 
     @property
     def input_shape(self) -> Shape:
@@ -168,7 +185,8 @@ def _check_device(device: str) -> None:
         get_device(device)
 
 
-def _make_backend(device: str, specs: list[LayerSpec], params: dict[int, Params], dtype):
+def _make_backend(device: str, specs: list[LayerSpec], params: dict[int, Params],
+                  dtype: np.dtype) -> Backend:
     if device == "cpu":
         from darknet_metal.cpu_backend import CpuBackend
 
@@ -202,12 +220,12 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
         if width < 1 or height < 1:
             raise ValueError(f"input_size must be positive (width, height), not {input_size!r}")
         config.net.values["width"], config.net.values["height"] = width, height
-    specs = build_layers(config)
-    params = init_params(specs, seed)
+    layers = build_layers(config)
+    params = init_params(layers, seed)
     header = WeightsHeader()
     if weights is not None:
-        header, loaded = read_weights(weights, specs)
+        header, loaded = read_weights(weights, layers)
         for index, layer in loaded.items():
             params[index].update(layer)
-    return Network(config, params, header=header, names=_read_names(names), device=device,
+    return Network(config, layers, params, header=header, names=_read_names(names), device=device,
                    batch=int(batch), dtype=dtype)

@@ -149,3 +149,21 @@ def test_planner_aliases_identity_layers():
     assert plan.owner[5] == 4 and plan.slot_of[5] == plan.slot_of[4]
     # keep=None: every layer output survives, in its own slot (layer 5 shares layer 4's).
     assert len({plan.slot_of[s.index] for s in specs}) == len(specs) - 1
+
+
+def test_network_to_moves_between_devices():
+    net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", seed=2, input_size=(64, 64))
+    x = np.random.default_rng(4).random((1, 3, 64, 64), dtype=np.float32)
+    on_cpu = net.forward(x)
+    live = metal.stats("emu")["live_buffers"]
+    assert net.to("emu") is net and net.device == "emu"
+    on_emu = net.forward(x)
+    assert metal.stats("emu")["live_buffers"] > live
+    for got, want in zip(on_emu, on_cpu, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+    with pytest.raises(ValueError, match="unknown device"):
+        net.to("tpu")
+    assert net.device == "emu"
+    net.to("cpu")
+    assert metal.stats("emu")["live_buffers"] == live  # the device's buffers were released
+    np.testing.assert_array_equal(net.forward(x)[0], on_cpu[0])
