@@ -1,12 +1,12 @@
-/* Argument structs of the Metal kernels: one per op, shared by the shaders (MSL), the C shim,
- * the emulator (C++) and Cython (cdef extern).
+/* Argument structs of the Metal kernels: one per op. The shaders include it (compiled as MSL,
+ * and as C++ in the emulator); the host reads it (darknet_metal/metal/registry.py packs the
+ * structs from this text), so neither side declares the fields a second time.
  *
  * Every kernel takes `constant dm_<op>_args& args [[buffer(0)]]`. Members are only int32_t,
  * uint32_t and float (4 bytes each, so no padding anywhere), and every struct is followed by a
  * size assertion that the C, C++ and Metal compilers all check: host and shader cannot drift.
- * Sizes, counts and offsets are in elements (float32), never bytes. darknet_metal/metal/
- * registry.py reads these structs from this file to pack them; tests compare that layout with
- * what C and C++ compilers see. Keep one member per line.
+ * Sizes, counts and offsets are in elements (float32), never bytes. Tests compare the layout
+ * the registry reads with what C and C++ compilers see. Keep one member per line.
  */
 #ifndef DM_ARGS_H
 #define DM_ARGS_H

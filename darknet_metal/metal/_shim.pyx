@@ -19,6 +19,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 from darknet_metal.errors import DeviceError
+from darknet_metal.metal.sources import shader_dirs
 
 _KINDS = {"emu": DM_DEVICE_EMU, "metal": DM_DEVICE_METAL}
 _ORDERS = {"forward": DM_ORDER_FORWARD, "reverse": DM_ORDER_REVERSE, "random": DM_ORDER_RANDOM}
@@ -61,18 +62,6 @@ def size_class(nbytes: int) -> int:
     if nbytes < 0:
         raise DeviceError(f"negative buffer size {nbytes}")
     return dm_size_class(nbytes)
-
-
-def shader_dirs() -> list:
-    """Directories whose ``*.metal`` sources make the Metal library: the installed package
-    data if present, else the source tree's ``shaders/`` and ``shim/kernels/`` (editable
-    installs)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    installed = os.path.join(here, "shaders")
-    if os.path.isdir(installed) and any(n.endswith(".metal") for n in os.listdir(installed)):
-        return [installed]
-    root = os.path.join(here, os.pardir, os.pardir)
-    return [os.path.join(root, "shaders"), os.path.join(root, "shim", "kernels")]
 
 
 def shader_sources() -> list:

@@ -44,7 +44,8 @@ def networks():
 
 def _on_emu(cpu_net):
     return Network(
-        cpu_net.config, cpu_net.params, header=cpu_net.header, names=None, device="emu", batch=1
+        cpu_net.config, cpu_net.layers, cpu_net.params, header=cpu_net.header, names=None,
+        device="emu", batch=1,
     )
 
 
