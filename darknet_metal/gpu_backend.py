@@ -139,7 +139,7 @@ class BoundProgram:
                     current = None
                     continue
                 if current is None:
-                    current = device.plan(len(self.steps))
+                    current = device.dispatch_list(len(self.steps))
                     self.lists.append(current)
                     self.segments.append(current.encode)
                 current.add(*step)

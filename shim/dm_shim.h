@@ -46,7 +46,7 @@ extern "C" {
 typedef struct dm_device dm_device;
 typedef struct dm_buffer dm_buffer;
 typedef struct dm_pipeline dm_pipeline;
-typedef struct dm_plan dm_plan;
+typedef struct dm_dispatch_list dm_dispatch_list;
 
 /* Where a Metal device finds its kernels: a precompiled library, else sources compiled at
  * run time (each an MSL translation unit with its includes already inlined). Ignored by the
@@ -81,11 +81,11 @@ typedef struct dm_stats {
     uint64_t pool_misses;
     uint64_t cpu_fallbacks;      /* counted by the scheduler via dm_device_count_fallback */
     uint64_t pipelines_built;
-    uint64_t encode_ns;          /* host time spent in dm_dispatch and dm_plan_encode */
+    uint64_t encode_ns;          /* host time spent in dm_dispatch and dm_dispatch_list_encode */
     uint64_t allocated_bytes;    /* driver memory held: live + pooled buffers (class sizes) */
     uint64_t peak_allocated_bytes;
     uint64_t live_buffers;       /* handed out and not yet released (incl. wrapped), or
-                                    released but still held by a plan */
+                                    released but still held by a dispatch list */
     uint64_t live_bytes;         /* their class sizes */
     uint64_t pooled_buffers;     /* released, kept for reuse */
     uint64_t pooled_bytes;
@@ -172,21 +172,23 @@ int dm_dispatch(dm_device *device, dm_pipeline *pipeline, const dm_dispatch_desc
 /* Prepared dispatch lists: dispatches checked and copied once, then encoded together as often
  * as needed (a forward pass replays the same list every time).
  *
- * dm_plan_add applies dm_dispatch's checks and copies the argument bytes, buffer handles and
- * offsets: the caller's descriptor and argument memory may be reused at once. A plan holds
- * the buffers it names: one released while the plan exists stays allocated (counted live)
- * until the plan is destroyed, is never handed out by the pool meanwhile, and makes
- * dm_plan_encode fail without encoding anything. dm_plan_encode encodes every dispatch in
- * order into the current command buffer, exactly as that many dm_dispatch calls would
- * (counters, commit_every, buffer tracking), its host time counted in encode_ns. A plan whose
- * device was destroyed can only be destroyed. */
-int dm_plan_create(dm_device *device, int capacity, dm_plan **out);
-int dm_plan_add(dm_plan *plan, dm_pipeline *pipeline, const dm_dispatch_desc *desc);
-int dm_plan_encode(dm_device *device, dm_plan *plan);
-/* Number of dispatches in the plan (0 for NULL). */
-int dm_plan_size(const dm_plan *plan);
-/* Frees the plan; buffers released while it held them go back to the pool. */
-void dm_plan_destroy(dm_plan *plan);
+ * dm_dispatch_list_add applies dm_dispatch's checks and copies the argument bytes, buffer
+ * handles and offsets: the caller's descriptor and argument memory may be reused at once. A
+ * dispatch list holds the buffers it names: one released while the list exists stays
+ * allocated (counted live) until the list is destroyed, is never handed out by the pool
+ * meanwhile, and makes dm_dispatch_list_encode fail without encoding anything.
+ * dm_dispatch_list_encode encodes every dispatch in order into the current command buffer,
+ * exactly as that many dm_dispatch calls would (counters, commit_every, buffer tracking), its
+ * host time counted in encode_ns. A dispatch list whose device was destroyed can only be
+ * destroyed. */
+int dm_dispatch_list_create(dm_device *device, int capacity, dm_dispatch_list **out);
+int dm_dispatch_list_add(dm_dispatch_list *list, dm_pipeline *pipeline,
+                         const dm_dispatch_desc *desc);
+int dm_dispatch_list_encode(dm_device *device, dm_dispatch_list *list);
+/* Number of dispatches in the dispatch list (0 for NULL). */
+int dm_dispatch_list_size(const dm_dispatch_list *list);
+/* Frees the dispatch list; buffers released while it held them go back to the pool. */
+void dm_dispatch_list_destroy(dm_dispatch_list *list);
 
 #ifdef __cplusplus
 }

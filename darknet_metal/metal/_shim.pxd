@@ -28,7 +28,7 @@ cdef extern from "dm_shim.h" nogil:
         pass
     ctypedef struct dm_pipeline:
         pass
-    ctypedef struct dm_plan:
+    ctypedef struct dm_dispatch_list:
         pass
 
     ctypedef struct dm_device_options:
@@ -112,11 +112,12 @@ cdef extern from "dm_shim.h" nogil:
     uint32_t dm_pipeline_static_tg_memory(const dm_pipeline *pipeline)
     const char *dm_pipeline_name(const dm_pipeline *pipeline)
     int dm_dispatch(dm_device *device, dm_pipeline *pipeline, const dm_dispatch_desc *desc)
-    int dm_plan_create(dm_device *device, int capacity, dm_plan **out)
-    int dm_plan_add(dm_plan *plan, dm_pipeline *pipeline, const dm_dispatch_desc *desc)
-    int dm_plan_encode(dm_device *device, dm_plan *plan)
-    int dm_plan_size(const dm_plan *plan)
-    void dm_plan_destroy(dm_plan *plan)
+    int dm_dispatch_list_create(dm_device *device, int capacity, dm_dispatch_list **out)
+    int dm_dispatch_list_add(dm_dispatch_list *list, dm_pipeline *pipeline,
+                             const dm_dispatch_desc *desc)
+    int dm_dispatch_list_encode(dm_device *device, dm_dispatch_list *list)
+    int dm_dispatch_list_size(const dm_dispatch_list *list)
+    void dm_dispatch_list_destroy(dm_dispatch_list *list)
 
 
 cdef class Device:
@@ -135,10 +136,10 @@ cdef class Buffer:
     cdef int _ok(self) except -1
 
 
-cdef class Plan:
-    cdef dm_plan *_ptr
+cdef class DispatchList:
+    cdef dm_dispatch_list *_ptr
     cdef readonly Device device
-    cdef list _buffers  # every Buffer the plan binds, kept alive while it exists
+    cdef list _buffers  # every Buffer the dispatch list binds, kept alive while it exists
     cdef set _buffer_ids
 
     cdef int _ok(self) except -1

@@ -1,6 +1,6 @@
 # cython: language_level=3
 """Python interface of the host shim: devices, buffers, kernel dispatch and prepared
-dispatch lists (``Device.plan``).
+dispatch lists (``Device.dispatch_list``).
 
 ``Device("emu")`` runs the kernels built into this extension on the CPU emulator of the Metal
 compute model (every OS); ``Device("metal")`` runs them on the Apple GPU (macOS builds only).
@@ -344,10 +344,10 @@ cdef class Device:
         _submit(self, NULL, kernel_name, args_bytes, buffers, grid, threadgroup,
                 threadgroup_mem, mode, offsets)
 
-    def plan(self, capacity: int = 0) -> Plan:
+    def dispatch_list(self, capacity: int = 0) -> DispatchList:
         """An empty prepared dispatch list for this device (``capacity``: dispatches to make
-        room for; it grows as needed). See ``Plan``."""
-        return Plan(self, capacity)
+        room for; it grows as needed). See ``DispatchList``."""
+        return DispatchList(self, capacity)
 
     def __repr__(self) -> str:
         if self._ptr == NULL:
@@ -355,10 +355,10 @@ cdef class Device:
         return f"<Device {self.kind}: {self.name}>"
 
 
-cdef int _submit(Device dev, dm_plan *plan, kernel_name, args_bytes, buffers, grid,
+cdef int _submit(Device dev, dm_dispatch_list *dlist, kernel_name, args_bytes, buffers, grid,
                  threadgroup, threadgroup_mem, mode, offsets) except -1:
     """Checks one dispatch's Python arguments, builds its descriptor and encodes it
-    (``plan`` NULL) or adds it to ``plan``."""
+    (``dlist`` NULL) or adds it to the dispatch list ``dlist``."""
     if mode not in _MODES:
         raise DeviceError(f"unknown dispatch mode {mode!r}; expected 'threads' or "
                           "'threadgroups'")
@@ -415,24 +415,25 @@ cdef int _submit(Device dev, dm_plan *plan, kernel_name, args_bytes, buffers, gr
         for i, v in enumerate(tgm):
             desc.tg_memory[i] = v
         desc.n_tg_memory = len(tgm)
-        if plan == NULL:
+        if dlist == NULL:
             _raise(dm_dispatch(dev._ptr, p, &desc))
         else:
-            _raise(dm_plan_add(plan, p, &desc))
+            _raise(dm_dispatch_list_add(dlist, p, &desc))
     finally:
         free(handles)
         free(offs)
     return 0
 
 
-cdef class Plan:
+cdef class DispatchList:
     """A prepared dispatch list: dispatches checked and packed once by ``add``, then encoded
     together, in order, by each ``encode`` (one call into the shim instead of one per
     dispatch). Counters, commits and waits are those of the same ``Device.dispatch`` calls.
 
-    The plan keeps every buffer it binds alive. Releasing one of them explicitly makes
-    ``encode`` raise DeviceError (nothing is encoded); its memory returns to the pool when
-    the plan is closed. ``close()`` (or garbage collection) frees the plan.
+    The dispatch list keeps every buffer it binds alive. Releasing one of them explicitly
+    makes ``encode`` raise DeviceError (nothing is encoded); its memory returns to the pool
+    when the dispatch list is closed. ``close()`` (or garbage collection) frees the dispatch
+    list.
     """
 
     def __cinit__(self, Device device, int capacity=0):
@@ -442,18 +443,18 @@ cdef class Plan:
         self._buffer_ids = set()
         device._check()
         if capacity < 0:
-            raise DeviceError(f"plan capacity must be >= 0, got {capacity}")
-        _raise(dm_plan_create(device._ptr, capacity, &self._ptr))
+            raise DeviceError(f"dispatch list capacity must be >= 0, got {capacity}")
+        _raise(dm_dispatch_list_create(device._ptr, capacity, &self._ptr))
 
     def __dealloc__(self):
-        # Safe in any order with the device: a destroyed device detaches its plans.
+        # Safe in any order with the device: a destroyed device detaches its dispatch lists.
         if self._ptr != NULL:
-            dm_plan_destroy(self._ptr)
+            dm_dispatch_list_destroy(self._ptr)
             self._ptr = NULL
 
     cdef int _ok(self) except -1:
         if self._ptr == NULL:
-            raise DeviceError("the plan was closed")
+            raise DeviceError("the dispatch list was closed")
         self.device._check()
         return 0
 
@@ -483,12 +484,12 @@ cdef class Plan:
     def encode(self) -> None:
         """Encodes every dispatch, in order, into the device's current command buffer."""
         self._ok()
-        _raise(dm_plan_encode(self.device._ptr, self._ptr))
+        _raise(dm_dispatch_list_encode(self.device._ptr, self._ptr))
 
     def close(self) -> None:
-        """Frees the plan and lets go of its buffers."""
+        """Frees the dispatch list and lets go of its buffers."""
         if self._ptr != NULL:
-            dm_plan_destroy(self._ptr)
+            dm_dispatch_list_destroy(self._ptr)
             self._ptr = NULL
         self._buffers = []
         self._buffer_ids = set()
@@ -498,12 +499,13 @@ cdef class Plan:
         return self._ptr == NULL
 
     def __len__(self) -> int:
-        return dm_plan_size(self._ptr)
+        return dm_dispatch_list_size(self._ptr)
 
     def __repr__(self) -> str:
         if self._ptr == NULL:
-            return "<Plan (closed)>"
-        return f"<Plan of {dm_plan_size(self._ptr)} dispatches on {self.device.kind}>"
+            return "<DispatchList (closed)>"
+        return (f"<DispatchList of {dm_dispatch_list_size(self._ptr)} dispatches on "
+                f"{self.device.kind}>")
 
 
 def is_page_aligned(array, page_size: int) -> bool:

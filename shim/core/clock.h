@@ -1,5 +1,5 @@
 /* Host clock behind the encode_ns counter, apart from the device code so that the stream and
- * plans can time themselves without depending on device.c. */
+ * dispatch lists can time themselves without depending on device.c. */
 #ifndef DM_CLOCK_H
 #define DM_CLOCK_H
 

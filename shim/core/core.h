@@ -22,7 +22,8 @@ struct dm_buffer {
     size_t capacity; /* size class (or exact size when wrapped) */
     int wrapped;
     int live;          /* handed out, not released */
-    uint32_t plan_refs; /* plans naming it: a released buffer waits for 0 before pooling */
+    /* Dispatch lists naming it: a released buffer waits for 0 before pooling. */
+    uint32_t dispatch_list_refs;
     uint64_t last_use; /* sequence number of the last command buffer that bound it */
     dm_buffer *next_free;            /* pool free list of its class */
     dm_buffer *prev_all, *next_all;  /* every buffer the device owns */
@@ -63,7 +64,8 @@ struct dm_device {
     dm_in_flight in_flight[DM_MAX_IN_FLIGHT];
     int n_in_flight;
 
-    dm_plan *plans; /* every plan made on this device (detached when it is destroyed) */
+    /* Every dispatch list made on this device (detached when it is destroyed). */
+    dm_dispatch_list *dispatch_lists;
 
     dm_stats stats;
 };
@@ -71,7 +73,8 @@ struct dm_device {
 /* pool.c */
 /* Class index of a class size returned by dm_size_class, or -1 beyond the table. */
 int dm_size_class_index(size_t class_size);
-/* Ends a release deferred while plans named the buffer: stats, then the pool (or freed). */
+/* Ends a release deferred while dispatch lists named the buffer: stats, then the pool (or
+ * freed). */
 void dm_buffer_finish_release(dm_buffer *buffer);
 /* Frees every buffer (live or pooled) after all work completed. */
 void dm_buffers_free_all(dm_device *device);
@@ -94,8 +97,9 @@ int dm_stream_wait_for(dm_device *device, uint64_t seq);
 /* Opens a command buffer if none is open. */
 int dm_stream_open(dm_device *device);
 
-/* plan.c */
-/* Detaches every plan of a device being destroyed (they can then only be destroyed). */
-void dm_plans_detach(dm_device *device);
+/* dispatch_list.c */
+/* Detaches every dispatch list of a device being destroyed (they can then only be
+ * destroyed). */
+void dm_dispatch_lists_detach(dm_device *device);
 
 #endif

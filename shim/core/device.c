@@ -88,7 +88,7 @@ void dm_device_destroy(dm_device *device) {
         device->driver->discard(device->handle, device->open_command);
         device->open_command = NULL;
     }
-    dm_plans_detach(device);
+    dm_dispatch_lists_detach(device);
     dm_buffers_free_all(device);
     dm_pipelines_free(device);
     device->driver->device_destroy(device->handle);

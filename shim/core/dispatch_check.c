@@ -1,7 +1,7 @@
-/* Dispatch validation. One set of checks for dm_dispatch and dm_plan_add, so that a plan
- * refuses exactly what a direct dispatch refuses and never fails half encoded; and on the
- * host, where the caller can still be told which call was wrong, since a bad dispatch on the
- * GPU faults or runs with undefined results. */
+/* Dispatch validation. One set of checks for dm_dispatch and dm_dispatch_list_add, so that a
+ * dispatch list refuses exactly what a direct dispatch refuses and never fails half encoded;
+ * and on the host, where the caller can still be told which call was wrong, since a bad
+ * dispatch on the GPU faults or runs with undefined results. */
 #include <string.h>
 
 #include "core.h"

@@ -165,9 +165,9 @@ void dm_buffer_release(dm_buffer *b) {
          * A failure here belongs to that work and is reported to whoever reads its results. */
         (void)dm_stream_wait_for(device, b->last_use);
     }
-    /* A plan still holds its handle: handing it out again would let the plan write into
-     * someone else's buffer. The plan's destruction finishes the release. */
-    if (b->plan_refs == 0) dm_buffer_finish_release(b);
+    /* A dispatch list still holds its handle: handing it out again would let the list write
+     * into someone else's buffer. The list's destruction finishes the release. */
+    if (b->dispatch_list_refs == 0) dm_buffer_finish_release(b);
 }
 
 void dm_buffer_finish_release(dm_buffer *b) {

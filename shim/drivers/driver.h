@@ -75,7 +75,8 @@ typedef struct dm_driver {
      * or discarded if never committed. */
     int (*command_begin)(void *device, void **out);
     /* Driver-specific checks of a dispatch (NULL: none), run by the core with its own before
-     * a dispatch is encoded or added to a plan, so a plan never fails half encoded. */
+     * a dispatch is encoded or added to a dispatch list, so a dispatch list never fails half
+     * encoded. */
     int (*check)(void *device, void *pipeline, const dm_driver_dispatch *d);
     int (*encode)(void *device, void *command, void *pipeline, const dm_driver_dispatch *d);
     /* Encodes `n` dispatches in order, as `n` calls of `encode` would; on failure the ones

@@ -1,4 +1,4 @@
-"""Prepared dispatch lists (``Device.plan``): the same results and counters as separate
+"""Prepared dispatch lists (``Device.dispatch_list``): the same results and counters as separate
 dispatches, checked against NumPy; every misuse raises DeviceError when added or encoded."""
 
 import gc
@@ -67,7 +67,7 @@ def _delta(before, after):
     return {k: after[k] - before[k] for k in COUNTERS}
 
 
-def test_plan_matches_separate_dispatches_and_numpy(device):
+def test_dispatch_list_matches_separate_dispatches_and_numpy(device):
     x, y = _inputs()
     want_a, want_b, want_sums = _expected(x, y)
 
@@ -80,32 +80,32 @@ def test_plan_matches_separate_dispatches_and_numpy(device):
     d_separate = _delta(before, device.stats())
 
     steps, a, b, sums = _steps(device, x, y)
-    plan = device.plan()
+    dlist = device.dispatch_list()
     for args, kwargs in steps:
-        plan.add(*args, **kwargs)
-    assert len(plan) == 4
+        dlist.add(*args, **kwargs)
+    assert len(dlist) == 4
     before = device.stats()
-    plan.encode()
+    dlist.encode()
     device.commit()
-    planned = [a.read(), b.read(), sums.read()]
-    d_plan = _delta(before, device.stats())
+    listed = [a.read(), b.read(), sums.read()]
+    d_list = _delta(before, device.stats())
 
-    for got_sep, got_plan, want in zip(separate, planned, (want_a, want_b, want_sums), strict=True):
-        np.testing.assert_array_equal(got_plan, want)
+    for got_sep, got_list, want in zip(separate, listed, (want_a, want_b, want_sums), strict=True):
+        np.testing.assert_array_equal(got_list, want)
         np.testing.assert_array_equal(got_sep, want)
-    assert d_plan == d_separate
-    assert d_plan["kernels_dispatched"] == 4
-    assert d_plan["command_buffers_committed"] == 1
+    assert d_list == d_separate
+    assert d_list["kernels_dispatched"] == 4
+    assert d_list["command_buffers_committed"] == 1
 
 
 def test_each_encode_replays_the_list(device):
     x, y = _inputs()
     bx, acc = device.upload(x), device.upload(y)
-    plan = device.plan(1)
-    plan.add("selftest_axpy_f32", axpy(N, 3.0), [bx, acc, acc], N, 64)  # acc += 3x
+    dlist = device.dispatch_list(1)
+    dlist.add("selftest_axpy_f32", axpy(N, 3.0), [bx, acc, acc], N, 64)  # acc += 3x
     before = device.stats()
     for _ in range(3):
-        plan.encode()
+        dlist.encode()
     device.commit()
     np.testing.assert_array_equal(acc.read(), y + np.float32(9) * x)
     d = _delta(before, device.stats())
@@ -117,10 +117,10 @@ def test_argument_bytes_are_copied_when_added(device):
     x, y = _inputs()
     out = device.buffer(4 * N)
     args = bytearray(axpy(N, 2.0))
-    plan = device.plan()
-    plan.add("selftest_axpy_f32", args, [device.upload(x), device.upload(y), out], N, 64)
+    dlist = device.dispatch_list()
+    dlist.add("selftest_axpy_f32", args, [device.upload(x), device.upload(y), out], N, 64)
     args[4:8] = struct.pack("<f", 100.0)
-    plan.encode()
+    dlist.encode()
     np.testing.assert_array_equal(out.read(), np.float32(2) * x + y)
 
 
@@ -130,11 +130,11 @@ def test_commit_every_splits_like_separate_dispatches(device, every):
     bx, by, out = device.upload(x), device.upload(y), device.buffer(4 * N)
     device.set_commit_every(every)
     device.dispatch("selftest_axpy_f32", axpy(N, 1.0), [bx, by, out], N, 64)  # one open
-    plan = device.plan()
+    dlist = device.dispatch_list()
     for _ in range(5):
-        plan.add("selftest_axpy_f32", axpy(N, 1.0), [bx, by, out], N, 64)
+        dlist.add("selftest_axpy_f32", axpy(N, 1.0), [bx, by, out], N, 64)
     before = device.stats()
-    plan.encode()
+    dlist.encode()
     d = _delta(before, device.stats())
     # Six dispatches in a row commit after every `every`-th one; the first was encoded (and,
     # with every=1, committed) before the counters were read.
@@ -145,8 +145,8 @@ def test_commit_every_splits_like_separate_dispatches(device, every):
 
 def test_encode_time_is_counted(device):
     x, y = _inputs()
-    plan = device.plan()
-    plan.add(
+    dlist = device.dispatch_list()
+    dlist.add(
         "selftest_axpy_f32",
         axpy(N, 1.0),
         [device.upload(x), device.upload(y), device.buffer(4 * N)],
@@ -154,14 +154,14 @@ def test_encode_time_is_counted(device):
         64,
     )
     before = device.stats()["encode_ns"]
-    plan.encode()
+    dlist.encode()
     assert device.stats()["encode_ns"] > before
 
 
-def test_empty_plan_encodes_nothing(device):
-    plan = device.plan()
+def test_empty_dispatch_list_encodes_nothing(device):
+    dlist = device.dispatch_list()
     before = device.stats()
-    plan.encode()
+    dlist.encode()
     device.commit()
     assert _delta(before, device.stats()) == dict.fromkeys(COUNTERS, 0)
 
@@ -175,30 +175,30 @@ def bufs(device):
 
 
 def test_invalid_dispatches_are_refused_when_added(device, bufs):
-    plan = device.plan()
+    dlist = device.dispatch_list()
     with pytest.raises(DeviceError, match="no kernel named 'nope_f32'"):
-        plan.add("nope_f32", axpy(N, 1.0), bufs, N, 64)
+        dlist.add("nope_f32", axpy(N, 1.0), bufs, N, 64)
     with pytest.raises(DeviceError, match="maxTotalThreadsPerThreadgroup"):
-        plan.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, (33, 32))
+        dlist.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, (33, 32))
     with pytest.raises(DeviceError, match=r"reads \[\[buffer\(3\)\]\] but nothing is bound"):
-        plan.add("selftest_axpy_f32", axpy(N, 1.0), bufs[:2], N, 64)
+        dlist.add("selftest_axpy_f32", axpy(N, 1.0), bufs[:2], N, 64)
     with pytest.raises(DeviceError, match=r"\[\[threadgroup\(0\)\]\] memory but no length"):
-        plan.add("selftest_group_sum_f32", struct.pack("<I", N), bufs[:2], N, 64)
+        dlist.add("selftest_group_sum_f32", struct.pack("<I", N), bufs[:2], N, 64)
     with pytest.raises(DeviceError, match="outside the buffer"):
-        plan.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, 64, offsets=[0, 4 * N, 0])
+        dlist.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, 64, offsets=[0, 4 * N, 0])
     with pytest.raises(DeviceError, match="unknown dispatch mode"):
-        plan.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, 64, mode="waves")
+        dlist.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, 64, mode="waves")
     released = device.buffer(16)
     released.release()
     with pytest.raises(DeviceError, match="released"):
-        plan.add("selftest_axpy_f32", axpy(N, 1.0), [bufs[0], released, bufs[2]], N, 64)
+        dlist.add("selftest_axpy_f32", axpy(N, 1.0), [bufs[0], released, bufs[2]], N, 64)
     other = _shim.Device("emu", emu_threads=1)
     with pytest.raises(DeviceError, match="another device"):
-        plan.add("selftest_axpy_f32", axpy(N, 1.0), [bufs[0], other.buffer(16), bufs[2]], N, 64)
+        dlist.add("selftest_axpy_f32", axpy(N, 1.0), [bufs[0], other.buffer(16), bufs[2]], N, 64)
     other.close()
-    assert len(plan) == 0
+    assert len(dlist) == 0
     before = device.stats()
-    plan.encode()
+    dlist.encode()
     assert device.stats()["kernels_dispatched"] == before["kernels_dispatched"]
 
 
@@ -206,9 +206,9 @@ def test_released_buffer_fails_the_encode_cleanly(device, bufs):
     x, y = _inputs()
     bufs[0].write(x)
     bufs[1].write(y)
-    plan = device.plan()
-    plan.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, 64)
-    plan.add("selftest_axpy_f32", axpy(N, 1.0), [bufs[2], bufs[1], bufs[0]], N, 64)
+    dlist = device.dispatch_list()
+    dlist.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, 64)
+    dlist.add("selftest_axpy_f32", axpy(N, 1.0), [bufs[2], bufs[1], bufs[0]], N, 64)
     capacity = bufs[2].capacity
     live = device.stats()["live_buffers"]
     bufs[2].release()
@@ -218,14 +218,14 @@ def test_released_buffer_fails_the_encode_cleanly(device, bufs):
         match=r"dispatch 1 \(kernel 'selftest_axpy_f32'\) was "
         "released",
     ):
-        plan.encode()
+        dlist.encode()
     assert device.stats()["kernels_dispatched"] == before["kernels_dispatched"]
-    # The plan still holds the memory: the pool must not hand it to anyone else.
+    # The dispatch list still holds the memory: the pool must not hand it to anyone else.
     assert device.stats()["live_buffers"] == live
     fresh = device.buffer(capacity)
     assert device.stats()["pool_hits"] == before["pool_hits"]
     fresh.release()
-    plan.close()
+    dlist.close()
     s = device.stats()
     assert s["live_buffers"] == live - 1
     again = device.buffer(capacity)  # now the released buffer (or `fresh`) comes back
@@ -233,39 +233,39 @@ def test_released_buffer_fails_the_encode_cleanly(device, bufs):
     again.release()
 
 
-def test_plan_keeps_its_buffers_alive(device):
+def test_dispatch_list_keeps_its_buffers_alive(device):
     x, y = _inputs()
-    plan = device.plan()
+    dlist = device.dispatch_list()
     out = device.buffer(4 * N)
-    # The input buffers have no other reference: the plan must keep them.
-    plan.add("selftest_axpy_f32", axpy(N, 1.0), [device.upload(x), device.upload(y), out], N, 64)
+    # The input buffers have no other reference: the dispatch list must keep them.
+    dlist.add("selftest_axpy_f32", axpy(N, 1.0), [device.upload(x), device.upload(y), out], N, 64)
     gc.collect()
-    plan.encode()
+    dlist.encode()
     np.testing.assert_array_equal(out.read(), x + y)
 
 
-def test_closed_plan_and_closed_device(device, bufs):
-    plan = device.plan()
-    plan.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, 64)
-    plan.close()
-    assert plan.closed and len(plan) == 0
-    with pytest.raises(DeviceError, match="plan was closed"):
-        plan.encode()
-    with pytest.raises(DeviceError, match="plan was closed"):
-        plan.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, 64)
+def test_closed_dispatch_list_and_closed_device(device, bufs):
+    dlist = device.dispatch_list()
+    dlist.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, 64)
+    dlist.close()
+    assert dlist.closed and len(dlist) == 0
+    with pytest.raises(DeviceError, match="dispatch list was closed"):
+        dlist.encode()
+    with pytest.raises(DeviceError, match="dispatch list was closed"):
+        dlist.add("selftest_axpy_f32", axpy(N, 1.0), bufs, N, 64)
 
     dev = _shim.Device("emu", emu_threads=1)
     held = [dev.buffer(4 * N) for _ in range(3)]
-    live_plan = dev.plan()
-    live_plan.add("selftest_axpy_f32", axpy(N, 1.0), held, N, 64)
+    live_list = dev.dispatch_list()
+    live_list.add("selftest_axpy_f32", axpy(N, 1.0), held, N, 64)
     dev.close()
     with pytest.raises(DeviceError, match="closed"):
-        live_plan.encode()
-    live_plan.close()  # after its device: frees only the plan
+        live_list.encode()
+    live_list.close()  # after its device: frees only the dispatch list
     with pytest.raises(DeviceError, match="closed"):
-        dev.plan()
+        dev.dispatch_list()
 
 
 def test_negative_capacity(device):
     with pytest.raises(DeviceError, match="capacity"):
-        device.plan(-1)
+        device.dispatch_list(-1)
