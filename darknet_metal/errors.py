@@ -67,3 +67,9 @@ class ModelNotFoundError(DarknetMetalError, FileNotFoundError):
 
 class DeviceError(DarknetMetalError, RuntimeError):
     """A compute device that is unavailable or failed."""
+
+
+class BindingError(DeviceError):
+    """Buffers that do not fit a kernel's declared roles: a role missing, unknown or bound to
+    too small a buffer (see ``darknet_metal.metal.registry.Kernel.bind``). Caught before
+    dispatch, because a kernel given a short buffer reads or writes past its end silently."""
