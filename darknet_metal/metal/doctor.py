@@ -16,14 +16,13 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from darknet_metal.activations import ACTIVATIONS, CHANNEL_ACTIVATIONS
 from darknet_metal.metal import get_device, registry
-from darknet_metal.metal.encoders import gemm_dispatch, make_dispatch
+from darknet_metal.metal.encoders import make_dispatch
 from darknet_metal.metal.parity import compare, format_report, run_parity
 
 _NET = "[net]\nwidth={w}\nheight={h}\nchannels={c}\n"
@@ -115,41 +114,53 @@ def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
     oh, ow = pooling.pool_output_hw(7, 5, size, sx, sy, padding)
     want = np.empty((2, 3, oh, ow), np.float32)
     pooling.local_avgpool_forward(x, want, size, sx, sy, padding)
-    step = partial(
-        make_dispatch,
+    pool_args = {
+        "planes": 6,
+        "height": 7,
+        "width": 5,
+        "out_h": oh,
+        "out_w": ow,
+        "size": size,
+        "stride_x": sx,
+        "stride_y": sy,
+        "padding": padding,
+    }
+    got = _run(
+        device,
         "local_avgpool_fwd_f32",
-        sizes={"out_w": ow, "out_h": oh, "planes": 6},
-        planes=6,
-        height=7,
-        width=5,
-        out_h=oh,
-        out_w=ow,
-        size=size,
-        stride_x=sx,
-        stride_y=sy,
-        padding=padding,
+        {"x": x},
+        ("y", want.shape),
+        pool_args,
+        {"out_w": ow, "out_h": oh, "planes": 6},
     )
-    got = _run(device, [x], want.shape, step)
     results.append(("local_avgpool_fwd_f32", *_verdict(got, want)))
     m, n, k = 17, 33, 29
     a = rng.standard_normal((k, m)).astype(np.float32)  # stored transposed
     b = rng.standard_normal((k, n)).astype(np.float32)
     bias = rng.standard_normal(m).astype(np.float32)
     ref = (a.T.astype(np.float64) @ b.astype(np.float64) + bias[:, None]).astype(np.float32)
+    gemm_args = {
+        "M": m,
+        "N": n,
+        "K": k,
+        "lda": m,
+        "ldb": n,
+        "ldc": n,
+        "groups": 1,
+        "bias_mode": registry.BIAS_ROWS,
+        "act": 0,
+        **{f"{p}_{s}_stride": 0 for p in "abc" for s in ("batch", "group")},
+        "bias_group_stride": 0,
+    }
     for name in ("gemm_tn_f32", "gemm_tn_simd_f32"):
-        step = partial(
-            gemm_dispatch,
+        got = _run(
+            device,
             name,
-            M=m,
-            N=n,
-            K=k,
-            lda=m,
-            ldb=n,
-            ldc=n,
-            bias_mode=registry.BIAS_ROWS,
-            act=0,
+            {"a": a, "b": b, "bias": bias},
+            ("c", (m, n)),
+            gemm_args,
+            {"N": n, "M": m, "slices": 1},
         )
-        got = _run(device, [a, b, bias], (m, n), step)
         results.append((name, *_verdict(got, ref)))
     return results
 
@@ -161,20 +172,25 @@ def _verdict(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
 
 def _run(
     device: Any,
-    inputs: list[np.ndarray],
-    out_shape: tuple[int, ...],
-    step: Callable[[list[Any]], Any],
+    name: str,
+    inputs: dict[str, np.ndarray],
+    output: tuple[str, tuple[int, ...]],
+    args: dict[str, int | float],
+    sizes: dict[str, int],
 ) -> np.ndarray:
-    """Upload ``inputs``, dispatch ``step(buffers + [output])`` once, return the output."""
-    bufs = [device.upload(np.ascontiguousarray(a, np.float32)) for a in inputs]
-    out = device.buffer(4 * int(np.prod(out_shape)))
+    """Upload ``inputs`` (role -> array), dispatch kernel ``name`` once with a new buffer of
+    ``output`` = (role, shape), return that buffer's contents."""
+    bufs = {role: device.upload(np.ascontiguousarray(a, np.float32)) for role, a in inputs.items()}
+    role, shape = output
+    out = device.buffer(4 * int(np.prod(shape)))
     try:
-        device.dispatch(*step([*bufs, out]))
-        result = np.empty(out_shape, np.float32)
+        bound = registry.kernel(name).bind({**bufs, role: out}, args, sizes)
+        device.dispatch(*make_dispatch(name, bound, sizes, **args))
+        result = np.empty(shape, np.float32)
         out.read_into(result)
         return result
     finally:
-        for b in (*bufs, out):
+        for b in (*bufs.values(), out):
             b.release()
 
 

@@ -161,9 +161,9 @@ def test_emu_elementwise_threads_per_second(benchmark, capsys):
     n = 1 << 22
     x = np.random.default_rng(2).standard_normal(n).astype(np.float32)
     bx, by = dev.upload(x), dev.buffer(4 * n)
-    step = encoders.make_dispatch(
-        "activation_fwd_f32", (bx, by), {"n": n}, n=n, act=ACTIVATION_ID["leaky"]
-    )
+    args, sizes = {"n": n, "act": ACTIVATION_ID["leaky"]}, {"n": n}
+    buffers = registry.kernel("activation_fwd_f32").bind({"x": bx, "y": by}, args, sizes)
+    step = encoders.make_dispatch("activation_fwd_f32", buffers, sizes, **args)
     times: list[float] = []
 
     def run() -> None:
@@ -197,19 +197,25 @@ def test_emu_tiled_gemm_gflops(benchmark, capsys):
         dev.upload(np.zeros(m, np.float32)),
         (dev.buffer(4 * m * n)),
     )
-    # One slice: the strides are never applied (zero by default).
-    step = encoders.gemm_dispatch(
-        "gemm_nn_f32",
-        (ba, bb, bias, bc),
-        M=m,
-        N=n,
-        K=k,
-        lda=k,
-        ldb=n,
-        ldc=n,
-        bias_mode=registry.BIAS_NONE,
-        act=ACTIVATION_ID["linear"],
+    # One slice: the strides are never applied.
+    args = {
+        "M": m,
+        "N": n,
+        "K": k,
+        "lda": k,
+        "ldb": n,
+        "ldc": n,
+        "groups": 1,
+        "bias_mode": registry.BIAS_NONE,
+        "act": ACTIVATION_ID["linear"],
+        **{f"{p}_{s}_stride": 0 for p in "abc" for s in ("batch", "group")},
+        "bias_group_stride": 0,
+    }
+    sizes = {"N": n, "M": m, "slices": 1}
+    buffers = registry.kernel("gemm_nn_f32").bind(
+        {"a": ba, "b": bb, "bias": bias, "c": bc}, args, sizes
     )
+    step = encoders.make_dispatch("gemm_nn_f32", buffers, sizes, **args)
     times: list[float] = []
 
     def run() -> None:

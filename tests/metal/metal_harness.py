@@ -50,19 +50,20 @@ class Runner:
         self,
         name: str,
         args: dict[str, int | float],
-        buffers: list[np.ndarray],
+        buffers: dict[str, np.ndarray | None],
         sizes: dict[str, int],
         *,
         order: str = "forward",
         seed: int = 7,
     ) -> None:
-        """Run kernel ``name``: pack ``args`` into its struct (buffer 0), bind ``buffers`` to
-        the following indices (float32, C-contiguous, used in place) and dispatch the grid
-        its registry entry gives for ``sizes``."""
+        """Run kernel ``name``: pack ``args`` into its struct (buffer 0), bind ``buffers``
+        (role -> float32 C-contiguous array, used in place) through ``Kernel.bind``, which
+        checks each array against the role's declared extent, and dispatch the grid its
+        registry entry gives for ``sizes``."""
         k = registry.kernel(name)
-        assert len(buffers) + 1 == len(k.buffers), (name, len(buffers), k.buffers)
-        for b in buffers:
-            assert b.dtype == np.float32 and b.flags["C_CONTIGUOUS"], name
+        bound = k.bind(buffers, args, sizes)
+        for b in bound:
+            assert b is None or (b.dtype == np.float32 and b.flags["C_CONTIGUOUS"]), name
         packed = np.frombuffer(registry.ARGS[k.args].pack(**args), np.uint8).copy()
         grid, group = k.grid.dispatch(**sizes)
-        self.emu.dispatch(name, [packed, *buffers], grid, group, order=order, seed=seed)
+        self.emu.dispatch(name, [packed, *bound], grid, group, order=order, seed=seed)

@@ -73,7 +73,7 @@ def test_gemm(emu_runner, order, name, mnk):
     emu_runner.run(
         name,
         _gemm_args(m, n, k, lda, ldb, n + 3, bias_mode=BIAS_ROWS, act=ACTIVATION_ID["leaky"]),
-        [a, b, bias, c],
+        {"a": a, "b": b, "bias": bias, "c": c},
         {"N": n, "M": m, "slices": 1},
         order=order,
         seed=m + n,
@@ -92,7 +92,7 @@ def test_gemm_bias_per_column_no_activation(emu_runner, name):
     emu_runner.run(
         name,
         _gemm_args(m, n, k, k, k, n, bias_mode=BIAS_COLS),
-        [a, b, bias, c],
+        {"a": a, "b": b, "bias": bias, "c": c},
         {"N": n, "M": m, "slices": 1},
     )
     want = a.astype(np.float64) @ b.T.astype(np.float64) + bias[None, :]
@@ -125,7 +125,11 @@ def test_gemm_slices_batch_and_groups(emu_runner, name):
         bias_group_stride=m,
     )
     emu_runner.run(
-        name, args, [a, b, bias, c], {"N": n, "M": m, "slices": batch * groups}, order="random"
+        name,
+        args,
+        {"a": a, "b": b, "bias": bias, "c": c},
+        {"N": n, "M": m, "slices": batch * groups},
+        order="random",
     )
     want = np.einsum("gmk,bgkn->bgmn", a.astype(np.float64), b.astype(np.float64))
     want = 1.0 / (1.0 + np.exp(-(want + bias[None, :, :, None])))
@@ -167,7 +171,7 @@ def _conv_on_emu(runner, x, w, bias, out_shape, ksize, sx, sy, pad, dil, groups,
                 "out_h": oh,
                 "out_w": ow,
             },
-            [x, operand],
+            {"image": x, "col": operand},
             {"spatial": spatial, "rows": k, "slices": n * groups},
             order=order,
         )
@@ -192,7 +196,7 @@ def _conv_on_emu(runner, x, w, bias, out_shape, ksize, sx, sy, pad, dil, groups,
     runner.run(
         gemm,
         args,
-        [w, operand, bias, y],
+        {"a": w, "b": operand, "bias": bias, "c": y},
         {"N": spatial, "M": fg, "slices": n * groups},
         order=order,
     )
@@ -249,7 +253,7 @@ def test_im2col_matches_reference(emu_runner, case):
             "out_h": oh,
             "out_w": ow,
         },
-        [x, col],
+        {"image": x, "col": col},
         {"spatial": oh * ow, "rows": want.shape[0], "slices": 1},
         order="reverse",
     )
@@ -269,7 +273,7 @@ def test_connected_layer(emu_runner, name, batch, inputs, outputs):
     emu_runner.run(
         name,
         _gemm_args(batch, outputs, inputs, inputs, inputs, outputs, bias_mode=BIAS_COLS, act=act),
-        [x, w, bias, y],
+        {"a": x, "b": w, "bias": bias, "c": y},
         {"N": outputs, "M": batch, "slices": 1},
         order="random",
     )
@@ -282,7 +286,10 @@ def test_gemm_detects_missing_barrier_sensitivity(emu_runner):
     a, b, bias = _rand((m, k), 17), _rand((k, n), 18), np.zeros(m, np.float32)
     c = np.zeros((m, n), np.float32)
     emu_runner.run(
-        "gemm_nn_f32", _gemm_args(m, n, k, k, n, n), [a, b, bias, c], {"N": n, "M": m, "slices": 1}
+        "gemm_nn_f32",
+        _gemm_args(m, n, k, k, n, n),
+        {"a": a, "b": b, "bias": bias, "c": c},
+        {"N": n, "M": m, "slices": 1},
     )
     assert not np.allclose(c, a @ b[::-1])
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)

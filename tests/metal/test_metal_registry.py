@@ -636,3 +636,65 @@ def test_reorg_extents_equal_the_largest_offset_touched(shape, stride, reverse):
                 large = max(large, i + 1)
     ext = k.extents(args, {"width": w, "height": h, "slices": n * c})
     assert ext == ({"x": small, "y": large} if reverse else {"x": large, "y": small})
+
+
+def _host_networks(tmp_path):
+    from darknet_metal.metal.doctor import MINI_NETWORKS
+    from darknet_metal.models import get_spec
+
+    for name, text in MINI_NETWORKS:
+        path = tmp_path / f"{name}.cfg"
+        path.write_text(text)
+        yield name, path, None
+    for model in ("yolov3-tiny", "yolov4-tiny"):
+        yield model, get_spec(model).cfg, (64, 64)
+
+
+def _unpack(struct_: registry.ArgsStruct, data: bytes) -> dict[str, int | float]:
+    import struct
+
+    fmt = "<" + "".join({"u32": "I", "i32": "i", "f32": "f"}[k] for _, k in struct_.fields)
+    return dict(zip((f for f, _ in struct_.fields), struct.unpack(fmt, data), strict=True))
+
+
+@pytest.mark.parametrize("simd", [False, True])
+def test_every_host_dispatch_fits_the_declared_extents(tmp_path, simd):
+    """The dispatches the GPU backend encodes, with every tensor allocated at its exact size,
+    bind by role: no declared extent exceeds what the host gives the kernels."""
+    from darknet_metal.metal import encoders
+    from darknet_metal.network import load
+    from darknet_metal.params import fold_batchnorm
+
+    batch = 2
+    checked = set()
+    for name, cfg, size in _host_networks(tmp_path):
+        net = load(cfg, seed=0, input_size=size)
+        shapes = {-1: net.layers[0].in_shape, **{s.index: s.out_shape for s in net.layers}}
+        arrays = {i: np.zeros((batch, *shape), np.float32) for i, shape in shapes.items()}
+        for spec in net.layers:
+            if spec.kind in registry.IDENTITY_KINDS:
+                continue
+            res = encoders.LayerResources()
+            if spec.kind in ("convolutional", "connected"):
+                res.weights, res.biases = (
+                    np.ascontiguousarray(p, np.float32)
+                    for p in fold_batchnorm(net.params[spec.index])
+                )
+            if spec.kind == "shortcut" and spec.values["weights_type"] != "none":
+                res.table = np.zeros(len(spec.inputs) * spec.out_shape[0], np.float32)
+            res.workspace = np.zeros(max(1, encoders.im2col_floats(spec, batch)), np.float32)
+            ins = [arrays[i] for i in spec.inputs]
+            steps = encoders.layer_dispatches(
+                spec, batch, ins, [shapes[i] for i in spec.inputs], arrays[spec.index], res, simd
+            )
+            for kname, packed, buffers, grid, group in steps:
+                k = registry.kernel(kname)
+                args = _unpack(registry.ARGS[k.args], packed)
+                sizes = {
+                    axis: grid[i] if k.grid.tile is None else grid[i] // group[i] * k.grid.tile[i]
+                    for i, axis in enumerate(k.grid.axes)
+                }
+                bound = k.bind(dict(zip(k.roles, buffers, strict=True)), args, sizes)
+                assert all(x is y for x, y in zip(bound, buffers, strict=True)), (name, kname)
+                checked.add(kname)
+    assert len(checked) >= 15, checked
