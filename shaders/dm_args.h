@@ -87,10 +87,12 @@ typedef struct dm_im2col_args {
 } dm_im2col_args;
 DM_STATIC_ASSERT(sizeof(dm_im2col_args) == 40, "dm_im2col_args size");
 
-/* gemm_{nn,nt,tn}[_simd]_f32: C[M, N] = act(op(A)[M, K] @ op(B)[K, N] + bias), row-major with
- * leading dimensions lda/ldb/ldc. Slice z of the grid is (zb, zg) = (z / groups, z % groups)
- * and offsets every operand by zb*<x>_batch_stride + zg*<x>_group_stride; the bias index is
- * zg*bias_group_stride + row (DM_BIAS_ROWS) or + column (DM_BIAS_COLS). */
+/* gemm_{nn,nt,tn}[_simd]_f32: C[M, N] = act(op(A)[M, K] @ op(B)[K, N] + bias + beta*C),
+ * row-major with leading dimensions lda/ldb/ldc. Slice z of the grid is (zb, zg) =
+ * (z / groups, z % groups) and offsets every operand by zb*<x>_batch_stride +
+ * zg*<x>_group_stride; the bias index is zg*bias_group_stride + row (DM_BIAS_ROWS) or + column
+ * (DM_BIAS_COLS). beta = 0 never reads C, so C may hold anything (NaN included) beforehand;
+ * beta = 1 accumulates, as backward passes summing gradients need. */
 typedef struct dm_gemm_args {
     uint32_t M;
     uint32_t N;
@@ -108,8 +110,9 @@ typedef struct dm_gemm_args {
     uint32_t bias_group_stride;
     int32_t bias_mode;
     int32_t act;
+    float beta;
 } dm_gemm_args;
-DM_STATIC_ASSERT(sizeof(dm_gemm_args) == 64, "dm_gemm_args size");
+DM_STATIC_ASSERT(sizeof(dm_gemm_args) == 68, "dm_gemm_args size");
 
 /* maxpool_fwd_f32 / local_avgpool_fwd_f32: planes = batch*channels; padding is Darknet's total
  * padding (cfg key, default size-1); windows start padding/2 before the image. */

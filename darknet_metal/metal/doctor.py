@@ -151,6 +151,7 @@ def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
         "act": 0,
         **{f"{p}_{s}_stride": 0 for p in "abc" for s in ("batch", "group")},
         "bias_group_stride": 0,
+        "beta": 0.0,
     }
     for name in ("gemm_tn_f32", "gemm_tn_simd_f32"):
         got = _run(

@@ -82,6 +82,7 @@ def gemm_dispatch(
     act: int,
     groups: int = 1,
     slices: int = 1,
+    beta: float = 0.0,
     **strides: int,
 ) -> Dispatch:
     """A GEMM dispatch (``buffers``: a, b, bias, c). Batch and group strides default to 0
@@ -111,6 +112,7 @@ def gemm_dispatch(
         groups=groups,
         bias_mode=bias_mode,
         act=act,
+        beta=beta,
         **{n: strides.get(n, 0) for n in names},
     )
 

@@ -231,6 +231,7 @@ def _expr(text: str) -> Expr:
 
 
 _DIRECTIONS = ("in", "out", "inout")
+_VERBS = {"in": "reads", "out": "writes", "inout": "reads and writes"}
 
 
 @dataclass(frozen=True)
@@ -374,7 +375,7 @@ class Kernel:
                 when = f" with {_show(_expr(b.used_if), values)}" if b.used_if else ""
                 raise BindingError(
                     f"{self.name}: role {b.role!r} is None but the kernel "
-                    f"{'reads' if b.reads else 'writes'} it{when}"
+                    f"{_VERBS[b.direction]} it{when}"
                 )
             held = getattr(buf, "nbytes", None)
             if held is not None:
@@ -500,7 +501,8 @@ def _gemm(trans: str, simd: bool) -> Kernel:
             _in("a", f"min(M, K, 1)*({_slice_offset('a')} + {a_span})"),
             _in("b", f"min(K, N, 1)*({_slice_offset('b')} + {b_span})"),
             _in("bias", bias, used_if="bias_mode"),
-            _out("c", f"min(M, N, 1)*({_slice_offset('c')} + (M - 1)*ldc + N)"),
+            # Read (beta != 0) and written in place: one thread per element does both.
+            _inout("c", f"min(M, N, 1)*({_slice_offset('c')} + (M - 1)*ldc + N)"),
         ),
         grid=_GEMM_SIMD if simd else _GEMM_TILED,
         layers=layers,

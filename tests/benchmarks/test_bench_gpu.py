@@ -210,6 +210,7 @@ def test_emu_tiled_gemm_gflops(benchmark, capsys):
         "act": ACTIVATION_ID["linear"],
         **{f"{p}_{s}_stride": 0 for p in "abc" for s in ("batch", "group")},
         "bias_group_stride": 0,
+        "beta": 0.0,
     }
     sizes = {"N": n, "M": m, "slices": 1}
     buffers = registry.kernel("gemm_nn_f32").bind(

@@ -57,13 +57,17 @@ class Runner:
         seed: int = 7,
     ) -> None:
         """Run kernel ``name``: pack ``args`` into its struct (buffer 0), bind ``buffers``
-        (role -> float32 C-contiguous array, used in place) through ``Kernel.bind``, which
-        checks each array against the role's declared extent, and dispatch the grid its
-        registry entry gives for ``sizes``."""
+        (role -> float32 C-contiguous array used in place, or None where the kernel does not
+        touch the role) through ``Kernel.bind``, which checks each array against the role's
+        declared extent, and dispatch the grid its registry entry gives for ``sizes``."""
         k = registry.kernel(name)
-        bound = k.bind(buffers, args, sizes)
+        # The emulator, like Metal's validation layer, wants every index bound: a role the
+        # kernel does not touch (None) gets a one-float placeholder.
+        bound = [
+            np.full(1, np.nan, np.float32) if b is None else b for b in k.bind(buffers, args, sizes)
+        ]
         for b in bound:
-            assert b is None or (b.dtype == np.float32 and b.flags["C_CONTIGUOUS"]), name
+            assert b.dtype == np.float32 and b.flags["C_CONTIGUOUS"], name
         packed = np.frombuffer(registry.ARGS[k.args].pack(**args), np.uint8).copy()
         grid, group = k.grid.dispatch(**sizes)
         self.emu.dispatch(name, [packed, *bound], grid, group, order=order, seed=seed)
