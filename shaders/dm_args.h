@@ -196,15 +196,16 @@ typedef struct dm_upsample_args {
 } dm_upsample_args;
 DM_STATIC_ASSERT(sizeof(dm_upsample_args) == 28, "dm_upsample_args size");
 
-/* reorg_fwd_f32: Darknet's reorg_cpu(x, width, height, channels, batch, stride, forward); for
- * [reorg] (reorg_old) these are the input's dims and forward is the reverse flag. */
+/* reorg_fwd_f32: Darknet's reorg_cpu(x, width, height, channels, batch, stride, forward) as
+ * [reorg] (reorg_old) calls it: the input's dims, and the layer's reverse flag in reorg_cpu's
+ * `forward` argument (reverse=0 copies the large side to the small one, reverse=1 back). */
 typedef struct dm_reorg_args {
     uint32_t batch;
     uint32_t width;
     uint32_t height;
     uint32_t channels;
     uint32_t stride;
-    uint32_t forward;
+    uint32_t reverse;
 } dm_reorg_args;
 DM_STATIC_ASSERT(sizeof(dm_reorg_args) == 24, "dm_reorg_args size");
 

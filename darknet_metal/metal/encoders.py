@@ -286,7 +286,7 @@ def layer_dispatches(
                 height=h,
                 channels=c,
                 stride=v["stride"],
-                forward=int(bool(v["reverse"])),
+                reverse=int(bool(v["reverse"])),
             )
         )
     elif kind == "scale_channels":

@@ -677,10 +677,10 @@ KERNELS: dict[str, Kernel] = {
             "reorg_fwd_f32",
             "resample.metal",
             "dm_reorg_args",
-            # forward=0 copies the large side (x) to the small side (y), forward=1 the reverse.
+            # reverse=0 copies the large side (x) to the small side (y), reverse=1 the other way.
             _io(
-                f"{_flag('forward')}*{_REORG_SMALL} + (1 - {_flag('forward')})*({_REORG_LARGE})",
-                f"{_flag('forward')}*({_REORG_LARGE}) + (1 - {_flag('forward')})*{_REORG_SMALL}",
+                f"{_flag('reverse')}*{_REORG_SMALL} + (1 - {_flag('reverse')})*({_REORG_LARGE})",
+                f"{_flag('reverse')}*({_REORG_LARGE}) + (1 - {_flag('reverse')})*{_REORG_SMALL}",
             ),
             Grid(("width", "height", "slices"), (16, 16, 1)),
             ("reorg",),

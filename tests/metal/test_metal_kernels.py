@@ -385,7 +385,7 @@ def test_reorg(emu_runner, order, shape, stride, reverse):
             "height": sh,
             "channels": sc,
             "stride": stride,
-            "forward": int(reverse),
+            "reverse": int(reverse),
         },
         {"x": x, "y": y},
         {"width": sw, "height": sh, "slices": n * sc},

@@ -622,7 +622,7 @@ def test_reorg_extents_equal_the_largest_offset_touched(shape, stride, reverse):
     n, c, h, w = shape
     k = registry.kernel("reorg_fwd_f32")
     args = {"batch": n, "width": w, "height": h, "channels": c, "stride": stride}
-    args["forward"] = reverse
+    args["reverse"] = reverse
     s, in_c = stride, c // (stride * stride)
     small = large = 0
     for z in range(n * c):
