@@ -114,7 +114,7 @@ typedef struct dm_gemm_args {
 } dm_gemm_args;
 DM_STATIC_ASSERT(sizeof(dm_gemm_args) == 68, "dm_gemm_args size");
 
-/* maxpool_fwd_f32 / local_avgpool_fwd_f32: planes = batch*channels; padding is Darknet's total
+/* maxpool_fwd_f32: planes = batch*channels; padding is Darknet's total
  * padding (cfg key, default size-1); windows start padding/2 before the image. */
 typedef struct dm_pool_args {
     uint32_t planes;

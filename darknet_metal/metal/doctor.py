@@ -103,37 +103,10 @@ MINI_NETWORKS: list[tuple[str, str]] = [
 
 
 def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
-    """Kernels no layer kind dispatches: local_avgpool and the transposed-A GEMMs, against
-    the CPU reference and a float64 NumPy product."""
-    from darknet_metal.cpu import pooling
-
+    """Kernels no layer kind dispatches: the transposed-A GEMMs, against a float64 NumPy
+    product."""
     rng = np.random.default_rng(5)
     results = []
-    x = rng.standard_normal((2, 3, 7, 5)).astype(np.float32)
-    size, sx, sy, padding = 3, 2, 1, 2
-    oh, ow = pooling.pool_output_hw(7, 5, size, sx, sy, padding)
-    want = np.empty((2, 3, oh, ow), np.float32)
-    pooling.local_avgpool_forward(x, want, size, sx, sy, padding)
-    pool_args = {
-        "planes": 6,
-        "height": 7,
-        "width": 5,
-        "out_h": oh,
-        "out_w": ow,
-        "size": size,
-        "stride_x": sx,
-        "stride_y": sy,
-        "padding": padding,
-    }
-    got = _run(
-        device,
-        "local_avgpool_fwd_f32",
-        {"x": x},
-        ("y", want.shape),
-        pool_args,
-        {"out_w": ow, "out_h": oh, "planes": 6},
-    )
-    results.append(("local_avgpool_fwd_f32", *_verdict(got, want)))
     m, n, k = 17, 33, 29
     a = rng.standard_normal((k, m)).astype(np.float32)  # stored transposed
     b = rng.standard_normal((k, n)).astype(np.float32)

@@ -519,7 +519,6 @@ _REORG_LARGE = (
     "+ ((channels - 1)//(channels//(stride*stride)))//stride) "
     "+ width*height*stride*stride*((channels//(stride*stride))*batch - 1)"
 )
-_POOL_IO = _io("planes*height*width", "planes*out_h*out_w")
 
 #: Every kernel, keyed by its Metal function name.
 KERNELS: dict[str, Kernel] = {
@@ -562,15 +561,12 @@ KERNELS: dict[str, Kernel] = {
         ),
         *(_gemm(t, s) for s in (False, True) for t in ("nn", "nt", "tn")),
         Kernel(
-            "maxpool_fwd_f32", "pooling.metal", "dm_pool_args", _POOL_IO, _PLANE_3D, ("maxpool",)
-        ),
-        Kernel(
-            "local_avgpool_fwd_f32",
+            "maxpool_fwd_f32",
             "pooling.metal",
             "dm_pool_args",
-            _POOL_IO,
+            _io("planes*height*width", "planes*out_h*out_w"),
             _PLANE_3D,
-            ("local_avgpool",),
+            ("maxpool",),
         ),
         Kernel(
             "maxpool_depth_fwd_f32",
