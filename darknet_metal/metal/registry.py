@@ -9,7 +9,7 @@ order, the grid rule (what the host dispatches over) and the Darknet layer kinds
 Buffers (``Binding``): buffer 0 is always the argument struct; every other index has a role
 name (the kernel's parameter name) and a direction: ``in`` (read), ``out`` (written) or
 ``inout`` (read and written, e.g. a GEMM accumulating into ``c``), inputs before outputs. Hosts
-bind buffers by role with ``Kernel.bind``, never by position: a positional list silently
+bind buffers by role with ``Kernel.bind`` rather than by position: a positional list silently
 accepts two operands in the wrong order, and a kernel given too short a buffer reads or writes
 past its end without any error on the GPU.
 
@@ -17,10 +17,12 @@ Each role declares its extent: an integer expression over the argument-struct fi
 grid axis names (a field wins where both have the name) giving how many float32 elements the
 role must hold, that is the largest element offset the kernel can touch, plus one, for those
 arguments. Expressions use only ``+ - * //``, parentheses, integer literals, names and
-``max``/``min`` calls, and are evaluated by walking their syntax tree, not by ``eval``, so the
-registry stays plain data. A role may also declare ``used_if``: an expression the kernel
-touches the role only when nonzero (the bias of a GEMM with ``bias_mode = DM_BIAS_NONE``, the
-weight table of an unweighted shortcut); only then may it be bound to ``None``.
+``max``/``min`` calls, and are evaluated by walking their syntax tree, not by ``eval``, so a
+declaration is data that can never run code. A role the kernel touches only under a condition
+declares it as ``used_if``, an expression that is zero when the kernel leaves the role alone
+(a GEMM's bias with ``bias_mode = DM_BIAS_NONE``, the weight table of an unweighted
+shortcut): there, and only there, the role may be given as ``None`` (the dispatch must still
+bind some buffer at that index: Metal's validation wants every index bound).
 ``Kernel.bind`` raises ``BindingError`` for a missing or unknown role, ``None`` where the
 kernel touches the role, or a buffer (anything with ``nbytes``) holding fewer bytes than 4 x
 the extent.
