@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -560,6 +561,38 @@ def test_bind_every_kernel_at_exact_extents_and_one_float_short(name):
         short = dict(bufs, **{role: _f32(n - 1)})
         with pytest.raises(BindingError, match=rf"^{name}: buffer for role '{role}' holds "):
             k.bind(short, args, sizes)
+
+
+def _sample_dispatch(k):
+    """Argument values and grid sizes for running kernel ``k`` with every role touched (a grid
+    axis named like a field gets the field's value)."""
+    fields = registry.ARGS[k.args].fields
+    args = {
+        f: 1.0 if kind == "f32" else _SAMPLE.get(f, 3 + i % 4) for i, (f, kind) in enumerate(fields)
+    }
+    return args, {axis: int(args.get(axis, 7)) for axis in k.grid.axes}
+
+
+@pytest.mark.parametrize("name", sorted(registry.KERNELS))
+def test_kernels_stay_within_their_declared_extents(emu_runner, name):
+    """Each role gets exactly its extent (a view of a larger array whose tail must stay
+    untouched): no kernel writes past an extent. With DM_METAL_TEST_ASAN=1 every role is its
+    own allocation instead, so reads past an extent are caught too."""
+    k = registry.KERNELS[name]
+    args, sizes = _sample_dispatch(k)
+    extents = k.extents(args, sizes)
+    asan = os.environ.get("DM_METAL_TEST_ASAN", "") not in ("", "0")
+    tail = 0 if asan else 67
+    rng = np.random.default_rng(1)
+    backing = {
+        role: np.concatenate(
+            [rng.standard_normal(n).astype(np.float32), np.full(tail, 1234.5, np.float32)]
+        )
+        for role, n in extents.items()
+    }
+    emu_runner.run(name, args, {r: b[: extents[r]] for r, b in backing.items()}, sizes)
+    for role, b in backing.items():
+        assert (b[extents[role] :] == 1234.5).all(), (name, role)
 
 
 def _gemm_touched(trans, args, slices):
