@@ -70,5 +70,7 @@ class DeviceError(DarknetMetalError, RuntimeError):
 
 
 class BindingError(DeviceError):
-    """A kernel's buffers bound wrongly: a missing, unknown or too small buffer role, or a
-    read of a tensor nothing has written."""
+    """Buffers that do not fit a kernel's declared roles: a role missing, unknown or bound to
+    too small a buffer (see ``darknet_metal.metal.registry.Kernel.bind``), or a program step
+    reading a tensor nothing has written yet (two roles swapped). Caught before anything is
+    encoded, because a kernel given the wrong buffer reads or writes the wrong memory silently."""

@@ -256,12 +256,9 @@ class _Builder:
             else:
                 stand_ins[role] = ref
         k.bind(stand_ins, args, sizes)
-        reads = tuple(
-            t for role in k.inputs if isinstance(t := buffers.get(role), Tensor)
-        )
-        writes = tuple(
-            t for role in k.outputs if isinstance(t := buffers.get(role), Tensor)
-        )
+        read_roles, written_roles = k.accesses(args, sizes)
+        reads = tuple(t for role in read_roles if isinstance(t := buffers.get(role), Tensor))
+        writes = tuple(t for role in written_roles if isinstance(t := buffers.get(role), Tensor))
         self._check_reads(layer, f"kernel {name}", reads)
         self.program.steps.append(
             KernelStep(layer, name, dict(buffers), dict(args), dict(sizes), reads, writes)

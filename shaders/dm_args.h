@@ -87,10 +87,12 @@ typedef struct dm_im2col_args {
 } dm_im2col_args;
 DM_STATIC_ASSERT(sizeof(dm_im2col_args) == 40, "dm_im2col_args size");
 
-/* gemm_{nn,nt,tn}[_simd]_f32: C[M, N] = act(op(A)[M, K] @ op(B)[K, N] + bias), row-major with
- * leading dimensions lda/ldb/ldc. Slice z of the grid is (zb, zg) = (z / groups, z % groups)
- * and offsets every operand by zb*<x>_batch_stride + zg*<x>_group_stride; the bias index is
- * zg*bias_group_stride + row (DM_BIAS_ROWS) or + column (DM_BIAS_COLS). */
+/* gemm_{nn,nt,tn}[_simd]_f32: C[M, N] = act(op(A)[M, K] @ op(B)[K, N] + bias + beta*C),
+ * row-major with leading dimensions lda/ldb/ldc. Slice z of the grid is (zb, zg) =
+ * (z / groups, z % groups) and offsets every operand by zb*<x>_batch_stride +
+ * zg*<x>_group_stride; the bias index is zg*bias_group_stride + row (DM_BIAS_ROWS) or + column
+ * (DM_BIAS_COLS). beta = 0 never reads C, so C may hold anything (NaN included) beforehand;
+ * beta = 1 accumulates, as backward passes summing gradients need. */
 typedef struct dm_gemm_args {
     uint32_t M;
     uint32_t N;
@@ -108,10 +110,11 @@ typedef struct dm_gemm_args {
     uint32_t bias_group_stride;
     int32_t bias_mode;
     int32_t act;
+    float beta;
 } dm_gemm_args;
-DM_STATIC_ASSERT(sizeof(dm_gemm_args) == 64, "dm_gemm_args size");
+DM_STATIC_ASSERT(sizeof(dm_gemm_args) == 68, "dm_gemm_args size");
 
-/* maxpool_fwd_f32 / local_avgpool_fwd_f32: planes = batch*channels; padding is Darknet's total
+/* maxpool_fwd_f32: planes = batch*channels; padding is Darknet's total
  * padding (cfg key, default size-1); windows start padding/2 before the image. */
 typedef struct dm_pool_args {
     uint32_t planes;
@@ -193,15 +196,16 @@ typedef struct dm_upsample_args {
 } dm_upsample_args;
 DM_STATIC_ASSERT(sizeof(dm_upsample_args) == 28, "dm_upsample_args size");
 
-/* reorg_fwd_f32: Darknet's reorg_cpu(x, width, height, channels, batch, stride, forward); for
- * [reorg] (reorg_old) these are the input's dims and forward is the reverse flag. */
+/* reorg_fwd_f32: Darknet's reorg_cpu(x, width, height, channels, batch, stride, forward) as
+ * [reorg] (reorg_old) calls it: the input's dims, and the layer's reverse flag in reorg_cpu's
+ * `forward` argument (reverse=0 copies the large side to the small one, reverse=1 back). */
 typedef struct dm_reorg_args {
     uint32_t batch;
     uint32_t width;
     uint32_t height;
     uint32_t channels;
     uint32_t stride;
-    uint32_t forward;
+    uint32_t reverse;
 } dm_reorg_args;
 DM_STATIC_ASSERT(sizeof(dm_reorg_args) == 24, "dm_reorg_args size");
 

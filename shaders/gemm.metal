@@ -1,4 +1,4 @@
-// GEMM with a fused epilogue: C[M, N] = act(op(A)[M, K] @ op(B)[K, N] + bias).
+// GEMM with a fused epilogue: C[M, N] = act(op(A)[M, K] @ op(B)[K, N] + bias + beta*C).
 //
 // A convolution is C = W (filters x K) @ col (K x out_h*out_w) with a bias per row (gemm_nn);
 // a connected layer is out (batch x outputs) = x (batch x inputs) @ W^T with a bias per column
@@ -35,13 +35,16 @@ inline float gemm_load_b(device const float* b, uint ldb, uint k, uint n) {
     return TB ? b[n * ldb + k] : b[k * ldb + n];
 }
 
-inline float gemm_epilogue(constant dm_gemm_args& args, device const float* bias, uint zg,
-                           uint r, uint n, float v) {
+// C is read only when beta != 0: with beta = 0 it may be uninitialised, and 0 * NaN would
+// otherwise leak NaN into the result.
+inline float gemm_epilogue(constant dm_gemm_args& args, device const float* bias,
+                           device const float* c, uint zg, uint r, uint n, float v) {
     if (args.bias_mode == DM_BIAS_ROWS) {
         v += bias[zg * args.bias_group_stride + r];
     } else if (args.bias_mode == DM_BIAS_COLS) {
         v += bias[zg * args.bias_group_stride + n];
     }
+    if (args.beta != 0.0f) v += args.beta * c[r * args.ldc + n];
     return dm_activate(v, args.act);
 }
 
@@ -105,7 +108,7 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
         for (uint j = 0; j < 2; ++j) {
             uint r = row0 + lid.y + i * GEMM_SIDE, n = col0 + lid.x + j * GEMM_SIDE;
             if (r < args.M && n < args.N) {
-                c[r * args.ldc + n] = gemm_epilogue(args, bias, zg, r, n, acc[i][j]);
+                c[r * args.ldc + n] = gemm_epilogue(args, bias, c, zg, r, n, acc[i][j]);
             }
         }
     }
@@ -166,7 +169,7 @@ kernel void gemm_simd(constant dm_gemm_args& args [[buffer(0)]],
     for (uint e = tid; e < GEMM_TILE * GEMM_TILE; e += GEMM_SIMD_THREADS) {
         uint r = row0 + e / GEMM_TILE, n = col0 + e % GEMM_TILE;
         if (r < args.M && n < args.N) {
-            c[r * args.ldc + n] = gemm_epilogue(args, bias, zg, r, n, c_tile[e]);
+            c[r * args.ldc + n] = gemm_epilogue(args, bias, c, zg, r, n, c_tile[e]);
         }
     }
 }

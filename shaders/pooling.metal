@@ -1,15 +1,14 @@
-// Pooling: [maxpool] (windows and maxpool_depth), [local_avgpool] and global [avgpool].
+// Pooling: [maxpool] (windows and maxpool_depth) and global [avgpool].
 //
 // Window geometry is Darknet's: window (i, j) starts at (i*stride_y - padding/2,
 // j*stride_x - padding/2) and positions outside the image are skipped, so a window wholly
-// outside gives -FLT_MAX (max) or 0/0 (local average), as in Darknet.
+// outside gives -FLT_MAX, as in Darknet.
 #include <metal_stdlib>
 #include "dm_args.h"
 using namespace metal;
 
 // Grid (out_w, out_h, planes).
-template <bool AVERAGE>
-kernel void pool_window_fwd(constant dm_pool_args& args [[buffer(0)]],
+kernel void maxpool_fwd_f32(constant dm_pool_args& args [[buffer(0)]],
                             device const float* x [[buffer(1)]],
                             device float* y [[buffer(2)]],
                             uint3 gid [[thread_position_in_grid]]) {
@@ -17,8 +16,6 @@ kernel void pool_window_fwd(constant dm_pool_args& args [[buffer(0)]],
     const int offset = int(args.padding / 2);
     device const float* src = x + gid.z * args.height * args.width;
     float best = -FLT_MAX;
-    float total = 0.0f;
-    int count = 0;
     for (uint n = 0; n < args.size; ++n) {
         int yy = int(gid.y * args.stride_y + n) - offset;
         if (yy < 0 || yy >= int(args.height)) continue;
@@ -28,15 +25,10 @@ kernel void pool_window_fwd(constant dm_pool_args& args [[buffer(0)]],
             float v = src[uint(yy) * args.width + uint(xx)];
             // Strict ">" is Darknet's: NaN never wins and ties keep the first position.
             if (v > best) best = v;
-            total += v;
-            count += 1;
         }
     }
-    y[(gid.z * args.out_h + gid.y) * args.out_w + gid.x] = AVERAGE ? total / float(count) : best;
+    y[(gid.z * args.out_h + gid.y) * args.out_w + gid.x] = best;
 }
-
-typedef decltype(pool_window_fwd<false>) pool_window_fwd_t;
-template [[host_name("maxpool_fwd_f32")]] kernel pool_window_fwd_t pool_window_fwd<false>;
 
 // maxpool_depth=1: output channel g is the maximum of input channels g, g + out_channels, ...
 // Grid (spatial, out_channels, batch).

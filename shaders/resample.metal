@@ -30,10 +30,10 @@ kernel void upsample_fwd_f32(constant dm_upsample_args& args [[buffer(0)]],
     y[dst] = total;
 }
 
-// Darknet's reorg_cpu(x, width, height, channels, batch, stride, forward): the small side is
-// indexed (batch, channels, height, width), the large side read as (channels/s^2, height*s,
-// width*s). forward=0 copies large -> small, forward=1 small -> large. Grid (width, height,
-// batch*channels).
+// Darknet's reorg_cpu(x, width, height, channels, batch, stride, forward), called by [reorg]
+// with the layer's reverse flag as `forward`: the small side is indexed (batch, channels,
+// height, width), the large side read as (channels/s^2, height*s, width*s). reverse=0 copies
+// large -> small, reverse=1 small -> large. Grid (width, height, batch*channels).
 kernel void reorg_fwd_f32(constant dm_reorg_args& args [[buffer(0)]],
                           device const float* x [[buffer(1)]],
                           device float* y [[buffer(2)]],
@@ -49,7 +49,7 @@ kernel void reorg_fwd_f32(constant dm_reorg_args& args [[buffer(0)]],
     const uint large_y = gid.y * s + offset / s;
     const uint large = (gid.x * s + offset % s) +
                        args.width * s * (large_y + args.height * s * (c2 + in_c * b));
-    if (args.forward != 0u) {
+    if (args.reverse != 0u) {
         y[large] = x[small];
     } else {
         y[small] = x[large];

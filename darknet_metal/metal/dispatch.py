@@ -50,23 +50,24 @@ def gemm_kernel(trans: str, simd: bool) -> str:
 
 def gemm_args(
     *, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, bias_mode: int, act: int,
-    groups: int = 1, slices: int = 1, **strides: int,
+    groups: int = 1, slices: int = 1, beta: float = 0.0, **strides: int,
 ) -> tuple[dict[str, int | float], dict[str, int]]:
-    """(argument fields, grid sizes) of a GEMM over ``slices`` = batch x groups slices."""
+    """(argument fields, grid sizes) of a GEMM ``c = act(A·B + bias + beta*c)`` over
+    ``slices`` = batch x groups slices (``beta`` 0: c is written, not read)."""
     unknown = set(strides) - set(_GEMM_STRIDES)
     if unknown:
         raise TypeError(f"gemm_args: unknown strides {sorted(unknown)}")
     args: dict[str, int | float] = dict(
         M=M, N=N, K=K, lda=lda, ldb=ldb, ldc=ldc, groups=groups, bias_mode=bias_mode, act=act,
+        beta=beta,
     )
     args.update({n: strides.get(n, 0) for n in _GEMM_STRIDES})
-    if "beta" in {f for f, _ in registry.ARGS["dm_gemm_args"].fields}:
-        args["beta"] = 0.0
     return args, {"N": N, "M": M, "slices": slices}
 
 
 def gemm_step(
-    e: LayerEmitter, name: str, buffers: Mapping[str, Tensor | Param | None], **fields: int
+    e: LayerEmitter, name: str, buffers: Mapping[str, Tensor | Param | None],
+    **fields: int | float,
 ) -> None:
     """Emits a GEMM kernel step (``buffers``: a, b, bias, c) with ``gemm_args(**fields)``."""
     args, sizes = gemm_args(**fields)

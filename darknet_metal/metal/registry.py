@@ -3,9 +3,31 @@
 For each kernel: its Metal function name (the registry key, ``<op>_<fwd|bwd>[_<part>]_<dtype>``
 or a direction-free op such as ``gemm_nn_f32``), the ``.metal`` file defining it, its argument
 struct (``shaders/dm_args.h``, read from the header itself so the host packs exactly what the
-shaders declare; tests check that layout against what a C compiler sees), the role of each
-buffer in index order (buffer 0 is always the argument struct, then inputs, then outputs), the
-grid rule (what the host dispatches over) and the Darknet layer kinds it serves.
+shaders declare; tests check that layout against what a C compiler sees), its buffers in index
+order and the grid rule (what the host dispatches over). Which kernels a layer uses is its
+op's business (``darknet_metal.ops``), not the registry's.
+
+Buffers (``Binding``): buffer 0 is always the argument struct; every other index has a role
+name (the kernel's parameter name) and a direction: ``in`` (read), ``out`` (written) or
+``inout`` (read and written, e.g. a GEMM accumulating into ``c``; ``read_if`` names the field,
+``beta``, without which its old contents are ignored), inputs before outputs. Hosts
+bind buffers by role with ``Kernel.bind`` rather than by position: a positional list silently
+accepts two operands in the wrong order, and a kernel given too short a buffer reads or writes
+past its end without any error on the GPU.
+
+Each role declares its extent: an integer expression over the argument-struct fields and the
+grid axis names (a field wins where both have the name) giving how many float32 elements the
+role must hold, that is the largest element offset the kernel can touch, plus one, for those
+arguments. Expressions use only ``+ - * //``, parentheses, integer literals, names and
+``max``/``min`` calls, and are evaluated by walking their syntax tree, not by ``eval``, so a
+declaration is data that can never run code. A role the kernel touches only under a condition
+declares it as ``used_if``, an expression that is zero when the kernel leaves the role alone
+(a GEMM's bias with ``bias_mode = DM_BIAS_NONE``, the weight table of an unweighted
+shortcut): there, and only there, the role may be given as ``None`` (the dispatch must still
+bind some buffer at that index: Metal's validation wants every index bound).
+``Kernel.bind`` raises ``BindingError`` for a missing or unknown role, ``None`` where the
+kernel touches the role, or a buffer (anything with ``nbytes``) holding fewer bytes than 4 x
+the extent.
 
 Grid rules (``Grid``): the host dispatches with ``dispatchThreads`` over ``axes``, named sizes
 given in x, y, z order. Without ``tile`` there is one thread per element and the threadgroup
@@ -17,11 +39,17 @@ threadgroup barriers). ``Grid.dispatch`` computes both.
 
 from __future__ import annotations
 
+import ast
+import difflib
+import functools
 import math
 import re
 import struct
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from darknet_metal.errors import BindingError
 from darknet_metal.metal.sources import shader_header
 
 __all__ = [
@@ -29,13 +57,14 @@ __all__ = [
     "BIAS_COLS",
     "BIAS_NONE",
     "BIAS_ROWS",
-    "IDENTITY_KINDS",
     "KERNELS",
     "ArgsStruct",
+    "Binding",
+    "BindingError",
+    "Expr",
     "Grid",
     "Kernel",
     "kernel",
-    "kernels_for",
 ]
 
 _FORMATS = {"u32": "I", "i32": "i", "f32": "f"}
@@ -116,6 +145,131 @@ class Grid:
         return (tuple((*grid, *pad)[:3]), tuple((*self.group, *pad)[:3]))  # type: ignore[return-value]
 
 
+_BINARY: dict[type, Callable[[int, int], int]] = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+}
+_CALLS: dict[str, Callable[..., int]] = {"max": max, "min": min}
+
+
+class Expr:
+    """An integer expression of the registry (an extent or a ``used_if`` condition).
+
+    ``Expr(text)`` raises ValueError unless ``text`` uses only ``+ - * //``, parentheses,
+    integer literals, names and ``max``/``min`` calls. Calling it with a mapping of names to
+    integers evaluates it; a missing name raises KeyError, a division by zero
+    ZeroDivisionError.
+    """
+
+    __slots__ = ("names", "text", "_tree")
+
+    def __init__(self, text: str) -> None:
+        try:
+            tree = ast.parse(text.strip(), mode="eval").body
+        except SyntaxError as e:
+            raise ValueError(f"expression {text!r}: {e.msg}") from None
+        found: list[ast.Name] = []
+        self._check(tree, text, found)
+        self.text = text
+        self._tree = tree
+        #: Names the expression reads, in order of first appearance.
+        self.names: tuple[str, ...] = tuple(
+            dict.fromkeys(n.id for n in sorted(found, key=lambda n: (n.lineno, n.col_offset)))
+        )
+
+    @classmethod
+    def _check(cls, node: ast.AST, text: str, names: list[ast.Name]) -> None:
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            cls._check(node.left, text, names)
+            cls._check(node.right, text, names)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            cls._check(node.operand, text, names)
+        elif isinstance(node, ast.Constant) and type(node.value) is int:
+            pass
+        elif isinstance(node, ast.Name) and node.id not in _CALLS:
+            names.append(node)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _CALLS
+            and node.args
+            and not node.keywords
+            and not any(isinstance(a, ast.Starred) for a in node.args)
+        ):
+            for a in node.args:
+                cls._check(a, text, names)
+        else:
+            raise ValueError(
+                f"expression {text!r}: {ast.unparse(node)!r} is not allowed (only + - * //, "
+                "parentheses, integer literals, names and max/min calls)"
+            )
+
+    def __call__(self, values: Mapping[str, int | float]) -> int:
+        return self._eval(self._tree, values)
+
+    @classmethod
+    def _eval(cls, node: ast.AST, values: Mapping[str, int | float]) -> int:
+        if isinstance(node, ast.BinOp):
+            op = _BINARY[type(node.op)]
+            return op(cls._eval(node.left, values), cls._eval(node.right, values))
+        if isinstance(node, ast.UnaryOp):
+            return -cls._eval(node.operand, values)
+        if isinstance(node, ast.Constant):
+            return int(node.value)
+        if isinstance(node, ast.Name):
+            return int(values[node.id])
+        assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        return _CALLS[node.func.id](*(cls._eval(a, values) for a in node.args))
+
+    def __repr__(self) -> str:
+        return f"Expr({self.text!r})"
+
+
+@functools.cache
+def _expr(text: str) -> Expr:
+    return Expr(text)
+
+
+_DIRECTIONS = ("in", "out", "inout")
+_VERBS = {"in": "reads", "out": "writes", "inout": "reads and writes"}
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One buffer of a kernel: ``direction`` ("in", "out" or "inout"), ``role`` (the kernel's
+    parameter name), ``extent`` (floats it must hold) and ``used_if`` (empty: always touched);
+    see the module docstring."""
+
+    direction: str
+    role: str
+    extent: str
+    used_if: str = ""
+    #: For an inout role: the argument field whose non-zero value makes the kernel read the
+    #: role's old contents (empty: always read). A role not read need not be initialised.
+    read_if: str = ""
+
+    def __post_init__(self) -> None:
+        if self.direction not in _DIRECTIONS:
+            raise ValueError(
+                f"role {self.role!r}: direction {self.direction!r} is not one of {_DIRECTIONS}"
+            )
+        if not self.role.isidentifier() or self.role == "args":
+            raise ValueError(f"bad role name {self.role!r}")
+        _expr(self.extent)
+        if self.used_if:
+            _expr(self.used_if)
+
+    @property
+    def reads(self) -> bool:
+        return self.direction != "out"
+
+    @property
+    def writes(self) -> bool:
+        return self.direction != "in"
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One kernel function: see the module docstring. ``requires`` names a GPU feature the
@@ -124,35 +278,136 @@ class Kernel:
     name: str
     source: str
     args: str
-    buffers: tuple[str, ...]
+    bindings: tuple[Binding, ...]
     grid: Grid
-    layers: tuple[str, ...]
     requires: str = ""
 
-    @property
-    def inputs(self) -> tuple[str, ...]:
-        return tuple(b[3:] for b in self.buffers if b.startswith("in:"))
+    def __post_init__(self) -> None:
+        roles = self.roles
+        if len(set(roles)) != len(roles):
+            raise ValueError(f"{self.name}: duplicate roles in {roles}")
 
     @property
-    def outputs(self) -> tuple[str, ...]:
-        return tuple(b[4:] for b in self.buffers if b.startswith("out:"))
+    def buffers(self) -> tuple[str, ...]:
+        """``"args"`` then ``"<direction>:<role>"`` for each buffer index."""
+        return ("args", *(f"{b.direction}:{b.role}" for b in self.bindings))
 
     @property
     def roles(self) -> tuple[str, ...]:
-        """Buffer role names in index order (the argument struct excluded)."""
-        return tuple(b.split(":", 1)[1] for b in self.buffers if ":" in b)
+        """Role names in buffer index order (index 1 on; buffer 0 is the argument struct)."""
+        return tuple(b.role for b in self.bindings)
 
-    def bind(self, buffers, args, sizes) -> tuple:
-        """The buffers in index order from role name -> buffer; BindingError for a missing or
-        unknown role."""
-        from darknet_metal.errors import BindingError
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Roles the kernel reads ("in" and "inout")."""
+        return tuple(b.role for b in self.bindings if b.reads)
 
-        missing = [r for r in self.roles if r not in buffers]
-        unknown = sorted(set(buffers) - set(self.roles))
-        if missing or unknown:
-            raise BindingError(f"{self.name}: missing roles {missing}, unknown roles {unknown}; "
-                               f"its roles are {list(self.roles)}")
-        return tuple(buffers[r] for r in self.roles)
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Roles the kernel writes ("out" and "inout")."""
+        return tuple(b.role for b in self.bindings if b.writes)
+
+    def accesses(
+        self, args: Mapping[str, int | float], sizes: Mapping[str, int]
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(roles read, roles written) by a dispatch with these argument values and grid
+        sizes: roles the kernel does not touch (``used_if``) and inout roles whose old
+        contents it ignores (``read_if``) are not read."""
+        values = {**sizes, **args}
+        used = [b for b in self.bindings if self._used(b, values)]
+        read = tuple(b.role for b in used
+                     if b.reads and (not b.read_if or float(args[b.read_if]) != 0.0))
+        return read, tuple(b.role for b in used if b.writes)
+
+    def binding(self, role: str) -> Binding:
+        """The declaration of ``role``; BindingError naming the kernel's roles otherwise."""
+        for b in self.bindings:
+            if b.role == role:
+                return b
+        raise BindingError(self._unknown(role))
+
+    def _unknown(self, role: str) -> str:
+        msg = f"{self.name}: unknown role {role!r}; its roles are {', '.join(self.roles)}"
+        close = difflib.get_close_matches(role, self.roles, n=1)
+        return msg + (f" (did you mean {close[0]!r}?)" if close else "")
+
+    def _value(self, b: Binding, text: str, values: Mapping[str, int | float]) -> int:
+        try:
+            return _expr(text)(values)
+        except KeyError as e:
+            raise BindingError(
+                f"{self.name}: role {b.role!r} needs {e.args[0]!r} ({text}), which is neither "
+                "in the arguments nor in the grid sizes"
+            ) from None
+        except ZeroDivisionError:
+            raise BindingError(
+                f"{self.name}: the extent of role {b.role!r} divides by zero with "
+                f"{_show(_expr(text), values)}"
+            ) from None
+
+    def _used(self, b: Binding, values: Mapping[str, int | float]) -> bool:
+        return not b.used_if or self._value(b, b.used_if, values) != 0
+
+    def extents(self, args: Mapping[str, int | float], sizes: Mapping[str, int]) -> dict[str, int]:
+        """Floats each role must hold for these argument values and grid sizes (0 for a role
+        the kernel does not touch with them). Raises BindingError for a value the
+        declarations need but neither mapping gives, or a division by zero."""
+        values = {**sizes, **args}
+        return {
+            b.role: max(0, self._value(b, b.extent, values)) if self._used(b, values) else 0
+            for b in self.bindings
+        }
+
+    def bind(
+        self,
+        buffers: Mapping[str, Any],
+        args: Mapping[str, int | float],
+        sizes: Mapping[str, int],
+    ) -> tuple[Any, ...]:
+        """The buffers of roles ``buffers`` in index order (buffer 1 on), for a dispatch with
+        argument values ``args`` and grid sizes ``sizes``.
+
+        Raises BindingError for a missing or unknown role, a ``None`` where the kernel
+        touches the role (see ``Binding.used_if``), or a buffer with ``nbytes`` (shim
+        ``Buffer``, NumPy array) smaller than 4 bytes times the role's extent. Objects
+        without ``nbytes`` are passed through unchecked.
+        """
+        for role in buffers:
+            if role not in self.roles:
+                raise BindingError(self._unknown(role))
+        values = {**sizes, **args}
+        bound = []
+        for b in self.bindings:
+            if b.role not in buffers:
+                raise BindingError(
+                    f"{self.name}: no buffer for role {b.role!r}; its roles are "
+                    f"{', '.join(self.roles)}"
+                )
+            buf = buffers[b.role]
+            if not self._used(b, values):
+                bound.append(buf)
+                continue
+            if buf is None:
+                when = f" with {_show(_expr(b.used_if), values)}" if b.used_if else ""
+                raise BindingError(
+                    f"{self.name}: role {b.role!r} is None but the kernel "
+                    f"{_VERBS[b.direction]} it{when}"
+                )
+            held = getattr(buf, "nbytes", None)
+            if held is not None:
+                expr = _expr(b.extent)
+                need = 4 * max(0, self._value(b, b.extent, values))
+                if held < need:
+                    raise BindingError(
+                        f"{self.name}: buffer for role {b.role!r} holds {held} bytes; "
+                        f"{_show(expr, values)} needs {need}"
+                    )
+            bound.append(buf)
+        return tuple(bound)
+
+
+def _show(expr: Expr, values: Mapping[str, int | float]) -> str:
+    return " ".join(f"{n}={values[n]}" for n in expr.names if n in values)
 
 
 _C_KINDS = {"uint32_t": "u32", "int32_t": "i32", "float": "f32"}
@@ -190,35 +445,83 @@ ARGS: dict[str, ArgsStruct] = _read_args()
 #: dm_gemm_args.bias_mode values.
 BIAS_NONE, BIAS_ROWS, BIAS_COLS = 0, 1, 2
 
-#: Layer kinds that copy their input at inference and need no kernel.
-IDENTITY_KINDS: frozenset[str] = frozenset({"dropout", "cost"})
-
-# Layers whose activation key is applied by a separate activation kernel after the layer
-# (convolutional and connected fuse elementwise activations into the GEMM epilogue).
-_ACTIVATED = ("shortcut", "scale_channels", "sam")
-_ANY_ACTIVATION = ("convolutional", "connected", *_ACTIVATED)
-
 _ELEMENTS = Grid(("n",), (256,))
 _SPATIAL_3D = Grid(("spatial", "channels", "batch"), (64, 4, 1))
 _PLANE_3D = Grid(("out_w", "out_h", "planes"), (16, 16, 1))
 _GEMM_TILED = Grid(("N", "M", "slices"), (16, 16, 1), (32, 32, 1))
 _GEMM_SIMD = Grid(("N", "M", "slices"), (128, 1, 1), (32, 32, 1))
-_IO = ("args", "in:x", "out:y")
-_GEMM_IO = ("args", "in:a", "in:b", "in:bias", "out:c")
+
+
+def _in(role: str, extent: str, used_if: str = "") -> Binding:
+    return Binding("in", role, extent, used_if)
+
+
+def _out(role: str, extent: str) -> Binding:
+    return Binding("out", role, extent)
+
+
+def _io(x: str, y: str) -> tuple[Binding, ...]:
+    return (_in("x", x), _out("y", y))
+
+
+def _flag(name: str) -> str:
+    """1 when the u32 field ``name`` is nonzero (the kernels test ``!= 0u``), else 0."""
+    return f"min({name}, 1)"
+
+
+def _equals(name: str, value: int) -> str:
+    """1 when ``name == value``, else 0: the grammar has no comparisons."""
+    return f"(1 - min(1, max({name} - {value}, {value} - {name})))"
+
+
+def _slice_offset(operand: str) -> str:
+    """Largest offset zb*<operand>_batch_stride + zg*<operand>_group_stride over the GEMM's
+    slices z < slices, (zb, zg) = (z // groups, z % groups). With all strides unsigned it is
+    the last slice, or the last group of the previous image when the last image is partial."""
+    last = "(slices - 1) // groups"
+    batch, group = f"{operand}_batch_stride", f"{operand}_group_stride"
+    return (
+        f"max(({last})*{batch} + (slices - 1 - ({last})*groups)*{group}, "
+        f"min({last}, 1)*(({last} - 1)*{batch} + (groups - 1)*{group}))"
+    )
 
 
 def _gemm(trans: str, simd: bool) -> Kernel:
-    layers = {"nn": ("convolutional",), "nt": ("connected",), "tn": ()}[trans]
+    # op(A)[r, k] is a[r*lda + k], or a[k*lda + r] stored transposed; likewise op(B)[k, n].
+    a_span = "(K - 1)*lda + M" if trans[0] == "t" else "(M - 1)*lda + K"
+    b_span = "(N - 1)*ldb + K" if trans[1] == "t" else "(K - 1)*ldb + N"
+    # The epilogue adds bias[zg*bias_group_stride + r] (rows) or [... + n] (columns).
+    bias = (
+        f"min(M, N, 1)*((min(groups, slices) - 1)*bias_group_stride "
+        f"+ {_equals('bias_mode', BIAS_ROWS)}*M + {_equals('bias_mode', BIAS_COLS)}*N)"
+    )
     return Kernel(
         name=f"gemm_{trans}{'_simd' if simd else ''}_f32",
         source="gemm.metal",
         args="dm_gemm_args",
-        buffers=_GEMM_IO,
+        bindings=(
+            # Loads are guarded by r < M, k < K and n < N: an empty operand is not read.
+            _in("a", f"min(M, K, 1)*({_slice_offset('a')} + {a_span})"),
+            _in("b", f"min(K, N, 1)*({_slice_offset('b')} + {b_span})"),
+            _in("bias", bias, used_if="bias_mode"),
+            # Read (beta != 0) and written in place: one thread per element does both.
+            Binding("inout", "c", f"min(M, N, 1)*({_slice_offset('c')} + (M - 1)*ldc + N)",
+                    read_if="beta"),
+        ),
         grid=_GEMM_SIMD if simd else _GEMM_TILED,
-        layers=layers,
         requires="simdgroup_matrix" if simd else "",
     )
 
+
+# reorg_fwd_f32's "large" side, read as (channels/s^2, height*s, width*s) per image: the sum
+# of each index term's largest value (exactly batch*channels*height*width when s^2 divides
+# channels, which the layer requires; larger otherwise, where the kernel overruns it).
+_REORG_SMALL = "batch*channels*height*width"
+_REORG_LARGE = (
+    "width*stride + width*stride*((height - 1)*stride "
+    "+ ((channels - 1)//(channels//(stride*stride)))//stride) "
+    "+ width*height*stride*stride*((channels//(stride*stride))*batch - 1)"
+)
 
 #: Every kernel, keyed by its Metal function name.
 KERNELS: dict[str, Kernel] = {
@@ -228,18 +531,16 @@ KERNELS: dict[str, Kernel] = {
             "activation_fwd_f32",
             "activation.metal",
             "dm_activation_args",
-            _IO,
+            _io("n", "n"),
             _ELEMENTS,
-            _ACTIVATED,
         ),
         *(
             Kernel(
                 f"{variant}_fwd_f32",
                 "activation.metal",
                 "dm_normalize_channels_args",
-                _IO,
+                _io("batch*channels*spatial", "batch*channels*spatial"),
                 Grid(("spatial", "batch"), (64, 1)),
-                _ANY_ACTIVATION,
             )
             for variant in (
                 "normalize_channels",
@@ -251,92 +552,138 @@ KERNELS: dict[str, Kernel] = {
             "im2col_fwd_f32",
             "im2col.metal",
             "dm_im2col_args",
-            ("args", "in:image", "out:col"),
+            # Slice z reads input slice z whole at most and writes its column matrix whole.
+            (
+                _in("image", "slices*channels*height*width"),
+                _out("col", "slices*channels*ksize*ksize*out_h*out_w"),
+            ),
             Grid(("spatial", "rows", "slices"), (64, 4, 1)),
-            ("convolutional",),
         ),
         *(_gemm(t, s) for s in (False, True) for t in ("nn", "nt", "tn")),
-        Kernel("maxpool_fwd_f32", "pooling.metal", "dm_pool_args", _IO, _PLANE_3D, ("maxpool",)),
+        Kernel(
+            "maxpool_fwd_f32",
+            "pooling.metal",
+            "dm_pool_args",
+            _io("planes*height*width", "planes*out_h*out_w"),
+            _PLANE_3D,
+        ),
         Kernel(
             "maxpool_depth_fwd_f32",
             "pooling.metal",
             "dm_maxpool_depth_args",
-            _IO,
+            _io("batch*channels*spatial", "batch*out_channels*spatial"),
             Grid(("spatial", "out_channels", "batch"), (64, 4, 1)),
-            ("maxpool",),
         ),
         Kernel(
             "avgpool_fwd_f32",
             "pooling.metal",
             "dm_avgpool_args",
-            _IO,
+            _io("planes*spatial", "planes"),
             Grid(("planes",), (64,)),
-            ("avgpool",),
         ),
-        Kernel("route_fwd_f32", "route.metal", "dm_route_args", _IO, _SPATIAL_3D, ("route",)),
+        Kernel(
+            "route_fwd_f32",
+            "route.metal",
+            "dm_route_args",
+            # One source's channel slice into its place in the output: the last image's
+            # slice ends the touched range on both sides.
+            _io(
+                "((batch - 1)*src_channels + src_offset + channels)*spatial",
+                "((batch - 1)*dst_channels + dst_offset + channels)*spatial",
+            ),
+            _SPATIAL_3D,
+        ),
         Kernel(
             "shortcut_weights_fwd_f32",
             "combine.metal",
             "dm_shortcut_weights_args",
-            ("args", "in:weights", "out:table"),
+            (
+                _in("weights", f"n_inputs*max(1, {_flag('per_channel')}*channels)"),
+                _out("table", "n_inputs*channels"),
+            ),
             Grid(("channels",), (64,)),
-            ("shortcut",),
         ),
         Kernel(
             "shortcut_fwd_f32",
             "combine.metal",
             "dm_shortcut_args",
-            ("args", "in:x", "in:source", "in:table", "out:y"),
+            (
+                _in("x", "batch*channels*spatial"),
+                # Only the first min(channels, src_channels) channels of a source are added.
+                _in(
+                    "source",
+                    "((batch - 1)*src_channels + min(channels, src_channels))*spatial",
+                ),
+                # Row 0 (x's weights) when first, row `source` for the source's channels.
+                _in(
+                    "table",
+                    f"max({_flag('first')}*channels, min(channels, src_channels, 1)"
+                    "*(source*channels + min(channels, src_channels)))",
+                    used_if="weighted",
+                ),
+                _out("y", "batch*channels*spatial"),
+            ),
             _SPATIAL_3D,
-            ("shortcut",),
         ),
         Kernel(
             "scale_channels_fwd_f32",
             "combine.metal",
             "dm_scale_channels_args",
-            ("args", "in:x_from", "in:scale", "out:y"),
+            (
+                _in("x_from", "batch*channels*spatial"),
+                _in(
+                    "scale",
+                    f"batch*max({_flag('scale_wh')}*spatial, (1 - {_flag('scale_wh')})*channels)",
+                ),
+                _out("y", "batch*channels*spatial"),
+            ),
             _SPATIAL_3D,
-            ("scale_channels",),
         ),
         Kernel(
             "sam_fwd_f32",
             "combine.metal",
             "dm_sam_args",
-            ("args", "in:x_from", "in:x", "out:y"),
+            (_in("x_from", "n"), _in("x", "n"), _out("y", "n")),
             _ELEMENTS,
-            ("sam",),
         ),
         Kernel(
             "upsample_fwd_f32",
             "resample.metal",
             "dm_upsample_args",
-            _IO,
+            # stride > 0 reads pixel (j/s, i/s) of each plane; stride < 0 sums s x s blocks of
+            # planes out_h*out_w*s*s long (stride 0 reads nothing).
+            _io(
+                "min(1, max(stride, 0))*(((planes - 1)*height + (out_h - 1)//max(stride, 1))"
+                "*width + (out_w - 1)//max(stride, 1) + 1) "
+                "+ min(1, max(0 - stride, 0))*planes*out_h*out_w*stride*stride",
+                "planes*out_h*out_w",
+            ),
             _PLANE_3D,
-            ("upsample",),
         ),
         Kernel(
             "reorg_fwd_f32",
             "resample.metal",
             "dm_reorg_args",
-            _IO,
+            # reverse=0 copies the large side (x) to the small side (y), reverse=1 the other way.
+            _io(
+                f"{_flag('reverse')}*{_REORG_SMALL} + (1 - {_flag('reverse')})*({_REORG_LARGE})",
+                f"{_flag('reverse')}*({_REORG_LARGE}) + (1 - {_flag('reverse')})*{_REORG_SMALL}",
+            ),
             Grid(("width", "height", "slices"), (16, 16, 1)),
-            ("reorg",),
         ),
         Kernel(
             "softmax_fwd_f32",
             "heads.metal",
             "dm_softmax_args",
-            _IO,
+            _io("rows*n", "rows*n"),
             Grid(("rows",), (64,)),
-            ("softmax",),
         ),
         Kernel(
             "yolo_fwd_f32",
             "heads.metal",
             "dm_yolo_args",
-            _IO,
+            _io("batch*anchors*(5 + classes)*spatial", "batch*anchors*(5 + classes)*spatial"),
             Grid(("spatial", "channels", "batch"), (64, 4, 1)),
-            ("yolo",),
         ),
     )
 }
@@ -348,18 +695,3 @@ def kernel(name: str) -> Kernel:
         return KERNELS[name]
     except KeyError:
         raise KeyError(f"unknown Metal kernel {name!r}; known: {sorted(KERNELS)}") from None
-
-
-def kernels_for(kind: str) -> tuple[Kernel, ...]:
-    """The kernels that implement the forward pass of Darknet layer kind ``kind`` (e.g.
-    ``"convolutional"``), in registry order; empty for identity kinds (dropout, cost).
-
-    The host picks among them by the layer's options (maxpool_depth, a channel activation,
-    simdgroup_matrix support). Raises KeyError for a kind no kernel serves.
-    """
-    if kind in IDENTITY_KINDS:
-        return ()
-    found = tuple(k for k in KERNELS.values() if kind in k.layers)
-    if not found:
-        raise KeyError(f"no Metal kernel serves layer kind {kind!r}")
-    return found

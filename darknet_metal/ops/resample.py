@@ -88,19 +88,18 @@ class ReorgOp(LayerSpec):
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape
-        args = {f: 0 for f, _ in _reorg_fields()}
-        args.update(batch=e.batch, width=w, height=h, channels=c, stride=self.values["stride"])
-        # The struct's flag field carries the layer's reverse= key.
-        flag = "reverse" if "reverse" in args else "forward"
-        args[flag] = int(bool(self.values["reverse"]))
-        e.kernel("reorg_fwd_f32", {"x": e.inputs[0], "y": e.output},
-                 {"width": w, "height": h, "slices": e.batch * c}, **args)
+        e.kernel(
+            "reorg_fwd_f32",
+            {"x": e.inputs[0], "y": e.output},
+            {"width": w, "height": h, "slices": e.batch * c},
+            batch=e.batch,
+            width=w,
+            height=h,
+            channels=c,
+            stride=self.values["stride"],
+            reverse=int(bool(self.values["reverse"])),
+        )
 
     def describe(self) -> str:
         return _describe_stride(self)
 
-
-def _reorg_fields() -> tuple[tuple[str, str], ...]:
-    from darknet_metal.metal.registry import ARGS
-
-    return ARGS["dm_reorg_args"].fields

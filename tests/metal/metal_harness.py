@@ -50,19 +50,24 @@ class Runner:
         self,
         name: str,
         args: dict[str, int | float],
-        buffers: list[np.ndarray],
+        buffers: dict[str, np.ndarray | None],
         sizes: dict[str, int],
         *,
         order: str = "forward",
         seed: int = 7,
     ) -> None:
-        """Run kernel ``name``: pack ``args`` into its struct (buffer 0), bind ``buffers`` to
-        the following indices (float32, C-contiguous, used in place) and dispatch the grid
-        its registry entry gives for ``sizes``."""
+        """Run kernel ``name``: pack ``args`` into its struct (buffer 0), bind ``buffers``
+        (role -> float32 C-contiguous array used in place, or None where the kernel does not
+        touch the role) through ``Kernel.bind``, which checks each array against the role's
+        declared extent, and dispatch the grid its registry entry gives for ``sizes``."""
         k = registry.kernel(name)
-        assert len(buffers) + 1 == len(k.buffers), (name, len(buffers), k.buffers)
-        for b in buffers:
+        # The emulator, like Metal's validation layer, wants every index bound: a role the
+        # kernel does not touch (None) gets a one-float placeholder.
+        bound = [
+            np.full(1, np.nan, np.float32) if b is None else b for b in k.bind(buffers, args, sizes)
+        ]
+        for b in bound:
             assert b.dtype == np.float32 and b.flags["C_CONTIGUOUS"], name
         packed = np.frombuffer(registry.ARGS[k.args].pack(**args), np.uint8).copy()
         grid, group = k.grid.dispatch(**sizes)
-        self.emu.dispatch(name, [packed, *buffers], grid, group, order=order, seed=seed)
+        self.emu.dispatch(name, [packed, *bound], grid, group, order=order, seed=seed)

@@ -27,7 +27,9 @@ def _rand(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def _gemm_args(m, n, k, lda, ldb, ldc, *, groups=1, bias_mode=BIAS_NONE, act=0, **strides):
+def _gemm_args(
+    m, n, k, lda, ldb, ldc, *, groups=1, bias_mode=BIAS_NONE, act=0, beta=0.0, **strides
+):
     args = {
         "M": m,
         "N": n,
@@ -38,6 +40,7 @@ def _gemm_args(m, n, k, lda, ldb, ldc, *, groups=1, bias_mode=BIAS_NONE, act=0, 
         "groups": groups,
         "bias_mode": bias_mode,
         "act": act,
+        "beta": beta,
     }
     for key in (
         "a_batch_stride",
@@ -73,7 +76,7 @@ def test_gemm(emu_runner, order, name, mnk):
     emu_runner.run(
         name,
         _gemm_args(m, n, k, lda, ldb, n + 3, bias_mode=BIAS_ROWS, act=ACTIVATION_ID["leaky"]),
-        [a, b, bias, c],
+        {"a": a, "b": b, "bias": bias, "c": c},
         {"N": n, "M": m, "slices": 1},
         order=order,
         seed=m + n,
@@ -84,6 +87,105 @@ def test_gemm(emu_runner, order, name, mnk):
     assert (c[:, n:] == 55.0).all()
 
 
+def _operands(name, m, n, k, seed):
+    """op(A) (m x k) and op(B) (k x n), and the arrays stored for kernel ``name``."""
+    trans = name.split("_")[1]
+    a_op, b_op = _rand((m, k), seed), _rand((k, n), seed + 1)
+    a = np.ascontiguousarray(a_op.T) if trans[0] == "t" else a_op
+    b = np.ascontiguousarray(b_op.T) if trans[1] == "t" else b_op
+    return a_op, b_op, a, b
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("name", GEMMS)
+@pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
+@pytest.mark.parametrize("mnk", [(37, 45, 21), (5, 3, 70), (33, 1, 17)])
+def test_gemm_accumulates_beta_times_c(emu_runner, order, name, beta, mnk):
+    """c = act(op(A) @ op(B) + bias + beta * c_old), sizes not multiples of the 32x32x16 tile."""
+    m, n, k = mnk
+    a_op, b_op, a, b = _operands(name, m, n, k, 20)
+    bias = _rand(m, 22)
+    c_old = _rand((m, n + 2), 23)
+    c = c_old.copy()
+    emu_runner.run(
+        name,
+        _gemm_args(
+            m,
+            n,
+            k,
+            a.shape[1],
+            b.shape[1],
+            n + 2,
+            bias_mode=BIAS_ROWS,
+            act=ACTIVATION_ID["leaky"],
+            beta=beta,
+        ),
+        {"a": a, "b": b, "bias": bias, "c": c},
+        {"N": n, "M": m, "slices": 1},
+        order=order,
+        seed=m + k,
+    )
+    ref = a_op.astype(np.float64) @ b_op.astype(np.float64) + bias[:, None]
+    ref += beta * c_old[:, :n].astype(np.float64)
+    want = _activated(ref.astype(np.float32), "leaky")
+    np.testing.assert_allclose(c[:, :n], want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    np.testing.assert_array_equal(c[:, n:], c_old[:, n:])
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("name", GEMMS)
+def test_gemm_beta_zero_never_reads_c(emu_runner, order, name):
+    """An uninitialised output (here NaN and infinities) cannot leak into beta = 0 results."""
+    m, n, k = 19, 35, 9
+    a_op, b_op, a, b = _operands(name, m, n, k, 24)
+    c = np.full((m, n), np.nan, np.float32)
+    c[::3] = np.inf
+    emu_runner.run(
+        name,
+        _gemm_args(m, n, k, a.shape[1], b.shape[1], n, beta=0.0),
+        {"a": a, "b": b, "bias": None, "c": c},
+        {"N": n, "M": m, "slices": 1},
+        order=order,
+    )
+    assert np.isfinite(c).all()
+    want = a_op.astype(np.float64) @ b_op.astype(np.float64)
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gemm_nn_f32", "gemm_nn_simd_f32"])
+def test_gemm_accumulates_into_each_slice(emu_runner, name):
+    """beta reads C through the same batch and group offsets as the write."""
+    batch, groups, m, n, k = 2, 3, 5, 11, 7
+    a = _rand((groups, m, k), 25)
+    b = _rand((batch, groups, k, n), 26)
+    c_old = _rand((batch, groups, m, n), 27)
+    c = c_old.copy()
+    args = _gemm_args(
+        m,
+        n,
+        k,
+        k,
+        n,
+        n,
+        groups=groups,
+        beta=1.0,
+        a_group_stride=m * k,
+        b_batch_stride=groups * k * n,
+        b_group_stride=k * n,
+        c_batch_stride=groups * m * n,
+        c_group_stride=m * n,
+    )
+    emu_runner.run(
+        name,
+        args,
+        {"a": a, "b": b, "bias": None, "c": c},
+        {"N": n, "M": m, "slices": batch * groups},
+        order="random",
+    )
+    want = np.einsum("gmk,bgkn->bgmn", a.astype(np.float64), b.astype(np.float64)) + c_old
+    np.testing.assert_allclose(c, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["gemm_nt_f32", "gemm_nt_simd_f32"])
 def test_gemm_bias_per_column_no_activation(emu_runner, name):
     m, n, k = 3, 37, 19
@@ -92,7 +194,7 @@ def test_gemm_bias_per_column_no_activation(emu_runner, name):
     emu_runner.run(
         name,
         _gemm_args(m, n, k, k, k, n, bias_mode=BIAS_COLS),
-        [a, b, bias, c],
+        {"a": a, "b": b, "bias": bias, "c": c},
         {"N": n, "M": m, "slices": 1},
     )
     want = a.astype(np.float64) @ b.T.astype(np.float64) + bias[None, :]
@@ -125,7 +227,11 @@ def test_gemm_slices_batch_and_groups(emu_runner, name):
         bias_group_stride=m,
     )
     emu_runner.run(
-        name, args, [a, b, bias, c], {"N": n, "M": m, "slices": batch * groups}, order="random"
+        name,
+        args,
+        {"a": a, "b": b, "bias": bias, "c": c},
+        {"N": n, "M": m, "slices": batch * groups},
+        order="random",
     )
     want = np.einsum("gmk,bgkn->bgmn", a.astype(np.float64), b.astype(np.float64))
     want = 1.0 / (1.0 + np.exp(-(want + bias[None, :, :, None])))
@@ -167,7 +273,7 @@ def _conv_on_emu(runner, x, w, bias, out_shape, ksize, sx, sy, pad, dil, groups,
                 "out_h": oh,
                 "out_w": ow,
             },
-            [x, operand],
+            {"image": x, "col": operand},
             {"spatial": spatial, "rows": k, "slices": n * groups},
             order=order,
         )
@@ -192,7 +298,7 @@ def _conv_on_emu(runner, x, w, bias, out_shape, ksize, sx, sy, pad, dil, groups,
     runner.run(
         gemm,
         args,
-        [w, operand, bias, y],
+        {"a": w, "b": operand, "bias": bias, "c": y},
         {"N": spatial, "M": fg, "slices": n * groups},
         order=order,
     )
@@ -249,7 +355,7 @@ def test_im2col_matches_reference(emu_runner, case):
             "out_h": oh,
             "out_w": ow,
         },
-        [x, col],
+        {"image": x, "col": col},
         {"spatial": oh * ow, "rows": want.shape[0], "slices": 1},
         order="reverse",
     )
@@ -269,7 +375,7 @@ def test_connected_layer(emu_runner, name, batch, inputs, outputs):
     emu_runner.run(
         name,
         _gemm_args(batch, outputs, inputs, inputs, inputs, outputs, bias_mode=BIAS_COLS, act=act),
-        [x, w, bias, y],
+        {"a": x, "b": w, "bias": bias, "c": y},
         {"N": outputs, "M": batch, "slices": 1},
         order="random",
     )
@@ -282,7 +388,10 @@ def test_gemm_detects_missing_barrier_sensitivity(emu_runner):
     a, b, bias = _rand((m, k), 17), _rand((k, n), 18), np.zeros(m, np.float32)
     c = np.zeros((m, n), np.float32)
     emu_runner.run(
-        "gemm_nn_f32", _gemm_args(m, n, k, k, n, n), [a, b, bias, c], {"N": n, "M": m, "slices": 1}
+        "gemm_nn_f32",
+        _gemm_args(m, n, k, k, n, n),
+        {"a": a, "b": b, "bias": bias, "c": c},
+        {"N": n, "M": m, "slices": 1},
     )
     assert not np.allclose(c, a @ b[::-1])
     np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)

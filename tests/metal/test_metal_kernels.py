@@ -39,7 +39,11 @@ def test_activation_elementwise(emu_runner, order):
         cpu_act.activate(want, act)
         y = _empty(x.shape)
         emu_runner.run(
-            "activation_fwd_f32", {"n": x.size, "act": act}, [x, y], {"n": x.size}, order=order
+            "activation_fwd_f32",
+            {"n": x.size, "act": act},
+            {"x": x, "y": y},
+            {"n": x.size},
+            order=order,
         )
         rtol = 2e-5 if name == "gelu" else RTOL  # the reference computes parts in double
         np.testing.assert_allclose(y, want.reshape(-1), rtol=rtol, atol=ATOL, err_msg=name)
@@ -49,7 +53,10 @@ def test_activation_in_place_and_tail_untouched(emu_runner):
     x = _rand(300, 1)
     buf = np.concatenate([x, np.full(5, 123.0, np.float32)])
     emu_runner.run(
-        "activation_fwd_f32", {"n": 300, "act": ACTIVATION_ID["leaky"]}, [buf, buf], {"n": 300}
+        "activation_fwd_f32",
+        {"n": 300, "act": ACTIVATION_ID["leaky"]},
+        {"x": buf, "y": buf},
+        {"n": 300},
     )
     np.testing.assert_array_equal(buf[:300], np.where(x > 0, x, np.float32(0.1) * x))
     assert (buf[300:] == 123.0).all()
@@ -67,7 +74,7 @@ def test_normalize_channels(emu_runner, order, shape):
         emu_runner.run(
             f"{name}_fwd_f32",
             {"batch": n, "channels": c, "spatial": h * w},
-            [x, y],
+            {"x": x, "y": y},
             {"spatial": h * w, "batch": n},
             order=order,
         )
@@ -106,14 +113,12 @@ def test_window_pools(emu_runner, order, case):
         "padding": padding,
     }
     grid = {"out_w": ow, "out_h": oh, "planes": n * c}
-    for kernel, ref in (
-        ("maxpool_fwd_f32", pooling.maxpool_forward),
-    ):
-        want = np.empty((n, c, oh, ow), np.float32)
-        ref(x, want, size, sx, sy, padding)
-        y = np.full_like(want, 77.0)
-        emu_runner.run(kernel, args, [x, y], grid, order=order)
-        np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7, err_msg=kernel)
+    kernel = "maxpool_fwd_f32"
+    want = np.empty((n, c, oh, ow), np.float32)
+    pooling.maxpool_forward(x, want, size, sx, sy, padding)
+    y = np.full_like(want, 77.0)
+    emu_runner.run(kernel, args, {"x": x, "y": y}, grid, order=order)
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7, err_msg=kernel)
 
 
 def test_maxpool_nan_and_ties(emu_runner):
@@ -132,7 +137,7 @@ def test_maxpool_nan_and_ties(emu_runner):
             "stride_y": 2,
             "padding": 0,
         },
-        [x, y],
+        {"x": x, "y": y},
         {"out_w": 1, "out_h": 1, "planes": 1},
     )
     assert y[0, 0, 0, 0] == 1.0  # Darknet's strict ">" never picks NaN
@@ -149,7 +154,7 @@ def test_maxpool_depth(emu_runner, order, shape, out_c):
     emu_runner.run(
         "maxpool_depth_fwd_f32",
         {"batch": n, "channels": c, "spatial": h * w, "out_channels": out_c},
-        [x, y],
+        {"x": x, "y": y},
         {"spatial": h * w, "out_channels": out_c, "batch": n},
         order=order,
     )
@@ -167,7 +172,7 @@ def test_avgpool(emu_runner, order, shape):
     emu_runner.run(
         "avgpool_fwd_f32",
         {"planes": n * c, "spatial": h * w},
-        [x, y],
+        {"x": x, "y": y},
         {"planes": n * c},
         order=order,
     )
@@ -202,7 +207,7 @@ def test_route(emu_runner, order, groups, group_id):
                 "dst_channels": y.shape[1],
                 "dst_offset": offset,
             },
-            [p, y],
+            {"x": p, "y": y},
             {"spatial": h * w, "channels": wd, "batch": n},
             order=order,
         )
@@ -227,7 +232,7 @@ def _shortcut_on_emu(runner, x, sources, weights, wtype, norm, order):
                 "per_channel": int(wtype == "per_channel"),
                 "normalization": ["none", "relu", "softmax"].index(norm),
             },
-            [np.ascontiguousarray(weights, np.float32).reshape(-1), table],
+            {"weights": np.ascontiguousarray(weights, np.float32).reshape(-1), "table": table},
             {"channels": c},
             order=order,
         )
@@ -244,7 +249,7 @@ def _shortcut_on_emu(runner, x, sources, weights, wtype, norm, order):
                 "first": int(i == 0),
                 "weighted": int(weighted),
             },
-            [x if i == 0 else y, s, table, y],
+            {"x": x if i == 0 else y, "source": s, "table": table, "y": y},
             {"spatial": h * w, "channels": c, "batch": n},
             order=order,
         )
@@ -290,7 +295,7 @@ def test_scale_channels(emu_runner, order, scale_wh):
     emu_runner.run(
         "scale_channels_fwd_f32",
         {"batch": n, "channels": c, "spatial": h * w, "scale_wh": int(scale_wh)},
-        [x_from, scale, y],
+        {"x_from": x_from, "scale": scale, "y": y},
         {"spatial": h * w, "channels": c, "batch": n},
         order=order,
     )
@@ -303,7 +308,9 @@ def test_sam(emu_runner, order):
     want = np.empty_like(x)
     combine.sam_forward(x_from, x, want)
     y = _empty(x.shape)
-    emu_runner.run("sam_fwd_f32", {"n": x.size}, [x_from, x, y], {"n": x.size}, order=order)
+    emu_runner.run(
+        "sam_fwd_f32", {"n": x.size}, {"x_from": x_from, "x": x, "y": y}, {"n": x.size}, order=order
+    )
     np.testing.assert_array_equal(y, want)
 
 
@@ -341,7 +348,7 @@ def test_upsample(emu_runner, order, shape, stride, scale):
             "stride": stride,
             "scale": scale,
         },
-        [x, y],
+        {"x": x, "y": y},
         {"out_w": ow, "out_h": oh, "planes": n * c},
         order=order,
     )
@@ -375,9 +382,9 @@ def test_reorg(emu_runner, order, shape, stride, reverse):
             "height": sh,
             "channels": sc,
             "stride": stride,
-            "forward": int(reverse),
+            "reverse": int(reverse),
         },
-        [x, y],
+        {"x": x, "y": y},
         {"width": sw, "height": sh, "slices": n * sc},
         order=order,
     )
@@ -407,7 +414,7 @@ def test_softmax(emu_runner, order, shape, groups, temperature):
     emu_runner.run(
         "softmax_fwd_f32",
         {"rows": rows, "n": features // groups, "temperature": temperature},
-        [x, y],
+        {"x": x, "y": y},
         {"rows": rows},
         order=order,
     )
@@ -440,7 +447,7 @@ def test_yolo(emu_runner, order, shape, anchors, classes, scale_x_y, new_coords)
             "new_coords": int(new_coords),
             "scale_x_y": scale_x_y,
         },
-        [x, y],
+        {"x": x, "y": y},
         {"spatial": h * w, "channels": c, "batch": n},
         order=order,
     )
