@@ -111,6 +111,27 @@ class DeviceArray:
         return f"DeviceArray(shape={self.shape}, device={self._backend.device.kind!r})"
 
 
+class HostCall:
+    """A host step inside a device pass: commit what is encoded, download the step's inputs
+    (one wait), run it, upload its outputs; counts one ``cpu_fallback``."""
+
+    def __init__(self, device: Any, step: HostStep, reads: list[tuple[Any, np.ndarray]],
+                 writes: list[tuple[Any, np.ndarray]]) -> None:
+        self.device = device
+        self.step = step
+        self.reads = reads
+        self.writes = writes
+
+    def __call__(self) -> None:
+        self.device.commit()
+        for buf, host in self.reads:
+            buf.read_into(host)
+        self.step.run([h for _, h in self.reads], [h for _, h in self.writes])
+        for buf, host in self.writes:
+            buf.write(host)
+        self.device.count_fallback(1)
+
+
 class BoundProgram:
     """A program bound to device memory: a buffer per memory slot, every kernel step packed
     as a dispatch, every host step wrapped with its transfers, and the dispatch lists a pass
@@ -124,8 +145,8 @@ class BoundProgram:
         self.lists: list[Any] = []
         try:
             self.input_buffer = self.buffer(INPUT)
-            #: Per step: a packed dispatch, or a callable running a host step.
-            self.steps: list[Dispatch | Callable[[], None]] = [
+            #: Per program step: its packed dispatch, or the host call running it.
+            self.steps: list[Dispatch | HostCall] = [
                 self._pack(backend, step) if isinstance(step, KernelStep)
                 else self._host(device, step)
                 for step in program.steps
@@ -134,7 +155,7 @@ class BoundProgram:
             self.segments: list[Callable[[], None]] = []
             current = None
             for step in self.steps:
-                if callable(step):
+                if isinstance(step, HostCall):
                     self.segments.append(step)
                     current = None
                     continue
@@ -159,21 +180,11 @@ class BoundProgram:
         }
         return pack(step.kernel, buffers, step.args, step.sizes)
 
-    def _host(self, device: Any, step: HostStep) -> Callable[[], None]:
+    def _host(self, device: Any, step: HostStep) -> HostCall:
         shapes = self.program.tensors
         reads = [(self.buffer(t), np.empty(shapes[t].shape, np.float32)) for t in step.reads]
         writes = [(self.buffer(t), np.empty(shapes[t].shape, np.float32)) for t in step.writes]
-
-        def run() -> None:
-            device.commit()
-            for buf, host in reads:
-                buf.read_into(host)
-            step.run([h for _, h in reads], [h for _, h in writes])
-            for buf, host in writes:
-                buf.write(host)
-            device.count_fallback(1)
-
-        return run
+        return HostCall(device, step, reads, writes)
 
     def release(self) -> None:
         # The lists first: they hold the buffers, which return to the pool once both let go.
@@ -395,7 +406,7 @@ class GpuBackend:
             for end in bound.program.layer_ends:
                 t0 = time.perf_counter()
                 for step in bound.steps[first:end]:
-                    if callable(step):
+                    if isinstance(step, HostCall):
                         step()
                     else:
                         dispatch(*step)

@@ -90,6 +90,9 @@ def test_pack_checks_roles_against_real_buffers():
             pack("gemm_nn_f32", {"a": a, "b": b, "c": c}, args, sizes)
         with pytest.raises(BindingError, match="'C'"):
             pack("gemm_nn_f32", {"a": a, "b": b, "bias": bias, "C": c}, args, sizes)
+        # a is 6x5 and b 5x7: swapped, b's role gets 120 bytes where it needs 140.
+        with pytest.raises(BindingError, match="role 'b' holds 120 bytes"):
+            pack("gemm_nn_f32", {"a": b, "b": a, "bias": bias, "c": c}, args, sizes)
     finally:
         for buf in (a, b, bias, c):
             buf.release()
