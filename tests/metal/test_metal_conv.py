@@ -11,6 +11,7 @@ from metal_harness import ORDERS
 from darknet_metal.activations import ACTIVATION_ID
 from darknet_metal.cpu import activations as cpu_act
 from darknet_metal.cpu import conv, im2col
+from darknet_metal.metal.dispatch import gemm_args
 from darknet_metal.metal.registry import BIAS_COLS, BIAS_NONE, BIAS_ROWS
 
 GEMMS = [
@@ -30,28 +31,8 @@ def _rand(shape, seed):
 def _gemm_args(
     m, n, k, lda, ldb, ldc, *, groups=1, bias_mode=BIAS_NONE, act=0, beta=0.0, **strides
 ):
-    args = {
-        "M": m,
-        "N": n,
-        "K": k,
-        "lda": lda,
-        "ldb": ldb,
-        "ldc": ldc,
-        "groups": groups,
-        "bias_mode": bias_mode,
-        "act": act,
-        "beta": beta,
-    }
-    for key in (
-        "a_batch_stride",
-        "a_group_stride",
-        "b_batch_stride",
-        "b_group_stride",
-        "c_batch_stride",
-        "c_group_stride",
-        "bias_group_stride",
-    ):
-        args[key] = strides.get(key, 0)
+    args, _ = gemm_args(M=m, N=n, K=k, lda=lda, ldb=ldb, ldc=ldc, groups=groups,
+                        bias_mode=bias_mode, act=act, beta=beta, **strides)
     return args
 
 
