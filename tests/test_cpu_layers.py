@@ -97,12 +97,6 @@ def np_maxpool(x, size, sx, sy, padding):
     return np.where(np.isneginf(out), -FLT_MAX, out)  # Darknet starts from -FLT_MAX
 
 
-def np_local_avgpool(x, size, sx, sy, padding):
-    win = _windows(x, size, sx, sy, padding, np.nan)
-    with np.errstate(invalid="ignore"):
-        return np.nansum(win, axis=(-2, -1)) / (~np.isnan(win)).sum(axis=(-2, -1))
-
-
 POOL_CASES = [
     # size, stride_x, stride_y, padding, input shape
     (2, 2, 2, 1, (2, 3, 13, 13)),  # yolov3-tiny, default padding size-1
@@ -142,17 +136,6 @@ def test_maxpool_window_outside_image_is_minus_flt_max():
     out = np.empty((1, 1, 4, 5), np.float32)
     pooling.maxpool_forward(np.ones((1, 1, 2, 3), np.float32), out, 1, 1, 1, 2)
     assert out[0, 0, 0, 0] == -FLT_MAX and out[0, 0, 1, 1] == 1.0
-
-
-@pytest.mark.parametrize("size,sx,sy,padding,shape", POOL_CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_local_avgpool_matches_sliding_window(size, sx, sy, padding, shape, dtype):
-    x = _rand(shape, size + 3 * sy, dtype)
-    ref = np_local_avgpool(x, size, sx, sy, padding)
-    out = np.empty(ref.shape, dtype)
-    pooling.local_avgpool_forward(x, out, size, sx, sy, padding)
-    rtol = 1e-6 if dtype == np.float32 else 1e-14
-    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol)  # NaN where Darknet has 0/0
 
 
 @needs_cv2
@@ -612,7 +595,6 @@ def _guarded(shape, fill, data=None):
 GUARD_CASES = [
     ((2, 3, 5, 7), (2, 3, 5, 7), lambda x, o: pooling.maxpool_forward(x, o, 2, 1, 1, 1)),
     ((2, 3, 5, 7), (2, 3, 2, 2), lambda x, o: pooling.maxpool_forward(x, o, 3, 3, 2, 0)),
-    ((1, 2, 3, 4), (1, 2, 5, 6), lambda x, o: pooling.local_avgpool_forward(x, o, 1, 1, 1, 2)),
     ((2, 7, 5, 3), (2, 3, 5, 3), pooling.maxpool_depth_forward),
     ((2, 3, 5, 7), (2, 3, 1, 1), pooling.avgpool_forward),
     ((2, 3, 5, 7), (2, 3, 10, 14), lambda x, o: resample.upsample_forward(x, o, 2)),

@@ -66,11 +66,6 @@ cdef Py_ssize_t IM2COL_BLOCK = 1 << 16
 DIRECT_MAX_CHANNELS = 16
 
 
-def conv_out_size(int size_in, int ksize, int stride, int pad) -> int:
-    """Darknet's output size: ``(size_in + 2*pad - ksize) // stride + 1``."""
-    return (size_in + 2 * pad - ksize) // stride + 1
-
-
 def workspace_size(int channels, int ksize, int groups, int out_h, int out_w) -> int:
     """Elements of im2col workspace one convolution needs (0 for plain 1x1 convolutions)."""
     return (channels // groups) * ksize * ksize * out_h * out_w
