@@ -32,7 +32,9 @@ Darknet's backward pass feeds it the output).
 cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
-from libc.math cimport exp, expf, floor, floorf, log, logf, pow, powf, tanh, tanhf
+from libc.math cimport exp, expf, pow, powf, tanh, tanhf
+
+from darknet_metal.cpu.fmath cimport fcube, fexp, ffloor, flog, logistic
 
 import numpy as np
 
@@ -55,50 +57,14 @@ if len(ACTIVATIONS) != ACT_COUNT or any(ACTIVATION_ID[k] != v for k, v in _ENUM.
                       "darknet_metal.activations.ACTIVATIONS")
 
 # ----------------------------------------------------------------------------------------
-# Precision-matched libm wrappers: float32 calls the float functions, as Darknet does.
-
-cdef inline floating _exp(floating x) noexcept nogil:
-    if floating is float:
-        return expf(x)
-    else:
-        return exp(x)
-
-
-cdef inline floating _log(floating x) noexcept nogil:
-    if floating is float:
-        return logf(x)
-    else:
-        return log(x)
-
-
-cdef inline floating _floor(floating x) noexcept nogil:
-    if floating is float:
-        return floorf(x)
-    else:
-        return floor(x)
-
-
-cdef inline floating _cube(floating x) noexcept nogil:
-    if floating is float:
-        return powf(x, 3.0)
-    else:
-        return pow(x, 3.0)
-
-
-# ----------------------------------------------------------------------------------------
-# Scalar functions. Every constant is typed ``floating``: Cython would otherwise emit C
-# double literals and the float32 path would compute parts of an expression in double.
-
-@cython.cdivision(True)
-cdef inline floating _logistic(floating x) noexcept nogil:
-    cdef floating one = 1
-    return one / (one + _exp(-x))
-
+# Scalar functions (the libm wrappers and the logistic are in fmath.pxd, shared with the
+# other layers). Every constant is typed ``floating``: Cython would otherwise emit C double
+# literals and the float32 path would compute parts of an expression in double.
 
 @cython.cdivision(True)
 cdef inline floating _tanh_darknet(floating x) noexcept nogil:
     cdef floating one = 1, two = 2
-    return two / (one + _exp(-two * x)) - one
+    return two / (one + fexp(-two * x)) - one
 
 
 cdef inline floating _softplus(floating x, floating threshold) noexcept nogil:
@@ -106,8 +72,8 @@ cdef inline floating _softplus(floating x, floating threshold) noexcept nogil:
     if x > threshold:
         return x
     elif x < -threshold:
-        return _exp(x)
-    return _log(_exp(x) + one)
+        return fexp(x)
+    return flog(fexp(x) + one)
 
 
 cdef inline floating _gelu(floating x) noexcept nogil:
@@ -123,7 +89,7 @@ cdef inline floating _gelu(floating x) noexcept nogil:
 
 @cython.cdivision(True)
 cdef inline floating _gelu_gradient(floating x) noexcept nogil:
-    cdef floating x3 = _cube(x)
+    cdef floating x3 = fcube(x)
     cdef float a_f, s_f
     cdef float two_f = 2
     cdef double a, s
@@ -145,9 +111,9 @@ cdef inline floating _stair(floating x) noexcept nogil:
     # Darknet converts floor(x) to int to test parity; testing on the float avoids the
     # undefined conversion for huge inputs and agrees everywhere else.
     cdef floating two = 2
-    cdef floating fl = _floor(x)
-    cdef floating half = _floor(x / two)
-    if _floor(fl / two) * two == fl:
+    cdef floating fl = ffloor(x)
+    cdef floating half = ffloor(x / two)
+    if ffloor(fl / two) * two == fl:
         return half
     return (x - fl) + half
 
@@ -166,22 +132,22 @@ cdef inline floating _activate(floating x, int act) noexcept nogil:
         a = x if x > zero else zero
         return a if a < six else six
     elif act == ACT_LOGISTIC:
-        return _logistic(x)
+        return logistic(x)
     elif act == ACT_LOGGY:
-        return two / (one + _exp(-x)) - one
+        return two / (one + fexp(-x)) - one
     elif act == ACT_TANH:
         return _tanh_darknet(x)
     elif act == ACT_ELU:
-        return <floating>(x >= zero) * x + <floating>(x < zero) * (_exp(x) - one)
+        return <floating>(x >= zero) * x + <floating>(x < zero) * (fexp(x) - one)
     elif act == ACT_SELU:
         return (<floating>(x >= zero) * <floating>1.0507 * x
-                + <floating>(x < zero) * <floating>1.0507 * <floating>1.6732 * (_exp(x) - one))
+                + <floating>(x < zero) * <floating>1.0507 * <floating>1.6732 * (fexp(x) - one))
     elif act == ACT_GELU:
         return _gelu(x)
     elif act == ACT_MISH:
         return x * _tanh_darknet(_softplus(x, <floating>20))
     elif act == ACT_SWISH:
-        return x * _logistic(x)
+        return x * logistic(x)
     elif act == ACT_HARD_MISH:
         if x > zero:
             return x
@@ -249,7 +215,7 @@ cdef inline floating _gradient(floating v, int act) noexcept nogil:
         tsp = <floating>tanh(<double>sp)
         return v * ((one - tsp * tsp) * t) + tsp
     elif act == ACT_SWISH:
-        s = _logistic(v)
+        s = logistic(v)
         sw = v * s
         return sw + s * (one - sw)
     elif act == ACT_HARD_MISH:
@@ -265,7 +231,7 @@ cdef inline floating _gradient(floating v, int act) noexcept nogil:
     elif act == ACT_PLSE:
         return <floating>0.01 if (v < zero or v > one) else <floating>0.125
     elif act == ACT_STAIR:
-        return zero if _floor(v) == v else one
+        return zero if ffloor(v) == v else one
     elif act == ACT_RAMP:
         return <floating>(v > zero) + <floating>0.1
     elif act == ACT_RELIE:
@@ -291,7 +257,7 @@ cdef void activate_array(floating* x, Py_ssize_t n, int act) noexcept nogil:
             x[i] = x[i] if x[i] > zero else <floating>0.1 * x[i]
     elif act == ACT_LOGISTIC:
         for i in range(n):
-            x[i] = _logistic(x[i])
+            x[i] = logistic(x[i])
     else:
         for i in range(n):
             x[i] = _activate(x[i], act)
@@ -341,9 +307,9 @@ cdef void activate_channels(floating* x, Py_ssize_t batch, Py_ssize_t channels,
                         if val > max_val or k == 0:
                             max_val = val
                 for k in range(channels):
-                    total = total + _exp(base[k * spatial] - max_val)
+                    total = total + fexp(base[k * spatial] - max_val)
                 for k in range(channels):
-                    base[k * spatial] = _exp(base[k * spatial] - max_val) / total
+                    base[k * spatial] = fexp(base[k * spatial] - max_val) / total
 
 
 cdef void gradient_channels(const floating* y, Py_ssize_t batch, Py_ssize_t channels,

@@ -9,7 +9,8 @@ activation: the caller does, with ``darknet_metal.cpu.activations.activate``.
 cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
-from libc.math cimport exp, expf
+
+from darknet_metal.cpu.fmath cimport fexp
 
 import numpy as np
 
@@ -20,17 +21,6 @@ WEIGHTS_NORMALIZATIONS = ("none", "relu", "softmax")
 # Darknet accepts these spellings too.
 _TYPE_ALIASES = {"per_layer": "per_feature"}
 _NORM_ALIASES = {"avg_relu": "relu"}
-
-
-
-
-
-
-cdef inline floating _exp(floating v) noexcept nogil:
-    if floating is float:
-        return expf(v)
-    else:
-        return exp(v)
 
 
 # ----------------------------------------------------------------------------------------
@@ -60,13 +50,13 @@ def _normalized_weights(const floating[::1] w, floating[:, ::1] table, int n_inp
             if norm == 1:
                 total = total + (v if v > zero else zero)
             elif norm == 2:
-                total = total + _exp(v - max_val)
+                total = total + fexp(v - max_val)
         for i in range(n_inputs):
             v = w[base + i * step]
             if norm == 1:
                 table[i, c] = (v if v > zero else zero) / total
             elif norm == 2:
-                table[i, c] = _exp(v - max_val) / total
+                table[i, c] = fexp(v - max_val) / total
             else:
                 table[i, c] = v
 

@@ -1,9 +1,7 @@
 # cython: language_level=3
 """Convolution and fully connected layers: im2col + BLAS GEMM, bias and activation fused.
 
-GEMMs go through SciPy's BLAS (``scipy.linalg.cython_blas``), which is column-major: a
-row-major ``C[M, N] = A[M, K] @ B[K, N]`` is issued as the column-major ``C^T = B^T A^T``,
-which reads the same memory without copies.
+GEMMs go through ``blas.gemm_rowmajor`` (SciPy's BLAS).
 
 float32 3x3 stride-1 pad-1 convolutions with at most ``DIRECT_MAX_CHANNELS`` input channels
 (the first layers of a detector) skip im2col and BLAS: ``kernels.h`` computes them directly,
@@ -12,34 +10,15 @@ its peak, and the direct loop is 2-3x faster on one core than the GEMM on two.
 """
 
 from cython cimport floating
-from scipy.linalg.cython_blas cimport dgemm, sgemm
 
-from darknet_metal.cpu.activations cimport ACT_LEAKY, ACT_LINEAR, ACT_REVLEAKY, activate_array
+from darknet_metal.cpu.activations cimport ACT_LINEAR, activate_array, is_linear_or_leaky
+from darknet_metal.cpu.blas cimport gemm_rowmajor
 from darknet_metal.cpu.im2col cimport im2col
-
-cdef extern from "kernels.h" nogil:
-    void dm_bias_act_f32(float* out, const float* bias, Py_ssize_t channels,
-                         Py_ssize_t spatial, int leaky)
-    Py_ssize_t dm_conv3x3_direct_scratch(Py_ssize_t channels, Py_ssize_t filters,
-                                         Py_ssize_t height, Py_ssize_t width)
-    void dm_conv3x3_direct_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
-                               Py_ssize_t width, const float* weights, const float* bias,
-                               Py_ssize_t filters, int leaky, float* scratch, float* out)
-
-import numpy as np
-
-
-cdef void gemm_rowmajor(bint trans_a, bint trans_b, int m, int n, int k,
-                        const floating* a, int lda, const floating* b, int ldb,
-                        floating beta, floating* c, int ldc) noexcept nogil:
-    """Row-major ``C[m, n] = op(A) @ op(B) + beta*C`` through column-major BLAS."""
-    cdef char ta = b"T" if trans_b else b"N"
-    cdef char tb = b"T" if trans_a else b"N"
-    cdef floating one = 1
-    if floating is float:
-        sgemm(&ta, &tb, &n, &m, &k, &one, <float*>b, &ldb, <float*>a, &lda, &beta, c, &ldc)
-    else:
-        dgemm(&ta, &tb, &n, &m, &k, &one, <double*>b, &ldb, <double*>a, &lda, &beta, c, &ldc)
+from darknet_metal.cpu.kernels cimport (
+    dm_bias_act_f32,
+    dm_conv3x3_direct_f32,
+    dm_conv3x3_direct_scratch,
+)
 
 
 cdef void bias_activate(floating* out, const floating* bias, Py_ssize_t channels,
@@ -47,7 +26,7 @@ cdef void bias_activate(floating* out, const floating* bias, Py_ssize_t channels
     cdef Py_ssize_t ch, i
     cdef floating* row
     if floating is float:
-        if act == ACT_LINEAR or act == ACT_LEAKY or act == ACT_REVLEAKY:
+        if is_linear_or_leaky(act):
             dm_bias_act_f32(out, bias, channels, spatial, act != ACT_LINEAR)
             return
     for ch in range(channels):
@@ -112,7 +91,7 @@ def conv2d_forward(const floating[:, :, :, ::1] x, const floating[:, ::1] weight
                          and channels <= DIRECT_MAX_CHANNELS
                          and workspace.shape[0] >= dm_conv3x3_direct_scratch(
                              channels, filters, height, width)
-                         and (act == ACT_LINEAR or act == ACT_LEAKY or act == ACT_REVLEAKY))
+                         and is_linear_or_leaky(act))
     if not direct and workspace.shape[0] < k * spatial:
         raise ValueError(f"conv2d_forward: workspace has {workspace.shape[0]} elements, "
                          f"needs {k * spatial}")

@@ -9,13 +9,13 @@ hierarchical ``tree=`` softmax). ``yolo_forward`` produces Darknet's ``[yolo]``
 cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
-from libc.math cimport exp, expf
+from libc.math cimport exp
+
+from darknet_metal.cpu.fmath cimport logistic
 
 import numpy as np
 
 from darknet_metal.cpu.checks import check_input, check_out
-
-
 
 
 # ----------------------------------------------------------------------------------------
@@ -71,20 +71,12 @@ def softmax_forward(x, out, int groups=1, double temperature=1.0) -> None:
 # ----------------------------------------------------------------------------------------
 # yolo
 
-cdef inline floating _exp(floating v) noexcept nogil:
-    if floating is float:
-        return expf(v)
-    else:
-        return exp(v)
-
-
 @cython.cdivision(True)
 def _yolo(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int n, int classes,
           floating alpha, floating beta, bint new_coords):
     cdef Py_ssize_t batch = x.shape[0], channels = x.shape[1]
     cdef Py_ssize_t spatial = x.shape[2] * x.shape[3], entries = 5 + classes
     cdef Py_ssize_t task, i, base
-    cdef floating one = 1
     if batch * channels * spatial == 0:
         return
     cdef const floating* src = &x[0, 0, 0, 0]
@@ -97,9 +89,9 @@ def _yolo(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int n, int
                 dst[base + i] = src[base + i]
             if not new_coords:
                 for i in range(2 * spatial):
-                    dst[base + i] = one / (one + _exp(-dst[base + i]))
+                    dst[base + i] = logistic(dst[base + i])
                 for i in range(4 * spatial, entries * spatial):
-                    dst[base + i] = one / (one + _exp(-dst[base + i]))
+                    dst[base + i] = logistic(dst[base + i])
             for i in range(2 * spatial):
                 dst[base + i] = dst[base + i] * alpha + beta
 

@@ -13,13 +13,11 @@ cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
 
+from darknet_metal.cpu.kernels cimport dm_maxpool2x2s2_f32
+
 import numpy as np
 
 from darknet_metal.cpu.checks import check_input, check_out
-
-cdef extern from "kernels.h" nogil:
-    void dm_maxpool2x2s2_f32(const float* src, float* dst, Py_ssize_t planes, Py_ssize_t h,
-                             Py_ssize_t w, Py_ssize_t out_h, Py_ssize_t out_w)
 
 
 def _c_div(int a, int b) -> int:

@@ -9,17 +9,11 @@ multiply-adds for the same result up to rounding (the transforms only add, subtr
 
 from cython cimport floating
 
-from darknet_metal.cpu.activations cimport ACT_LEAKY, ACT_LINEAR, ACT_REVLEAKY, activate_array
-from darknet_metal.cpu.conv cimport gemm_rowmajor
+from darknet_metal.cpu.activations cimport ACT_LINEAR, activate_array, is_linear_or_leaky
+from darknet_metal.cpu.blas cimport gemm_rowmajor
+from darknet_metal.cpu.kernels cimport dm_wino2_input_f32, dm_wino2_output_f32
 
 import numpy as np
-
-cdef extern from "kernels.h" nogil:
-    void dm_wino2_input_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
-                            Py_ssize_t width, Py_ssize_t tiles_y, Py_ssize_t tiles_x, float* v)
-    void dm_wino2_output_f32(const float* m, const float* bias, Py_ssize_t filters,
-                             Py_ssize_t height, Py_ssize_t width, Py_ssize_t tiles_y,
-                             Py_ssize_t tiles_x, int leaky, float* out)
 
 # G for F(2x2, 3x3): the filter transform U = G g G^T.
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -142,7 +136,7 @@ def winograd_forward(const floating[:, :, :, ::1] x, const floating[:, :, ::1] f
     cdef floating* v = &workspace[0]
     cdef floating* m = v + 16 * channels * tiles
     cdef Py_ssize_t b, p, f
-    cdef bint fused = act == ACT_LINEAR or act == ACT_LEAKY or act == ACT_REVLEAKY
+    cdef bint fused = is_linear_or_leaky(act)
     with nogil:
         for b in range(batch):
             if floating is float:
@@ -155,6 +149,8 @@ def winograd_forward(const floating[:, :, :, ::1] x, const floating[:, :, ::1] f
                               &filters[p, 0, 0], <int>channels, v + p * channels * tiles,
                               <int>tiles, 0, m + p * nf * tiles, <int>tiles)
             if floating is float:
+                # kernels.h fuses only the identity and leaky; any other activation is
+                # applied to the finished planes.
                 dm_wino2_output_f32(m, &bias[0], nf, height, width, tiles_y, tiles_x,
                                     act != ACT_LINEAR and fused, &out[b, 0, 0, 0])
                 if not fused:
