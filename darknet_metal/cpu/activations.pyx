@@ -27,6 +27,13 @@ activation's *output* ``y`` (``logistic``: ``(1-y)y``, ``tanh``: ``1-y^2``, ...)
 exceptions take the *input* ``x``: ``mish``, ``swish`` and ``hard_mish`` (Darknet keeps the
 input for them) and ``gelu`` (its formula is written in terms of the input, although
 Darknet's backward pass feeds it the output).
+
+Contract: the array kernels declared in ``activations.pxd`` (``activate_array``,
+``gradient_array``, ``activate_channels``, ``gradient_channels``) work in place on float32 or
+float64 (the ``floating`` fused type) and are ``noexcept nogil``, so the convolution modules
+call them inside their own GIL-free loops; the activation ids are the ``ACT_*`` enum there.
+``activate`` and ``gradient`` are the Python entry points, on (N, C, H, W) or (N, F) arrays
+under the package's contract (``darknet_metal.cpu``).
 """
 
 cimport cython
@@ -39,6 +46,7 @@ from darknet_metal.cpu.fmath cimport fcube, fexp, ffloor, flog, logistic
 import numpy as np
 
 from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
+from darknet_metal.cpu.checks import check_input, check_like
 
 _ENUM = {
     "linear": ACT_LINEAR, "leaky": ACT_LEAKY, "relu": ACT_RELU, "relu6": ACT_RELU6,
@@ -366,7 +374,6 @@ def _gradient_channels_flat(const floating[::1] y, floating[::1] delta, Py_ssize
         gradient_channels(&y[0], batch, channels, spatial, act, &delta[0])
 
 
-
 def activation_id(act) -> int:
     """Return the integer id of ``act``: a name from ``ACTIVATIONS`` or an id already.
 
@@ -383,17 +390,8 @@ def activation_id(act) -> int:
     raise TypeError(f"activation must be a name or an int id, not {type(act).__name__}")
 
 
-def _check_array(name, a, writable):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, not {type(a).__name__}")
-    if a.dtype not in (np.float32, np.float64):
-        raise ValueError(f"{name} must be float32 or float64, not {a.dtype}")
-    if a.ndim not in (2, 4):
-        raise ValueError(f"{name} must have shape (N, C, H, W) or (N, F), not {a.shape}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if writable and not a.flags.writeable:
-        raise ValueError(f"{name} must be writable (it is modified in place)")
+# (N, C, H, W) first: the layout the message names first.
+_NDIMS = (4, 2)
 
 
 def _layout(a):
@@ -412,7 +410,7 @@ def activate(x, act) -> None:
     (``normalize_channels*``) normalise each pixel across C; all others are elementwise.
     """
     a = activation_id(act)
-    _check_array("x", x, True)
+    check_input("x", x, _NDIMS, writable=True)
     if ACTIVATIONS[a] in CHANNEL_ACTIVATIONS:
         batch, channels, spatial = _layout(x)
         _activate_channels_flat(x.reshape(-1), batch, channels, spatial, a)
@@ -428,11 +426,9 @@ def gradient(y_or_x, act, delta) -> None:
     modified in place. Shapes as for ``activate``.
     """
     a = activation_id(act)
-    _check_array("y_or_x", y_or_x, False)
-    _check_array("delta", delta, True)
-    if delta.shape != y_or_x.shape or delta.dtype != y_or_x.dtype:
-        raise ValueError(f"delta must have the shape and dtype of y_or_x {y_or_x.shape} "
-                         f"{y_or_x.dtype}, not {delta.shape} {delta.dtype}")
+    check_input("y_or_x", y_or_x, _NDIMS)
+    check_input("delta", delta, _NDIMS, writable=True)
+    check_like("delta", delta, y_or_x, "y_or_x")
     if ACTIVATIONS[a] in CHANNEL_ACTIVATIONS:
         batch, channels, spatial = _layout(delta)
         _gradient_channels_flat(y_or_x.reshape(-1), delta.reshape(-1), batch, channels,

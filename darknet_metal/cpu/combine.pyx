@@ -4,6 +4,9 @@
 The arithmetic is Darknet's (``shortcut_multilayer_cpu`` in ``blas.cpp``,
 ``forward_scale_channels_layer``, ``forward_sam_layer``). None of these apply the layer's
 activation: the caller does, with ``darknet_metal.cpu.activations.activate``.
+
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64
+(N, C, H, W) arrays of one dtype, checked by ``checks``; the loops run without the GIL.
 """
 
 cimport cython
@@ -14,7 +17,7 @@ from darknet_metal.cpu.fmath cimport fexp
 
 import numpy as np
 
-from darknet_metal.cpu.checks import check_input, check_out
+from darknet_metal.cpu.checks import check_input, check_like, check_out
 
 WEIGHTS_TYPES = ("none", "per_feature", "per_channel")
 WEIGHTS_NORMALIZATIONS = ("none", "relu", "softmax")
@@ -201,13 +204,13 @@ def scale_channels_forward(x_from, scale, out, bint scale_wh=False) -> None:
     pixel, shared by all channels); out: like x_from. ``out = scale * x_from`` broadcast.
     """
     check_input("x_from", x_from)
-    check_input("scale", scale, like=x_from)
+    check_input("scale", scale, like=x_from, like_name="x_from")
     n, c, h, w = x_from.shape
     expected = (n, 1, h, w) if scale_wh else (n, c, 1, 1)
     if tuple(scale.shape) != expected:
         raise ValueError(f"scale must have shape {expected} "
                          f"({'scale_wh' if scale_wh else 'per channel'}), not {scale.shape}")
-    check_out(out, x_from, x_from.shape)
+    check_out(out, x_from, x_from.shape, like_name="x_from")
     _scale_channels(x_from, scale, out, scale_wh)
 
 
@@ -225,8 +228,7 @@ def sam_forward(x_from, x, out) -> None:
     shape and dtype; out: same shape and dtype.
     """
     check_input("x_from", x_from)
-    check_input("x", x, like=x_from)
-    if x.shape != x_from.shape:
-        raise ValueError(f"x must have the shape of x_from {x_from.shape}, not {x.shape}")
-    check_out(out, x_from, x_from.shape)
+    check_input("x", x)
+    check_like("x", x, x_from, "x_from")
+    check_out(out, x_from, x_from.shape, like_name="x_from")
     _sam(x_from.reshape(-1), x.reshape(-1), out.reshape(-1))

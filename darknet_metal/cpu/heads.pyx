@@ -4,6 +4,10 @@
 ``softmax_forward`` is Darknet's softmax_cpu as forward_softmax_layer calls it (no
 hierarchical ``tree=`` softmax). ``yolo_forward`` produces Darknet's ``[yolo]``
 ``layer.output`` (forward_yolo_layer at inference): box decoding and NMS are separate.
+
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64 arrays,
+checked by ``checks``; ``out`` has the shape and dtype of ``x`` and may be ``x``; the loops
+run without the GIL.
 """
 
 cimport cython
@@ -57,8 +61,6 @@ def softmax_forward(x, out, int groups=1, double temperature=1.0) -> None:
     """
     check_input("x", x, (2, 4))
     check_out(out, x, x.shape)
-    if not out.flags.writeable:
-        raise ValueError("out must be writable")
     features = x.shape[1] if x.ndim == 2 else x.shape[1] * x.shape[2] * x.shape[3]
     if groups < 1 or features % groups:
         raise ValueError(f"softmax groups={groups} must be >= 1 and divide the {features} "
@@ -108,8 +110,6 @@ def yolo_forward(x, out, int n, int classes, double scale_x_y=1.0, bint new_coor
     """
     check_input("x", x)
     check_out(out, x, x.shape)
-    if not out.flags.writeable:
-        raise ValueError("out must be writable")
     if n < 1 or classes < 0:
         raise ValueError(f"yolo needs n >= 1 anchors and classes >= 0, got n={n} "
                          f"classes={classes}")

@@ -7,6 +7,10 @@ cfg key, default ``size - 1``) the output is ``(w + padding - size) / stride_x +
 i*stride_y - padding/2)``, and positions outside the image are ignored. So ``size=2
 stride=1`` keeps a 13x13 map 13x13, the extra row and column being on the bottom/right.
 A window that lies entirely outside the image yields Darknet's ``-FLT_MAX``.
+
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64
+(N, C, H, W) arrays of one dtype, checked by ``checks``; the loops run without the GIL, the
+float32 2x2 stride-2 windows in ``kernels.h``.
 """
 
 cimport cython
@@ -14,8 +18,6 @@ from cython cimport floating
 from libc.float cimport FLT_MAX
 
 from darknet_metal.cpu.kernels cimport dm_maxpool2x2s2_f32
-
-import numpy as np
 
 from darknet_metal.cpu.checks import check_input, check_out
 
@@ -163,9 +165,9 @@ def maxpool_depth_forward(x, out) -> None:
     ignores size, stride and padding in this mode). Requires 1 <= out_channels.
     """
     check_input("x", x)
-    if not isinstance(out, np.ndarray) or out.ndim != 4 or out.shape[1] < 1:
-        raise ValueError(f"out must be (N, out_channels >= 1, H, W), got "
-                         f"{getattr(out, 'shape', type(out).__name__)}")
+    check_input("out", out, (4,), x, layout="(N, out_channels, H, W)")
+    if out.shape[1] < 1:
+        raise ValueError(f"out must be (N, out_channels >= 1, H, W), got {out.shape}")
     check_out(out, x, (x.shape[0], out.shape[1], x.shape[2], x.shape[3]))
     _maxpool_depth(x, out)
 

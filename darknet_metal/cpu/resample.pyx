@@ -10,18 +10,15 @@ layout is unusual:
 - ``[reorg]`` (Darknet's reorg_old layer, the one YOLOv2 uses and OpenCV implements) and
   ``[reorg3d]`` (Darknet's reorg layer) both move s x s pixel blocks into channels, but
   index the two sides differently; see ``reorg_forward`` and ``reorg3d_forward``.
+
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64
+(N, C, H, W) arrays of one dtype, checked by ``checks``; the loops run without the GIL.
 """
 
 cimport cython
 from cython cimport floating
 
-import numpy as np
-
 from darknet_metal.cpu.checks import check_input, check_out
-
-
-
-
 
 
 def _check_stride(int stride):
