@@ -68,7 +68,7 @@ def _conv1x1(filters, activation="linear"):
 
 
 # ---------------------------------------------------------------------------------------
-# maxpool / local_avgpool / avgpool
+# maxpool / avgpool
 
 
 def _c_trunc_div(a, b):
@@ -95,12 +95,6 @@ def _windows(x, size, sx, sy, padding, fill):
 def np_maxpool(x, size, sx, sy, padding):
     out = _windows(x, size, sx, sy, padding, -np.inf).max(axis=(-2, -1))
     return np.where(np.isneginf(out), -FLT_MAX, out)  # Darknet starts from -FLT_MAX
-
-
-def np_local_avgpool(x, size, sx, sy, padding):
-    win = _windows(x, size, sx, sy, padding, np.nan)
-    with np.errstate(invalid="ignore"):
-        return np.nansum(win, axis=(-2, -1)) / (~np.isnan(win)).sum(axis=(-2, -1))
 
 
 POOL_CASES = [
@@ -142,17 +136,6 @@ def test_maxpool_window_outside_image_is_minus_flt_max():
     out = np.empty((1, 1, 4, 5), np.float32)
     pooling.maxpool_forward(np.ones((1, 1, 2, 3), np.float32), out, 1, 1, 1, 2)
     assert out[0, 0, 0, 0] == -FLT_MAX and out[0, 0, 1, 1] == 1.0
-
-
-@pytest.mark.parametrize("size,sx,sy,padding,shape", POOL_CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_local_avgpool_matches_sliding_window(size, sx, sy, padding, shape, dtype):
-    x = _rand(shape, size + 3 * sy, dtype)
-    ref = np_local_avgpool(x, size, sx, sy, padding)
-    out = np.empty(ref.shape, dtype)
-    pooling.local_avgpool_forward(x, out, size, sx, sy, padding)
-    rtol = 1e-6 if dtype == np.float32 else 1e-14
-    np.testing.assert_allclose(out, ref, rtol=rtol, atol=rtol)  # NaN where Darknet has 0/0
 
 
 @needs_cv2
@@ -202,7 +185,7 @@ def test_avgpool_matches_opencv(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# upsample / reorg / reorg3d
+# upsample / reorg
 
 
 @pytest.mark.parametrize("stride,scale", [(2, 1.0), (3, 0.5), (1, 2.0), (4, -1.5)])
@@ -282,32 +265,6 @@ def np_space_to_depth(x, s):
     n, c, h, w = x.shape
     v = x.reshape(n, c, h // s, s, w // s, s).transpose(0, 3, 5, 1, 2, 4)
     return v.reshape(n, s * s * c, h // s, w // s)
-
-
-@pytest.mark.parametrize("stride,shape", [(2, (2, 3, 6, 4)), (3, (2, 5, 9, 3)), (2, (2, 1, 2, 2))])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_reorg3d_forward_is_space_to_depth(stride, shape, dtype):
-    x = _rand(shape, 2, dtype)
-    ref = np_space_to_depth(x, stride)
-    out = np.empty(ref.shape, dtype)
-    resample.reorg3d_forward(x, out, stride)
-    np.testing.assert_array_equal(out, ref)
-
-
-@pytest.mark.parametrize("stride,shape", [(2, (2, 16, 3, 5)), (2, (2, 32, 2, 2))])
-def test_reorg3d_reverse_follows_darknet_buffers(stride, shape):
-    # Darknet reads the input as (C/s^2, H*s, W*s) and writes the output buffer as
-    # (C/s^4, H*s^2, W*s^2) whose space-to-depth is that input.
-    n, c, h, w = shape
-    s = stride
-    x = _rand(shape, 9)
-    c4 = c // s**4
-    view = x.reshape(n, s, s, c4, h * s, w * s).transpose(0, 3, 4, 1, 5, 2)
-    big = view.reshape(n, c4, h * s * s, w * s * s)
-    out = np.empty((n, c // (s * s), h * s, w * s), np.float32)
-    resample.reorg3d_forward(x, out, s, reverse=True)
-    np.testing.assert_array_equal(out.reshape(big.shape), big)
-    np.testing.assert_array_equal(np_space_to_depth(big, s).reshape(x.shape), x)
 
 
 # ---------------------------------------------------------------------------------------
@@ -612,15 +569,12 @@ def _guarded(shape, fill, data=None):
 GUARD_CASES = [
     ((2, 3, 5, 7), (2, 3, 5, 7), lambda x, o: pooling.maxpool_forward(x, o, 2, 1, 1, 1)),
     ((2, 3, 5, 7), (2, 3, 2, 2), lambda x, o: pooling.maxpool_forward(x, o, 3, 3, 2, 0)),
-    ((1, 2, 3, 4), (1, 2, 5, 6), lambda x, o: pooling.local_avgpool_forward(x, o, 1, 1, 1, 2)),
     ((2, 7, 5, 3), (2, 3, 5, 3), pooling.maxpool_depth_forward),
     ((2, 3, 5, 7), (2, 3, 1, 1), pooling.avgpool_forward),
     ((2, 3, 5, 7), (2, 3, 10, 14), lambda x, o: resample.upsample_forward(x, o, 2)),
     ((2, 3, 7, 5), (2, 3, 3, 2), lambda x, o: resample.upsample_forward(x, o, -2)),
     ((2, 8, 6, 4), (2, 32, 3, 2), lambda x, o: resample.reorg_forward(x, o, 2)),
     ((2, 8, 3, 2), (2, 2, 6, 4), lambda x, o: resample.reorg_forward(x, o, 2, True)),
-    ((2, 3, 7, 5), (2, 12, 3, 2), lambda x, o: resample.reorg3d_forward(x, o, 2)),
-    ((2, 16, 3, 5), (2, 4, 6, 10), lambda x, o: resample.reorg3d_forward(x, o, 2, True)),
     ((2, 6, 1, 1), (2, 6, 1, 1), lambda x, o: heads.softmax_forward(x, o, 3)),
     ((2, 12, 3, 5), (2, 12, 3, 5), lambda x, o: heads.yolo_forward(x, o, 2, 1, 1.1)),
     ((2, 3, 5, 7), (2, 3, 5, 7), lambda x, o: combine.sam_forward(x, x, o)),
@@ -676,8 +630,6 @@ def test_bad_shapes_raise_value_errors_naming_the_expectation():
         resample.reorg_forward(
             np.zeros((2, 4, 5, 6), np.float32), np.zeros((2, 16, 2, 3), np.float32), 2
         )
-    with pytest.raises(ValueError, match="stride\\^4"):
-        resample.reorg3d_forward(x, np.zeros((2, 1, 12, 12), np.float32), 2, reverse=True)
     with pytest.raises(ValueError, match="needs 2 weights"):
         combine.shortcut_forward(x, [x.copy()], np.ones(3), "per_feature", "none", np.empty_like(x))
     with pytest.raises(ValueError, match="weights_type must be one of"):

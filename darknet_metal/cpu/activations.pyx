@@ -27,16 +27,26 @@ activation's *output* ``y`` (``logistic``: ``(1-y)y``, ``tanh``: ``1-y^2``, ...)
 exceptions take the *input* ``x``: ``mish``, ``swish`` and ``hard_mish`` (Darknet keeps the
 input for them) and ``gelu`` (its formula is written in terms of the input, although
 Darknet's backward pass feeds it the output).
+
+Contract: the array kernels declared in ``activations.pxd`` (``activate_array``,
+``gradient_array``, ``activate_channels``, ``gradient_channels``) work in place on float32 or
+float64 (the ``floating`` fused type) and are ``noexcept nogil``, so the convolution modules
+call them inside their own GIL-free loops; the activation ids are the ``ACT_*`` enum there.
+``activate`` and ``gradient`` are the Python entry points, on (N, C, H, W) or (N, F) arrays
+under the package's contract (``darknet_metal.cpu``).
 """
 
 cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
-from libc.math cimport exp, expf, floor, floorf, log, logf, pow, powf, tanh, tanhf
+from libc.math cimport exp, expf, pow, powf, tanh, tanhf
+
+from darknet_metal.cpu.fmath cimport fcube, fexp, ffloor, flog, logistic
 
 import numpy as np
 
 from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
+from darknet_metal.cpu.checks import check_input, check_like
 
 _ENUM = {
     "linear": ACT_LINEAR, "leaky": ACT_LEAKY, "relu": ACT_RELU, "relu6": ACT_RELU6,
@@ -55,50 +65,14 @@ if len(ACTIVATIONS) != ACT_COUNT or any(ACTIVATION_ID[k] != v for k, v in _ENUM.
                       "darknet_metal.activations.ACTIVATIONS")
 
 # ----------------------------------------------------------------------------------------
-# Precision-matched libm wrappers: float32 calls the float functions, as Darknet does.
-
-cdef inline floating _exp(floating x) noexcept nogil:
-    if floating is float:
-        return expf(x)
-    else:
-        return exp(x)
-
-
-cdef inline floating _log(floating x) noexcept nogil:
-    if floating is float:
-        return logf(x)
-    else:
-        return log(x)
-
-
-cdef inline floating _floor(floating x) noexcept nogil:
-    if floating is float:
-        return floorf(x)
-    else:
-        return floor(x)
-
-
-cdef inline floating _cube(floating x) noexcept nogil:
-    if floating is float:
-        return powf(x, 3.0)
-    else:
-        return pow(x, 3.0)
-
-
-# ----------------------------------------------------------------------------------------
-# Scalar functions. Every constant is typed ``floating``: Cython would otherwise emit C
-# double literals and the float32 path would compute parts of an expression in double.
-
-@cython.cdivision(True)
-cdef inline floating _logistic(floating x) noexcept nogil:
-    cdef floating one = 1
-    return one / (one + _exp(-x))
-
+# Scalar functions (the libm wrappers and the logistic are in fmath.pxd, shared with the
+# other layers). Every constant is typed ``floating``: Cython would otherwise emit C double
+# literals and the float32 path would compute parts of an expression in double.
 
 @cython.cdivision(True)
 cdef inline floating _tanh_darknet(floating x) noexcept nogil:
     cdef floating one = 1, two = 2
-    return two / (one + _exp(-two * x)) - one
+    return two / (one + fexp(-two * x)) - one
 
 
 cdef inline floating _softplus(floating x, floating threshold) noexcept nogil:
@@ -106,8 +80,8 @@ cdef inline floating _softplus(floating x, floating threshold) noexcept nogil:
     if x > threshold:
         return x
     elif x < -threshold:
-        return _exp(x)
-    return _log(_exp(x) + one)
+        return fexp(x)
+    return flog(fexp(x) + one)
 
 
 cdef inline floating _gelu(floating x) noexcept nogil:
@@ -123,7 +97,7 @@ cdef inline floating _gelu(floating x) noexcept nogil:
 
 @cython.cdivision(True)
 cdef inline floating _gelu_gradient(floating x) noexcept nogil:
-    cdef floating x3 = _cube(x)
+    cdef floating x3 = fcube(x)
     cdef float a_f, s_f
     cdef float two_f = 2
     cdef double a, s
@@ -145,9 +119,9 @@ cdef inline floating _stair(floating x) noexcept nogil:
     # Darknet converts floor(x) to int to test parity; testing on the float avoids the
     # undefined conversion for huge inputs and agrees everywhere else.
     cdef floating two = 2
-    cdef floating fl = _floor(x)
-    cdef floating half = _floor(x / two)
-    if _floor(fl / two) * two == fl:
+    cdef floating fl = ffloor(x)
+    cdef floating half = ffloor(x / two)
+    if ffloor(fl / two) * two == fl:
         return half
     return (x - fl) + half
 
@@ -166,22 +140,22 @@ cdef inline floating _activate(floating x, int act) noexcept nogil:
         a = x if x > zero else zero
         return a if a < six else six
     elif act == ACT_LOGISTIC:
-        return _logistic(x)
+        return logistic(x)
     elif act == ACT_LOGGY:
-        return two / (one + _exp(-x)) - one
+        return two / (one + fexp(-x)) - one
     elif act == ACT_TANH:
         return _tanh_darknet(x)
     elif act == ACT_ELU:
-        return <floating>(x >= zero) * x + <floating>(x < zero) * (_exp(x) - one)
+        return <floating>(x >= zero) * x + <floating>(x < zero) * (fexp(x) - one)
     elif act == ACT_SELU:
         return (<floating>(x >= zero) * <floating>1.0507 * x
-                + <floating>(x < zero) * <floating>1.0507 * <floating>1.6732 * (_exp(x) - one))
+                + <floating>(x < zero) * <floating>1.0507 * <floating>1.6732 * (fexp(x) - one))
     elif act == ACT_GELU:
         return _gelu(x)
     elif act == ACT_MISH:
         return x * _tanh_darknet(_softplus(x, <floating>20))
     elif act == ACT_SWISH:
-        return x * _logistic(x)
+        return x * logistic(x)
     elif act == ACT_HARD_MISH:
         if x > zero:
             return x
@@ -249,7 +223,7 @@ cdef inline floating _gradient(floating v, int act) noexcept nogil:
         tsp = <floating>tanh(<double>sp)
         return v * ((one - tsp * tsp) * t) + tsp
     elif act == ACT_SWISH:
-        s = _logistic(v)
+        s = logistic(v)
         sw = v * s
         return sw + s * (one - sw)
     elif act == ACT_HARD_MISH:
@@ -265,7 +239,7 @@ cdef inline floating _gradient(floating v, int act) noexcept nogil:
     elif act == ACT_PLSE:
         return <floating>0.01 if (v < zero or v > one) else <floating>0.125
     elif act == ACT_STAIR:
-        return zero if _floor(v) == v else one
+        return zero if ffloor(v) == v else one
     elif act == ACT_RAMP:
         return <floating>(v > zero) + <floating>0.1
     elif act == ACT_RELIE:
@@ -291,7 +265,7 @@ cdef void activate_array(floating* x, Py_ssize_t n, int act) noexcept nogil:
             x[i] = x[i] if x[i] > zero else <floating>0.1 * x[i]
     elif act == ACT_LOGISTIC:
         for i in range(n):
-            x[i] = _logistic(x[i])
+            x[i] = logistic(x[i])
     else:
         for i in range(n):
             x[i] = _activate(x[i], act)
@@ -341,9 +315,9 @@ cdef void activate_channels(floating* x, Py_ssize_t batch, Py_ssize_t channels,
                         if val > max_val or k == 0:
                             max_val = val
                 for k in range(channels):
-                    total = total + _exp(base[k * spatial] - max_val)
+                    total = total + fexp(base[k * spatial] - max_val)
                 for k in range(channels):
-                    base[k * spatial] = _exp(base[k * spatial] - max_val) / total
+                    base[k * spatial] = fexp(base[k * spatial] - max_val) / total
 
 
 cdef void gradient_channels(const floating* y, Py_ssize_t batch, Py_ssize_t channels,
@@ -400,7 +374,6 @@ def _gradient_channels_flat(const floating[::1] y, floating[::1] delta, Py_ssize
         gradient_channels(&y[0], batch, channels, spatial, act, &delta[0])
 
 
-
 def activation_id(act) -> int:
     """Return the integer id of ``act``: a name from ``ACTIVATIONS`` or an id already.
 
@@ -417,17 +390,8 @@ def activation_id(act) -> int:
     raise TypeError(f"activation must be a name or an int id, not {type(act).__name__}")
 
 
-def _check_array(name, a, writable):
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, not {type(a).__name__}")
-    if a.dtype not in (np.float32, np.float64):
-        raise ValueError(f"{name} must be float32 or float64, not {a.dtype}")
-    if a.ndim not in (2, 4):
-        raise ValueError(f"{name} must have shape (N, C, H, W) or (N, F), not {a.shape}")
-    if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if writable and not a.flags.writeable:
-        raise ValueError(f"{name} must be writable (it is modified in place)")
+# (N, C, H, W) first: the layout the message names first.
+_NDIMS = (4, 2)
 
 
 def _layout(a):
@@ -446,7 +410,7 @@ def activate(x, act) -> None:
     (``normalize_channels*``) normalise each pixel across C; all others are elementwise.
     """
     a = activation_id(act)
-    _check_array("x", x, True)
+    check_input("x", x, _NDIMS, writable=True)
     if ACTIVATIONS[a] in CHANNEL_ACTIVATIONS:
         batch, channels, spatial = _layout(x)
         _activate_channels_flat(x.reshape(-1), batch, channels, spatial, a)
@@ -462,11 +426,9 @@ def gradient(y_or_x, act, delta) -> None:
     modified in place. Shapes as for ``activate``.
     """
     a = activation_id(act)
-    _check_array("y_or_x", y_or_x, False)
-    _check_array("delta", delta, True)
-    if delta.shape != y_or_x.shape or delta.dtype != y_or_x.dtype:
-        raise ValueError(f"delta must have the shape and dtype of y_or_x {y_or_x.shape} "
-                         f"{y_or_x.dtype}, not {delta.shape} {delta.dtype}")
+    check_input("y_or_x", y_or_x, _NDIMS)
+    check_input("delta", delta, _NDIMS, writable=True)
+    check_like("delta", delta, y_or_x, "y_or_x")
     if ACTIVATIONS[a] in CHANNEL_ACTIVATIONS:
         batch, channels, spatial = _layout(delta)
         _gradient_channels_flat(y_or_x.reshape(-1), delta.reshape(-1), batch, channels,

@@ -1,33 +1,66 @@
-"""Argument checks shared by the Python-visible wrappers of the Cython layers."""
+"""Argument checks shared by the Python-visible wrappers of the Cython layers.
+
+Every wrapper checks its arrays here before handing them to a typed-memoryview kernel, so a
+bad argument gets a message naming it rather than Cython's buffer error, and every module
+raises the same error types: TypeError for something that is not a numpy array, ValueError
+for a wrong shape, dtype, contiguity or writability.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-_LAYOUTS = {2: "(N, F)", 4: "(N, C, H, W)"}
+_LAYOUTS = {1: "(n,)", 2: "(N, F)", 3: "(C, H, W)", 4: "(N, C, H, W)"}
+# dtype instances, not the scalar types: comparing with a type converts it on every call,
+# and these checks run once per layer call.
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def check_input(name: str, a: object, ndims: tuple[int, ...] = (4,),
-                like: np.ndarray | None = None) -> None:
+                like: np.ndarray | None = None, *, like_name: str = "x",
+                layout: str | None = None, writable: bool = False) -> None:
     """Raise TypeError/ValueError unless ``a`` is a C-contiguous float32/float64 ndarray with
-    one of ``ndims`` dimensions (and the dtype of ``like`` when given)."""
+    one of ``ndims`` dimensions (and the dtype of ``like``, called ``like_name`` in the
+    message, when given; and writable when ``writable``).
+
+    ``layout`` names the expected shape in the message; by default it is derived from
+    ``ndims`` ((N, C, H, W) for 4, (N, F) for 2, ...).
+    """
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a numpy array, not {type(a).__name__}")
     if a.ndim not in ndims:
-        layouts = " or ".join(_LAYOUTS.get(d, f"{d}-D") for d in ndims)
+        layouts = layout or " or ".join(_LAYOUTS.get(d, f"{d}-D") for d in ndims)
         raise ValueError(f"{name} must have shape {layouts}, not {a.shape}")
-    if a.dtype not in (np.float32, np.float64):
+    if a.dtype not in _FLOATS:
         raise ValueError(f"{name} must be float32 or float64, not {a.dtype}")
     if like is not None and a.dtype != like.dtype:
-        raise ValueError(f"{name} must have the dtype of x ({like.dtype}), not {a.dtype}")
+        raise ValueError(f"{name} must have the dtype of {like_name} ({like.dtype}), "
+                         f"not {a.dtype}")
     if not a.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{name} must be writable (it is written to)")
 
 
-def check_out(out: object, like: np.ndarray, shape: tuple[int, ...]) -> None:
+def check_out(out: object, like: np.ndarray, shape: tuple[int, ...], *,
+              like_name: str = "x") -> None:
     """Raise unless ``out`` is a writable C-contiguous array of ``shape`` and like's dtype."""
-    check_input("out", out, (len(shape),), like)
-    if not out.flags.writeable:
-        raise ValueError("out must be writable")
+    check_input("out", out, (len(shape),), like, like_name=like_name, writable=True)
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out must have shape {tuple(shape)}, not {tuple(out.shape)}")
+
+
+def check_like(name: str, a: np.ndarray, like: np.ndarray, like_name: str) -> None:
+    """Raise ValueError unless ``a`` has the shape and dtype of ``like``."""
+    if a.shape != like.shape or a.dtype != like.dtype:
+        raise ValueError(f"{name} must have the shape and dtype of {like_name} {like.shape} "
+                         f"{like.dtype}, not {a.shape} {a.dtype}")
+
+
+def check_workspace(workspace: object, like: np.ndarray, needed: int, where: str) -> None:
+    """Raise unless ``workspace`` is a writable 1-D array of like's dtype with at least
+    ``needed`` elements; ``where`` (the caller's name) starts the size message."""
+    check_input("workspace", workspace, (1,), like, writable=True)
+    if workspace.shape[0] < needed:
+        raise ValueError(f"{where}: workspace has {workspace.shape[0]} elements, "
+                         f"needs {needed}")

@@ -4,33 +4,26 @@
 The arithmetic is Darknet's (``shortcut_multilayer_cpu`` in ``blas.cpp``,
 ``forward_scale_channels_layer``, ``forward_sam_layer``). None of these apply the layer's
 activation: the caller does, with ``darknet_metal.cpu.activations.activate``.
+
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64
+(N, C, H, W) arrays of one dtype, checked by ``checks``; the loops run without the GIL.
 """
 
 cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
-from libc.math cimport exp, expf
+
+from darknet_metal.cpu.fmath cimport fexp
 
 import numpy as np
 
-from darknet_metal.cpu.checks import check_input, check_out
+from darknet_metal.cpu.checks import check_input, check_like, check_out
 
 WEIGHTS_TYPES = ("none", "per_feature", "per_channel")
 WEIGHTS_NORMALIZATIONS = ("none", "relu", "softmax")
 # Darknet accepts these spellings too.
 _TYPE_ALIASES = {"per_layer": "per_feature"}
 _NORM_ALIASES = {"avg_relu": "relu"}
-
-
-
-
-
-
-cdef inline floating _exp(floating v) noexcept nogil:
-    if floating is float:
-        return expf(v)
-    else:
-        return exp(v)
 
 
 # ----------------------------------------------------------------------------------------
@@ -60,13 +53,13 @@ def _normalized_weights(const floating[::1] w, floating[:, ::1] table, int n_inp
             if norm == 1:
                 total = total + (v if v > zero else zero)
             elif norm == 2:
-                total = total + _exp(v - max_val)
+                total = total + fexp(v - max_val)
         for i in range(n_inputs):
             v = w[base + i * step]
             if norm == 1:
                 table[i, c] = (v if v > zero else zero) / total
             elif norm == 2:
-                table[i, c] = _exp(v - max_val) / total
+                table[i, c] = fexp(v - max_val) / total
             else:
                 table[i, c] = v
 
@@ -211,13 +204,13 @@ def scale_channels_forward(x_from, scale, out, bint scale_wh=False) -> None:
     pixel, shared by all channels); out: like x_from. ``out = scale * x_from`` broadcast.
     """
     check_input("x_from", x_from)
-    check_input("scale", scale, like=x_from)
+    check_input("scale", scale, like=x_from, like_name="x_from")
     n, c, h, w = x_from.shape
     expected = (n, 1, h, w) if scale_wh else (n, c, 1, 1)
     if tuple(scale.shape) != expected:
         raise ValueError(f"scale must have shape {expected} "
                          f"({'scale_wh' if scale_wh else 'per channel'}), not {scale.shape}")
-    check_out(out, x_from, x_from.shape)
+    check_out(out, x_from, x_from.shape, like_name="x_from")
     _scale_channels(x_from, scale, out, scale_wh)
 
 
@@ -235,8 +228,7 @@ def sam_forward(x_from, x, out) -> None:
     shape and dtype; out: same shape and dtype.
     """
     check_input("x_from", x_from)
-    check_input("x", x, like=x_from)
-    if x.shape != x_from.shape:
-        raise ValueError(f"x must have the shape of x_from {x_from.shape}, not {x.shape}")
-    check_out(out, x_from, x_from.shape)
+    check_input("x", x)
+    check_like("x", x, x_from, "x_from")
+    check_out(out, x_from, x_from.shape, like_name="x_from")
     _sam(x_from.reshape(-1), x.reshape(-1), out.reshape(-1))

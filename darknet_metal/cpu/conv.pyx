@@ -1,9 +1,10 @@
 # cython: language_level=3
 """Convolution and fully connected layers: im2col + BLAS GEMM, bias and activation fused.
 
-GEMMs go through SciPy's BLAS (``scipy.linalg.cython_blas``), which is column-major: a
-row-major ``C[M, N] = A[M, K] @ B[K, N]`` is issued as the column-major ``C^T = B^T A^T``,
-which reads the same memory without copies.
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64 arrays of
+one dtype, checked by ``checks``. The loops run without the GIL: ``bias_activate`` and the
+kernels it and the GEMM loop call (``blas.gemm_rowmajor``, ``im2col.im2col``,
+``activations.activate_array``, ``kernels.h``) are ``noexcept nogil``.
 
 float32 3x3 stride-1 pad-1 convolutions with at most ``DIRECT_MAX_CHANNELS`` input channels
 (the first layers of a detector) skip im2col and BLAS: ``kernels.h`` computes them directly,
@@ -12,42 +13,26 @@ its peak, and the direct loop is 2-3x faster on one core than the GEMM on two.
 """
 
 from cython cimport floating
-from scipy.linalg.cython_blas cimport dgemm, sgemm
 
-from darknet_metal.cpu.activations cimport ACT_LEAKY, ACT_LINEAR, ACT_REVLEAKY, activate_array
+from darknet_metal.cpu.activations cimport ACT_LINEAR, activate_array, is_linear_or_leaky
+from darknet_metal.cpu.blas cimport gemm_rowmajor
 from darknet_metal.cpu.im2col cimport im2col
+from darknet_metal.cpu.kernels cimport (
+    dm_bias_act_f32,
+    dm_conv3x3_direct_f32,
+    dm_conv3x3_direct_scratch,
+)
 
-cdef extern from "kernels.h" nogil:
-    void dm_bias_act_f32(float* out, const float* bias, Py_ssize_t channels,
-                         Py_ssize_t spatial, int leaky)
-    Py_ssize_t dm_conv3x3_direct_scratch(Py_ssize_t channels, Py_ssize_t filters,
-                                         Py_ssize_t height, Py_ssize_t width)
-    void dm_conv3x3_direct_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
-                               Py_ssize_t width, const float* weights, const float* bias,
-                               Py_ssize_t filters, int leaky, float* scratch, float* out)
-
-import numpy as np
-
-
-cdef void gemm_rowmajor(bint trans_a, bint trans_b, int m, int n, int k,
-                        const floating* a, int lda, const floating* b, int ldb,
-                        floating beta, floating* c, int ldc) noexcept nogil:
-    """Row-major ``C[m, n] = op(A) @ op(B) + beta*C`` through column-major BLAS."""
-    cdef char ta = b"T" if trans_b else b"N"
-    cdef char tb = b"T" if trans_a else b"N"
-    cdef floating one = 1
-    if floating is float:
-        sgemm(&ta, &tb, &n, &m, &k, &one, <float*>b, &ldb, <float*>a, &lda, &beta, c, &ldc)
-    else:
-        dgemm(&ta, &tb, &n, &m, &k, &one, <double*>b, &ldb, <double*>a, &lda, &beta, c, &ldc)
+from darknet_metal.cpu.checks import check_input, check_workspace
 
 
 cdef void bias_activate(floating* out, const floating* bias, Py_ssize_t channels,
                         Py_ssize_t spatial, int act) noexcept nogil:
+    """out[ch, i] = act(out[ch, i] + bias[ch]) for (channels, spatial) ``out``."""
     cdef Py_ssize_t ch, i
     cdef floating* row
     if floating is float:
-        if act == ACT_LINEAR or act == ACT_LEAKY or act == ACT_REVLEAKY:
+        if is_linear_or_leaky(act):
             dm_bias_act_f32(out, bias, channels, spatial, act != ACT_LINEAR)
             return
     for ch in range(channels):
@@ -66,65 +51,76 @@ cdef Py_ssize_t IM2COL_BLOCK = 1 << 16
 DIRECT_MAX_CHANNELS = 16
 
 
-def conv_out_size(int size_in, int ksize, int stride, int pad) -> int:
-    """Darknet's output size: ``(size_in + 2*pad - ksize) // stride + 1``."""
-    return (size_in + 2 * pad - ksize) // stride + 1
-
-
 def workspace_size(int channels, int ksize, int groups, int out_h, int out_w) -> int:
     """Elements of im2col workspace one convolution needs (0 for plain 1x1 convolutions)."""
     return (channels // groups) * ksize * ksize * out_h * out_w
 
 
-def conv2d_forward(const floating[:, :, :, ::1] x, const floating[:, ::1] weights,
-                   const floating[::1] bias, floating[:, :, :, ::1] out,
-                   floating[::1] workspace, int ksize, int stride_x, int stride_y, int pad,
-                   int dilation, int groups, int act):
+def conv2d_forward(x, weights, bias, out, workspace, int ksize, int stride_x, int stride_y,
+                   int pad, int dilation, int groups, int act):
     """Darknet convolution forward: ``out = act(conv(x, weights) + bias)``.
 
     x: (N, C, H, W); weights: (F, C/groups*ksize*ksize) in Darknet's (F, C, ky, kx) order;
     bias: (F,) (batch norm already folded in); out: (N, F, out_h, out_w) with Darknet's
-    ``out = (in + 2*pad - ksize)//stride + 1``; workspace: at least
-    ``workspace_size(C, ksize, groups, out_h, out_w)`` elements. ``act`` is an elementwise
-    activation id from ``darknet_metal.activations``; channel-mixing activations are applied
-    by the caller. Dilation samples the input every ``dilation`` pixels with padding
-    ``pad*dilation``, as Darknet does.
+    ``out = (in + 2*pad - ksize)//stride + 1``; workspace: 1-D, at least
+    ``workspace_size(C, ksize, groups, out_h, out_w)`` elements. All C-contiguous, of one
+    dtype (float32 or float64). ``act`` is an elementwise activation id from
+    ``darknet_metal.activations``; channel-mixing activations are applied by the caller.
+    Dilation samples the input every ``dilation`` pixels with padding ``pad*dilation``, as
+    Darknet does.
     """
-    cdef Py_ssize_t batch = x.shape[0], channels = x.shape[1], height = x.shape[2]
-    cdef Py_ssize_t width = x.shape[3], filters = weights.shape[0]
-    cdef Py_ssize_t out_h = out.shape[2], out_w = out.shape[3]
+    check_input("x", x)
+    check_input("weights", weights, (2,), x, layout="(F, C/groups*ksize*ksize)")
+    check_input("bias", bias, (1,), x, layout="(F,)")
+    check_input("out", out, (4,), x, writable=True)
+    cdef Py_ssize_t batch, channels, height, width, out_h, out_w, k
+    cdef Py_ssize_t filters = weights.shape[0]
+    batch, channels, height, width = x.shape
+    out_h, out_w = out.shape[2], out.shape[3]
     if groups < 1 or channels % groups or filters % groups:
         raise ValueError(f"conv2d_forward: groups={groups} must divide C={channels} and "
                          f"F={filters}")
-    cdef Py_ssize_t cg = channels // groups, fg = filters // groups
-    cdef Py_ssize_t k = cg * ksize * ksize, spatial = out_h * out_w
+    k = channels // groups * ksize * ksize
     if weights.shape[1] != k:
-        raise ValueError(f"conv2d_forward: weights shape ({weights.shape[0]}, {weights.shape[1]}), "
-                         f"expected ({filters}, {k})")
+        raise ValueError(f"conv2d_forward: weights shape {weights.shape}, expected "
+                         f"{(filters, k)}")
     if bias.shape[0] != filters:
         raise ValueError(f"conv2d_forward: bias has {bias.shape[0]} entries, expected {filters}")
     if out.shape[0] != batch or out.shape[1] != filters:
-        raise ValueError(f"conv2d_forward: out shape ({out.shape[0]}, {out.shape[1]}, ...) does not match "
-                         f"batch {batch} and {filters} filters")
+        raise ValueError(f"conv2d_forward: out shape ({out.shape[0]}, {out.shape[1]}, ...) does "
+                         f"not match batch {batch} and {filters} filters")
     if (out_h != (height + 2 * pad * dilation - dilation * (ksize - 1) - 1) // stride_y + 1
             or out_w != (width + 2 * pad * dilation - dilation * (ksize - 1) - 1) // stride_x + 1):
         raise ValueError(f"conv2d_forward: out spatial size {out_h}x{out_w} does not match input "
                          f"{height}x{width} with ksize={ksize} stride=({stride_x},{stride_y}) "
                          f"pad={pad} dilation={dilation}")
-    cdef bint direct = ksize == 1 and stride_x == 1 and stride_y == 1 and pad == 0
+    cdef bint one_by_one = ksize == 1 and stride_x == 1 and stride_y == 1 and pad == 0
+    check_workspace(workspace, x, 0 if one_by_one else k * out_h * out_w, "conv2d_forward")
+    _conv2d(x, weights, bias, out, workspace, ksize, stride_x, stride_y, pad, dilation, groups,
+            act, one_by_one)
+
+
+def _conv2d(const floating[:, :, :, ::1] x, const floating[:, ::1] weights,
+            const floating[::1] bias, floating[:, :, :, ::1] out, floating[::1] workspace,
+            int ksize, int stride_x, int stride_y, int pad, int dilation, int groups, int act,
+            bint one_by_one):
+    cdef Py_ssize_t batch = x.shape[0], channels = x.shape[1], height = x.shape[2]
+    cdef Py_ssize_t width = x.shape[3], filters = weights.shape[0]
+    cdef Py_ssize_t out_h = out.shape[2], out_w = out.shape[3]
+    cdef Py_ssize_t cg = channels // groups, fg = filters // groups
+    cdef Py_ssize_t k = cg * ksize * ksize, spatial = out_h * out_w
+    # The direct kernel takes its scratch from the workspace; a caller that sized it for
+    # im2col only may have given too little, and then the GEMM path runs instead.
     cdef bint direct3 = (floating is float and ksize == 3 and stride_x == 1 and stride_y == 1
                          and pad == 1 and dilation == 1 and groups == 1
                          and channels <= DIRECT_MAX_CHANNELS
                          and workspace.shape[0] >= dm_conv3x3_direct_scratch(
                              channels, filters, height, width)
-                         and (act == ACT_LINEAR or act == ACT_LEAKY or act == ACT_REVLEAKY))
-    if not direct and workspace.shape[0] < k * spatial:
-        raise ValueError(f"conv2d_forward: workspace has {workspace.shape[0]} elements, "
-                         f"needs {k * spatial}")
+                         and is_linear_or_leaky(act))
     # Unfold a block of output rows at a time so the im2col columns stay in cache between
     # being written and being multiplied.
     cdef Py_ssize_t block_rows = max(1, IM2COL_BLOCK // max(1, k * out_w))
-    cdef Py_ssize_t b, g, ch, oy0, oy1, cols
+    cdef Py_ssize_t b, g, oy0, oy1, cols
     cdef const floating* src
     cdef floating* dst
     with nogil:
@@ -138,7 +134,8 @@ def conv2d_forward(const floating[:, :, :, ::1] x, const floating[:, ::1] weight
             for g in range(groups):
                 src = &x[b, g * cg, 0, 0]
                 dst = &out[b, g * fg, 0, 0]
-                if direct:
+                if one_by_one:
+                    # The input planes already are the GEMM operand: no unfolding.
                     gemm_rowmajor(False, False, <int>fg, <int>spatial, <int>k,
                                   &weights[g * fg, 0], <int>k, src, <int>spatial, 0, dst,
                                   <int>spatial)
@@ -156,20 +153,32 @@ def conv2d_forward(const floating[:, :, :, ::1] x, const floating[:, ::1] weight
             bias_activate(&out[b, 0, 0, 0], &bias[0], filters, spatial, act)
 
 
-def connected_forward(const floating[:, ::1] x, const floating[:, ::1] weights,
-                      const floating[::1] bias, floating[:, ::1] out, int act):
+def connected_forward(x, weights, bias, out, int act):
     """Darknet connected forward: ``out = act(x @ weights.T + bias)``.
 
     x: (N, inputs); weights: (outputs, inputs) in Darknet's order; bias: (outputs,);
-    out: (N, outputs). ``act`` is an elementwise activation id.
+    out: (N, outputs). All C-contiguous, of one dtype (float32 or float64). ``act`` is an
+    elementwise activation id.
     """
-    cdef Py_ssize_t batch = x.shape[0], inputs = x.shape[1], outputs = weights.shape[0]
+    check_input("x", x, (2,), layout="(N, inputs)")
+    check_input("weights", weights, (2,), x, layout="(outputs, inputs)")
+    check_input("bias", bias, (1,), x, layout="(outputs,)")
+    check_input("out", out, (2,), x, layout="(N, outputs)", writable=True)
+    cdef Py_ssize_t batch, inputs
+    cdef Py_ssize_t outputs = weights.shape[0]
+    batch, inputs = x.shape
     if weights.shape[1] != inputs:
-        raise ValueError(f"connected_forward: weights shape ({weights.shape[0]}, {weights.shape[1]}), "
-                         f"expected ({outputs}, {inputs})")
+        raise ValueError(f"connected_forward: weights shape {weights.shape}, expected "
+                         f"{(outputs, inputs)}")
     if bias.shape[0] != outputs or out.shape[0] != batch or out.shape[1] != outputs:
-        raise ValueError(f"connected_forward: bias {bias.shape[0]} / out "
-                         f"({out.shape[0]}, {out.shape[1]}) do not match ({batch}, {outputs})")
+        raise ValueError(f"connected_forward: bias {bias.shape[0]} / out {out.shape} do not "
+                         f"match ({batch}, {outputs})")
+    _connected(x, weights, bias, out, act)
+
+
+def _connected(const floating[:, ::1] x, const floating[:, ::1] weights,
+               const floating[::1] bias, floating[:, ::1] out, int act):
+    cdef Py_ssize_t batch = x.shape[0], inputs = x.shape[1], outputs = weights.shape[0]
     cdef Py_ssize_t b
     with nogil:
         gemm_rowmajor(False, True, <int>batch, <int>outputs, <int>inputs, &x[0, 0], <int>inputs,

@@ -4,18 +4,22 @@
 ``softmax_forward`` is Darknet's softmax_cpu as forward_softmax_layer calls it (no
 hierarchical ``tree=`` softmax). ``yolo_forward`` produces Darknet's ``[yolo]``
 ``layer.output`` (forward_yolo_layer at inference): box decoding and NMS are separate.
+
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64 arrays,
+checked by ``checks``; ``out`` has the shape and dtype of ``x`` and may be ``x``; the loops
+run without the GIL.
 """
 
 cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
-from libc.math cimport exp, expf
+from libc.math cimport exp
+
+from darknet_metal.cpu.fmath cimport logistic
 
 import numpy as np
 
 from darknet_metal.cpu.checks import check_input, check_out
-
-
 
 
 # ----------------------------------------------------------------------------------------
@@ -57,8 +61,6 @@ def softmax_forward(x, out, int groups=1, double temperature=1.0) -> None:
     """
     check_input("x", x, (2, 4))
     check_out(out, x, x.shape)
-    if not out.flags.writeable:
-        raise ValueError("out must be writable")
     features = x.shape[1] if x.ndim == 2 else x.shape[1] * x.shape[2] * x.shape[3]
     if groups < 1 or features % groups:
         raise ValueError(f"softmax groups={groups} must be >= 1 and divide the {features} "
@@ -71,20 +73,12 @@ def softmax_forward(x, out, int groups=1, double temperature=1.0) -> None:
 # ----------------------------------------------------------------------------------------
 # yolo
 
-cdef inline floating _exp(floating v) noexcept nogil:
-    if floating is float:
-        return expf(v)
-    else:
-        return exp(v)
-
-
 @cython.cdivision(True)
 def _yolo(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int n, int classes,
           floating alpha, floating beta, bint new_coords):
     cdef Py_ssize_t batch = x.shape[0], channels = x.shape[1]
     cdef Py_ssize_t spatial = x.shape[2] * x.shape[3], entries = 5 + classes
     cdef Py_ssize_t task, i, base
-    cdef floating one = 1
     if batch * channels * spatial == 0:
         return
     cdef const floating* src = &x[0, 0, 0, 0]
@@ -97,9 +91,9 @@ def _yolo(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int n, int
                 dst[base + i] = src[base + i]
             if not new_coords:
                 for i in range(2 * spatial):
-                    dst[base + i] = one / (one + _exp(-dst[base + i]))
+                    dst[base + i] = logistic(dst[base + i])
                 for i in range(4 * spatial, entries * spatial):
-                    dst[base + i] = one / (one + _exp(-dst[base + i]))
+                    dst[base + i] = logistic(dst[base + i])
             for i in range(2 * spatial):
                 dst[base + i] = dst[base + i] * alpha + beta
 
@@ -116,8 +110,6 @@ def yolo_forward(x, out, int n, int classes, double scale_x_y=1.0, bint new_coor
     """
     check_input("x", x)
     check_out(out, x, x.shape)
-    if not out.flags.writeable:
-        raise ValueError("out must be writable")
     if n < 1 or classes < 0:
         raise ValueError(f"yolo needs n >= 1 anchors and classes >= 0, got n={n} "
                          f"classes={classes}")

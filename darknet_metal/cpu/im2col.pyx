@@ -1,19 +1,26 @@
 # cython: language_level=3
 """im2col: unfold convolution windows into the columns of a GEMM operand.
 
-``im2col`` fills the columns of output rows ``oy_begin..oy_end-1`` only, so a convolution can
-unfold and multiply a cache-sized block of rows at a time.
+``im2col`` (the cdef kernel declared in ``im2col.pxd``: ``noexcept nogil``, float32 or
+float64 through the ``floating`` fused type) fills the columns of output rows
+``oy_begin..oy_end-1`` only, so a convolution can unfold and multiply a cache-sized block of
+rows at a time. ``col`` receives ``channels*ksize*ksize`` rows of ``(oy_end - oy_begin)*out_w``
+elements; ``pad`` is in input pixels (a dilated convolution passes ``pad*dilation``).
 
 Layout (Darknet's and Caffe's): row ``(c*ksize + ky)*ksize + kx`` of the column matrix holds,
 for every output pixel ``oy*out_w + ox``, the input at
 ``(oy*stride_y - pad + ky*dilation, ox*stride_x - pad + kx*dilation)`` of channel ``c``, or 0
 outside the image. Rows therefore match the flattened ``(n, c, ky, kx)`` weight layout.
+
+``im2col_forward`` unfolds one whole image from Python, for tests and tools.
 """
 
 from cython cimport floating
 from libc.string cimport memset
 
 import numpy as np
+
+from darknet_metal.cpu.checks import check_input
 
 
 cdef void im2col(const floating* im, Py_ssize_t channels, Py_ssize_t height, Py_ssize_t width,
@@ -56,9 +63,11 @@ cdef void im2col(const floating* im, Py_ssize_t channels, Py_ssize_t height, Py_
                 memset(dst + ox_hi, 0, (out_w - ox_hi) * sizeof(floating))
 
 
-def im2col_forward(const floating[:, :, ::1] image, int ksize, int stride_x, int stride_y,
-                   int pad, int dilation, int out_h, int out_w):
-    """Unfold one image (C, H, W) into a (C*ksize*ksize, out_h*out_w) array."""
+def im2col_forward(image, int ksize, int stride_x, int stride_y, int pad, int dilation,
+                   int out_h, int out_w):
+    """Unfold one image (C, H, W), C-contiguous float32 or float64, into a new
+    (C*ksize*ksize, out_h*out_w) array of its dtype."""
+    check_input("image", image, (3,))
     if ksize < 1 or stride_x < 1 or stride_y < 1 or dilation < 1 or pad < 0:
         raise ValueError(
             f"im2col: invalid ksize={ksize} stride=({stride_x},{stride_y}) pad={pad} "
@@ -66,10 +75,13 @@ def im2col_forward(const floating[:, :, ::1] image, int ksize, int stride_x, int
         )
     if out_h < 1 or out_w < 1:
         raise ValueError(f"im2col: invalid output size {out_h}x{out_w}")
-    dtype = np.float32 if floating is float else np.float64
-    out = np.empty((image.shape[0] * ksize * ksize, out_h * out_w), dtype=dtype)
-    cdef floating[:, ::1] col = out
+    out = np.empty((image.shape[0] * ksize * ksize, out_h * out_w), dtype=image.dtype)
+    _im2col_image(image, ksize, stride_x, stride_y, pad, dilation, out_h, out_w, out)
+    return out
+
+
+def _im2col_image(const floating[:, :, ::1] image, int ksize, int stride_x, int stride_y,
+                  int pad, int dilation, int out_h, int out_w, floating[:, ::1] col):
     with nogil:
         im2col(&image[0, 0, 0], image.shape[0], image.shape[1], image.shape[2], ksize,
                stride_x, stride_y, pad, dilation, 0, out_h, out_w, &col[0, 0])
-    return out

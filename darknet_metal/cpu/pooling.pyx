@@ -1,26 +1,25 @@
 # cython: language_level=3
-"""Pooling layers: the CPU reference for ``[maxpool]``, ``[local_avgpool]`` and ``[avgpool]``.
+"""Pooling layers: the CPU reference for ``[maxpool]`` and ``[avgpool]``.
 
 Window geometry is Darknet's (``maxpool_layer.cpp``): with total padding ``padding`` (the
 cfg key, default ``size - 1``) the output is ``(w + padding - size) / stride_x + 1`` wide
 (C integer division), window ``(i, j)`` starts at ``(j*stride_x - padding/2,
 i*stride_y - padding/2)``, and positions outside the image are ignored. So ``size=2
 stride=1`` keeps a 13x13 map 13x13, the extra row and column being on the bottom/right.
-A window that lies entirely outside the image yields Darknet's values: ``-FLT_MAX`` for the
-maximum and 0/0 (NaN) for the local average.
+A window that lies entirely outside the image yields Darknet's ``-FLT_MAX``.
+
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64
+(N, C, H, W) arrays of one dtype, checked by ``checks``; the loops run without the GIL, the
+float32 2x2 stride-2 windows in ``kernels.h``.
 """
 
 cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
 
-import numpy as np
+from darknet_metal.cpu.kernels cimport dm_maxpool2x2s2_f32
 
 from darknet_metal.cpu.checks import check_input, check_out
-
-cdef extern from "kernels.h" nogil:
-    void dm_maxpool2x2s2_f32(const float* src, float* dst, Py_ssize_t planes, Py_ssize_t h,
-                             Py_ssize_t w, Py_ssize_t out_h, Py_ssize_t out_w)
 
 
 def _c_div(int a, int b) -> int:
@@ -30,7 +29,7 @@ def _c_div(int a, int b) -> int:
 
 
 def pool_output_hw(int h, int w, int size, int stride_x, int stride_y, int padding):
-    """Output (height, width) of a Darknet ``[maxpool]``/``[local_avgpool]`` on an h x w map.
+    """Output (height, width) of a Darknet ``[maxpool]`` on an h x w map.
 
     Raises ValueError for a non-positive size or stride, a negative padding, or an empty
     output.
@@ -98,33 +97,8 @@ cdef void _maxpool_plane(const floating* src, floating* dst, Py_ssize_t h, Py_ss
             dst[i * out_w + j] = best
 
 
-@cython.cdivision(True)
-cdef void _local_avgpool_plane(const floating* src, floating* dst, Py_ssize_t h,
-                               Py_ssize_t w, Py_ssize_t out_h, Py_ssize_t out_w,
-                               Py_ssize_t size, Py_ssize_t stride_x, Py_ssize_t stride_y,
-                               Py_ssize_t offset) noexcept nogil:
-    cdef Py_ssize_t i, j, n, m, y, x
-    cdef int counter
-    cdef floating total
-    for i in range(out_h):
-        for j in range(out_w):
-            total = 0
-            counter = 0
-            for n in range(size):
-                y = i * stride_y + n - offset
-                if y < 0 or y >= h:
-                    continue
-                for m in range(size):
-                    x = j * stride_x + m - offset
-                    if x < 0 or x >= w:
-                        continue
-                    total = total + src[y * w + x]
-                    counter = counter + 1
-            dst[i * out_w + j] = total / <floating>counter
-
-
-def _pool(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int size,
-          int stride_x, int stride_y, int padding, bint average):
+def _maxpool(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int size,
+             int stride_x, int stride_y, int padding):
     cdef Py_ssize_t planes = x.shape[0] * x.shape[1]
     cdef Py_ssize_t h = x.shape[2], w = x.shape[3]
     cdef Py_ssize_t out_h = out.shape[2], out_w = out.shape[3]
@@ -133,7 +107,7 @@ def _pool(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int size,
         return
     cdef const floating* src = &x[0, 0, 0, 0]
     cdef floating* dst = &out[0, 0, 0, 0]
-    if (floating is float and not average and size == 2 and stride_x == 2 and stride_y == 2
+    if (floating is float and size == 2 and stride_x == 2 and stride_y == 2
             and offset == 0 and 2 * out_h <= h and 2 * out_w <= w):
         # Every window inside the image: the vectorised kernel, same comparisons.
         with nogil:
@@ -141,12 +115,8 @@ def _pool(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int size,
         return
     with nogil:
         for p in range(planes):
-            if average:
-                _local_avgpool_plane(src + p * h * w, dst + p * out_h * out_w, h, w, out_h,
-                                     out_w, size, stride_x, stride_y, offset)
-            else:
-                _maxpool_plane(src + p * h * w, dst + p * out_h * out_w, h, w, out_h, out_w,
-                               size, stride_x, stride_y, offset)
+            _maxpool_plane(src + p * h * w, dst + p * out_h * out_w, h, w, out_h, out_w, size,
+                           stride_x, stride_y, offset)
 
 
 def maxpool_forward(x, out, int size, int stride_x, int stride_y, int padding) -> None:
@@ -160,20 +130,7 @@ def maxpool_forward(x, out, int size, int stride_x, int stride_y, int padding) -
     check_input("x", x)
     out_h, out_w = pool_output_hw(x.shape[2], x.shape[3], size, stride_x, stride_y, padding)
     check_out(out, x, (x.shape[0], x.shape[1], out_h, out_w))
-    _pool(x, out, size, stride_x, stride_y, padding, False)
-
-
-def local_avgpool_forward(x, out, int size, int stride_x, int stride_y,
-                          int padding) -> None:
-    """Darknet ``[local_avgpool]`` forward (forward_local_avgpool_layer).
-
-    Same geometry and shapes as ``maxpool_forward``; each output is the mean of the window
-    positions inside the image (summed in row-major window order, divided by their count).
-    """
-    check_input("x", x)
-    out_h, out_w = pool_output_hw(x.shape[2], x.shape[3], size, stride_x, stride_y, padding)
-    check_out(out, x, (x.shape[0], x.shape[1], out_h, out_w))
-    _pool(x, out, size, stride_x, stride_y, padding, True)
+    _maxpool(x, out, size, stride_x, stride_y, padding)
 
 
 def _maxpool_depth(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out):
@@ -208,9 +165,9 @@ def maxpool_depth_forward(x, out) -> None:
     ignores size, stride and padding in this mode). Requires 1 <= out_channels.
     """
     check_input("x", x)
-    if not isinstance(out, np.ndarray) or out.ndim != 4 or out.shape[1] < 1:
-        raise ValueError(f"out must be (N, out_channels >= 1, H, W), got "
-                         f"{getattr(out, 'shape', type(out).__name__)}")
+    check_input("out", out, (4,), x, layout="(N, out_channels, H, W)")
+    if out.shape[1] < 1:
+        raise ValueError(f"out must be (N, out_channels >= 1, H, W), got {out.shape}")
     check_out(out, x, (x.shape[0], out.shape[1], x.shape[2], x.shape[3]))
     _maxpool_depth(x, out)
 

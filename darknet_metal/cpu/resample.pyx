@@ -1,27 +1,23 @@
 # cython: language_level=3
-"""Resampling layers: the CPU reference for ``[upsample]``, ``[reorg]`` and ``[reorg3d]``.
+"""Resampling layers: the CPU reference for ``[upsample]`` and ``[reorg]``.
 
-All three follow Darknet's flat-index arithmetic (``upsample_cpu`` and ``reorg_cpu`` in
+Both follow Darknet's flat-index arithmetic (``upsample_cpu`` and ``reorg_cpu`` in
 ``blas.cpp``) rather than a tensor view of it, so they agree with Darknet even where its
 layout is unusual:
 
 - ``[upsample] stride=s``: nearest-neighbour, ``out[.., y, x] = scale * in[.., y//s, x//s]``.
   A negative cfg stride is Darknet's reverse mode: a sum over s x s blocks, times scale.
-- ``[reorg]`` (Darknet's reorg_old layer, the one YOLOv2 uses and OpenCV implements) and
-  ``[reorg3d]`` (Darknet's reorg layer) both move s x s pixel blocks into channels, but
-  index the two sides differently; see ``reorg_forward`` and ``reorg3d_forward``.
+- ``[reorg]`` (Darknet's reorg_old layer, the one YOLOv2 uses and OpenCV implements) moves
+  s x s pixel blocks into channels with Darknet's own indexing; see ``reorg_forward``.
+
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64
+(N, C, H, W) arrays of one dtype, checked by ``checks``; the loops run without the GIL.
 """
 
 cimport cython
 from cython cimport floating
 
-import numpy as np
-
 from darknet_metal.cpu.checks import check_input, check_out
-
-
-
-
 
 
 def _check_stride(int stride):
@@ -151,7 +147,7 @@ def _reorg(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, Py_ssize_
 
 
 def reorg_output_shape(shape, int stride, bint reverse):
-    """(N, C, H, W) output of ``[reorg]``/``[reorg3d]`` with this stride and reverse flag.
+    """(N, C, H, W) output of ``[reorg]`` with this stride and reverse flag.
 
     Forward: (N, C*s*s, H//s, W//s); reverse: (N, C//(s*s), H*s, W*s).
     """
@@ -186,33 +182,3 @@ def reorg_forward(x, out, int stride, bint reverse=False) -> None:
         raise ValueError(f"[reorg] stride={stride} must divide the {h}x{w} input")
     check_out(out, x, reorg_output_shape(x.shape, stride, reverse))
     _reorg(x, out, w, h, c, stride, reverse)
-
-
-def reorg3d_forward(x, out, int stride, bint reverse=False) -> None:
-    """Darknet ``[reorg3d]`` forward: forward_reorg_layer.
-
-    x: (N, C, H, W); out: ``reorg_output_shape(x.shape, stride, reverse)``, same dtype.
-    Forward is a space-to-depth: ``out[k, j, i] = x[k % C, j*s + (k // C) // s,
-    i*s + (k // C) % s]`` (input read with rows W//s * s long, as Darknet does when s does
-    not divide the size). Reverse follows Darknet literally: the input buffer is read as
-    (C/s^2, H*s, W*s) and scattered into the output buffer read as (C/s^4, H*s^2, W*s^2);
-    it requires C divisible by s^4 (otherwise Darknet writes outside its buffer).
-    """
-    check_input("x", x)
-    _check_stride(stride)
-    n, c, h, w = x.shape
-    expected = reorg_output_shape(x.shape, stride, reverse)
-    s2 = stride * stride
-    if reverse:
-        if c % (s2 * s2):
-            raise ValueError(f"reverse [reorg3d] needs channels divisible by stride^4="
-                             f"{s2 * s2}, got {c}")
-        check_out(out, x, expected)
-        # reorg_cpu(x, W*s, H*s, C/s^2, forward=1): the small side is the input.
-        _reorg(x, out, w * stride, h * stride, c // s2, stride, True)
-    else:
-        if h < stride or w < stride:
-            raise ValueError(f"[reorg3d] stride={stride} is larger than the {h}x{w} input")
-        check_out(out, x, expected)
-        # reorg_cpu(x, W/s, H/s, C*s^2, forward=0): the small side is the output.
-        _reorg(x, out, w // stride, h // stride, c * s2, stride, False)

@@ -5,21 +5,22 @@ Each 2x2 output tile comes from a 4x4 input tile: ``Y = A^T [sum_c (G g G^T) . (
 The channel sum at each of the 16 transformed positions is a GEMM, so the convolution costs 16
 GEMMs of (F x C) @ (C x tiles) instead of one of (F x 9C) @ (9C x H*W): 2.25x fewer
 multiply-adds for the same result up to rounding (the transforms only add, subtract and halve).
+
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64 arrays of
+one dtype, checked by ``checks``. The float32 transforms run in ``kernels.h``, the float64
+ones in the scalar cdef functions here; both, like the GEMMs (``blas.gemm_rowmajor``), are
+``noexcept nogil`` and run without the GIL.
 """
 
 from cython cimport floating
 
-from darknet_metal.cpu.activations cimport ACT_LEAKY, ACT_LINEAR, ACT_REVLEAKY, activate_array
-from darknet_metal.cpu.conv cimport gemm_rowmajor
+from darknet_metal.cpu.activations cimport ACT_LINEAR, activate_array, is_linear_or_leaky
+from darknet_metal.cpu.blas cimport gemm_rowmajor
+from darknet_metal.cpu.kernels cimport dm_wino2_input_f32, dm_wino2_output_f32
 
 import numpy as np
 
-cdef extern from "kernels.h" nogil:
-    void dm_wino2_input_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
-                            Py_ssize_t width, Py_ssize_t tiles_y, Py_ssize_t tiles_x, float* v)
-    void dm_wino2_output_f32(const float* m, const float* bias, Py_ssize_t filters,
-                             Py_ssize_t height, Py_ssize_t width, Py_ssize_t tiles_y,
-                             Py_ssize_t tiles_x, int leaky, float* out)
+from darknet_metal.cpu.checks import check_input, check_workspace
 
 # G for F(2x2, 3x3): the filter transform U = G g G^T.
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -115,34 +116,43 @@ cdef void output_transform(const floating* m, const floating* bias, Py_ssize_t f
         activate_array(out + f * height * width, height * width, act)
 
 
-def winograd_forward(const floating[:, :, :, ::1] x, const floating[:, :, ::1] filters,
-                     const floating[::1] bias, floating[:, :, :, ::1] out,
-                     floating[::1] workspace, int act):
+def winograd_forward(x, filters, bias, out, workspace, int act):
     """``out = act(conv3x3(x, stride 1, pad 1) + bias)`` through F(2x2, 3x3).
 
     x: (N, C, H, W); filters: (16, F, C) from ``transform_filters``; bias: (F,);
-    out: (N, F, H, W); workspace: ``workspace_size(C, F, H, W)`` elements; ``act`` an
-    elementwise activation id.
+    out: (N, F, H, W); workspace: 1-D, at least ``workspace_size(C, F, H, W)`` elements.
+    All C-contiguous, of one dtype (float32 or float64). ``act`` is an elementwise
+    activation id.
     """
+    check_input("x", x)
+    check_input("filters", filters, (3,), x, layout="(16, F, C)")
+    check_input("bias", bias, (1,), x, layout="(F,)")
+    check_input("out", out, (4,), x, writable=True)
+    cdef Py_ssize_t batch, channels, height, width
+    cdef Py_ssize_t nf = filters.shape[1]
+    batch, channels, height, width = x.shape
+    if filters.shape[0] != 16 or filters.shape[2] != channels:
+        raise ValueError(f"winograd_forward: filters shape {filters.shape}, expected "
+                         f"(16, F, {channels})")
+    if bias.shape[0] != nf or out.shape != (batch, nf, height, width):
+        raise ValueError(f"winograd_forward: out {out.shape} / bias {bias.shape} do not "
+                         f"match ({batch}, {nf}, {height}, {width})")
+    check_workspace(workspace, x, workspace_size(channels, nf, height, width),
+                    "winograd_forward")
+    _winograd(x, filters, bias, out, workspace, act)
+
+
+def _winograd(const floating[:, :, :, ::1] x, const floating[:, :, ::1] filters,
+              const floating[::1] bias, floating[:, :, :, ::1] out, floating[::1] workspace,
+              int act):
     cdef Py_ssize_t batch = x.shape[0], channels = x.shape[1], height = x.shape[2]
     cdef Py_ssize_t width = x.shape[3], nf = filters.shape[1]
-    if filters.shape[0] != 16 or filters.shape[2] != channels:
-        raise ValueError(f"winograd_forward: filters shape ({filters.shape[0]}, "
-                         f"{filters.shape[1]}, {filters.shape[2]}), expected (16, F, {channels})")
-    if (bias.shape[0] != nf or out.shape[0] != batch or out.shape[1] != nf
-            or out.shape[2] != height or out.shape[3] != width):
-        raise ValueError(f"winograd_forward: out ({out.shape[0]}, {out.shape[1]}, "
-                         f"{out.shape[2]}, {out.shape[3]}) / bias ({bias.shape[0]},) do not "
-                         f"match ({batch}, {nf}, {height}, {width})")
     cdef Py_ssize_t tiles_y = (height + 1) // 2, tiles_x = (width + 1) // 2
     cdef Py_ssize_t tiles = tiles_y * tiles_x
-    if workspace.shape[0] < 16 * tiles * (channels + nf):
-        raise ValueError(f"winograd_forward: workspace has {workspace.shape[0]} elements, "
-                         f"needs {16 * tiles * (channels + nf)}")
     cdef floating* v = &workspace[0]
     cdef floating* m = v + 16 * channels * tiles
     cdef Py_ssize_t b, p, f
-    cdef bint fused = act == ACT_LINEAR or act == ACT_LEAKY or act == ACT_REVLEAKY
+    cdef bint fused = is_linear_or_leaky(act)
     with nogil:
         for b in range(batch):
             if floating is float:
@@ -155,6 +165,8 @@ def winograd_forward(const floating[:, :, :, ::1] x, const floating[:, :, ::1] f
                               &filters[p, 0, 0], <int>channels, v + p * channels * tiles,
                               <int>tiles, 0, m + p * nf * tiles, <int>tiles)
             if floating is float:
+                # kernels.h fuses only the identity and leaky; any other activation is
+                # applied to the finished planes.
                 dm_wino2_output_f32(m, &bias[0], nf, height, width, tiles_y, tiles_x,
                                     act != ACT_LINEAR and fused, &out[b, 0, 0, 0])
                 if not fused:
