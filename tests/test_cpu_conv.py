@@ -94,6 +94,21 @@ def test_conv2d_rejects_mismatched_shapes():
         )
 
 
+@pytest.mark.parametrize("size, sx, sy, pad, dilation", [
+    (3, 0, 1, 1, 1), (3, 1, 0, 1, 1), (3, 1, 1, 1, 0), (0, 1, 1, 1, 1), (3, 1, 1, -1, 1),
+    (3, -2, 1, 1, 1),
+])
+def test_conv2d_rejects_bad_geometry_without_crashing(size, sx, sy, pad, dilation):
+    # A zero stride once divided by zero in C and killed the process.
+    x = np.zeros((1, 4, 6, 6), np.float32)
+    wt = np.zeros((2, 4 * max(size, 1) ** 2), np.float32)
+    out = np.zeros((1, 2, 6, 6), np.float32)
+    ws = np.zeros(4 * 9 * 36, np.float32)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        conv.conv2d_forward(x, wt, np.zeros(2, np.float32), out, ws, size, sx, sy, pad,
+                            dilation, 1, 0)
+
+
 def test_im2col_layout_matches_weight_order():
     x = np.arange(2 * 3 * 4, dtype=np.float64).reshape(2, 3, 4)
     col = im2col.im2col_forward(x, 3, 1, 1, 1, 1, 3, 4)

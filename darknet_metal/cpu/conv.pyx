@@ -77,6 +77,9 @@ def conv2d_forward(x, weights, bias, out, workspace, int ksize, int stride_x, in
     cdef Py_ssize_t filters = weights.shape[0]
     batch, channels, height, width = x.shape
     out_h, out_w = out.shape[2], out.shape[3]
+    if ksize < 1 or stride_x < 1 or stride_y < 1 or dilation < 1 or pad < 0:
+        raise ValueError(f"conv2d_forward: ksize={ksize}, strides ({stride_x}, {stride_y}) and "
+                         f"dilation={dilation} must be >= 1 and pad={pad} >= 0")
     if groups < 1 or channels % groups or filters % groups:
         raise ValueError(f"conv2d_forward: groups={groups} must divide C={channels} and "
                          f"F={filters}")
