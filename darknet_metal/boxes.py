@@ -26,6 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .fp32 import fma32
 from .image import letterbox_geometry
 
 __all__ = [
@@ -204,11 +205,6 @@ def _correct_boxes(
 # bit on its resize_image), so sums of products here are fused the same way.
 
 
-def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    # Exact float32 product in float64, one rounding of the sum to float64, then float32.
-    return (np.asarray(a, np.float64) * b + c).astype(np.float32)
-
-
 def _edges(box: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     half = _F32(2)
     x, y, w, h = box[..., 0], box[..., 1], box[..., 2], box[..., 3]
@@ -221,7 +217,7 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     w = np.minimum(ar, br) - np.maximum(al, bl)
     h = np.minimum(ab, bb) - np.maximum(at, bt)
     inter = np.where((w > 0) & (h > 0), w * h, _F32(0))
-    union = _fma32(a[..., 2], a[..., 3], b[..., 2] * b[..., 3]) - inter
+    union = fma32(a[..., 2], a[..., 3], b[..., 2] * b[..., 3]) - inter
     out = np.zeros(inter.shape, dtype=np.float32)
     nz = inter != 0
     out[nz] = inter[nz] / union[nz]
@@ -234,11 +230,11 @@ def _diou(a: np.ndarray, b: np.ndarray, exponent: float) -> np.ndarray:
     bl, br, bt, bb = _edges(b)
     cw = np.maximum(ar, br) - np.minimum(al, bl)
     ch = np.maximum(ab, bb) - np.minimum(at, bt)
-    c = _fma32(cw, cw, ch * ch)
+    c = fma32(cw, cw, ch * ch)
     iou = _iou(a, b)
     dx = a[..., 0] - b[..., 0]
     dy = a[..., 1] - b[..., 1]
-    d = _fma32(dx, dx, dy * dy)
+    d = fma32(dx, dx, dy * dy)
     out = iou.copy()
     nz = c != 0
     ratio = (d[nz] / c[nz]).astype(np.float64)

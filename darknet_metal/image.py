@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from .errors import ImageError
+from .fp32 import fma32
 
 __all__ = [
     "letterbox_geometry",
@@ -152,20 +153,6 @@ def _axis_samples(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
     return idx, frac
 
 
-def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """float32 a * b + c rounded once, as a fused multiply-add.
-
-    The product of two float32 values is exact in float64, so only the final sum is
-    rounded twice (to float64, then float32); that differs from a true fused result only
-    when the float64 sum lands exactly halfway between two float32 values, which the
-    data here essentially never does.
-    """
-    wide = a.astype(np.float64)
-    wide *= b
-    wide += c
-    return wide.astype(np.float32)
-
-
 def resize_image(img: np.ndarray, width: int, height: int) -> np.ndarray:
     """Darknet's ``resize_image``: bilinear, two passes, float32, bit-exact.
 
@@ -206,7 +193,7 @@ def resize_image(img: np.ndarray, width: int, height: int) -> np.ndarray:
     else:
         ix, dx = _axis_samples(src_w, width)
         ix1 = np.minimum(ix + 1, src_w - 1)
-        part = _fma32(
+        part = fma32(
             np.take(rows, ix, axis=2), np.float32(1) - dx, dx * np.take(rows, ix1, axis=2)
         )
         part[:, :, width - 1] = rows[:, :, src_w - 1]
@@ -215,7 +202,7 @@ def resize_image(img: np.ndarray, width: int, height: int) -> np.ndarray:
     out = (np.float32(1) - dy)[None, :, None] * np.take(part, local[iy], axis=1)
     if interpolate_rows:
         last = height - 1
-        out[:, :last, :] = _fma32(
+        out[:, :last, :] = fma32(
             np.take(part, local[iy1], axis=1), dy[:last, None], out[:, :last, :]
         )
     return out
