@@ -287,7 +287,7 @@ def measure_speed(
     medians = []
     for name in (device, "cpu"):
         net = load(cfg, seed=0, device=name, input_size=(size, size))
-        net.forward(x)  # warm up: pipelines, plans, buffers
+        net.forward(x)  # warm up: pipelines, programs, buffers
         times = []
         for _ in range(max(1, repeats)):
             start = time.perf_counter()

@@ -103,9 +103,6 @@ class LayerSpec:
         """Billions of floating point operations for one image, as Darknet's summary prints."""
         return self.flops / 1e9
 
-    def error(self, message: str, key: str | None = None) -> Exception:
-        return self.section.error(message, key)
-
     @property
     def detection_head(self) -> Any:
         """The ``boxes.YoloHead`` the box decoder reads from this layer's output, or None for

@@ -125,8 +125,8 @@ def test_stale_output_raises(networks):
 
 
 def test_close_returns_every_buffer(networks):
-    """The prepared dispatch lists hold the plan's buffers; closing the backend must let go of
-    all of them (none stays live behind a list)."""
+    """The prepared dispatch lists hold the bound programs' buffers; closing the backend must
+    let go of all of them (none stays live behind a list)."""
     cpu_net = networks["yolov3-tiny"]
     before = metal.stats("emu")["live_buffers"]
     backend = GpuBackend(cpu_net.layers, cpu_net.params, device="emu")
