@@ -26,6 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .errors import ArgumentError, ArgumentTypeError
 from .fp32 import fma32
 from .image import letterbox_geometry
 
@@ -81,15 +82,15 @@ class YoloHead:
     def __post_init__(self) -> None:
         anchors = np.array(self.anchors, dtype=np.float32)
         if anchors.ndim != 2 or anchors.shape[1] != 2 or anchors.shape[0] < 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"YoloHead anchors must have shape (n, 2) with n >= 1, got {anchors.shape}"
             )
         if not np.all(np.isfinite(anchors)):
-            raise ValueError(f"YoloHead anchors must be finite, got {anchors.tolist()}")
+            raise ArgumentError(f"YoloHead anchors must be finite, got {anchors.tolist()}")
         if isinstance(self.classes, bool) or int(self.classes) != self.classes:
-            raise ValueError(f"YoloHead classes must be an integer, got {self.classes!r}")
+            raise ArgumentTypeError(f"YoloHead classes must be an integer, got {self.classes!r}")
         if self.classes < 1:
-            raise ValueError(f"YoloHead classes must be >= 1, got {self.classes}")
+            raise ArgumentError(f"YoloHead classes must be >= 1, got {self.classes}")
         anchors.setflags(write=False)
         object.__setattr__(self, "anchors", anchors)
         object.__setattr__(self, "classes", int(self.classes))
@@ -108,12 +109,12 @@ class YoloHead:
 def _check_positive_ints(**values: int) -> None:
     for key, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-            raise ValueError(f"{key} must be a positive integer, got {value!r}")
+            raise ArgumentError(f"{key} must be a positive integer, got {value!r}")
 
 
 def _check_threshold(name: str, value: float) -> None:
     if not isinstance(value, int | float | np.floating) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ArgumentError(f"{name} must be a finite number, got {value!r}")
 
 
 def decode_yolo(
@@ -142,13 +143,13 @@ def decode_yolo(
     - probs (k, classes): objectness x class probability, 0 where not > ``thresh``.
     """
     if not isinstance(head, YoloHead):
-        raise ValueError(f"head must be a YoloHead, got {type(head).__name__}")
+        raise ArgumentTypeError(f"head must be a YoloHead, got {type(head).__name__}")
     _check_positive_ints(net_w=net_w, net_h=net_h, image_w=image_w, image_h=image_h)
     _check_threshold("thresh", thresh)
     out = np.asarray(output)
     n = head.anchors.shape[0]
     if out.ndim != 3 or out.shape[0] != head.channels or out.shape[1] < 1 or out.shape[2] < 1:
-        raise ValueError(
+        raise ArgumentError(
             f"yolo output of shape {out.shape} does not match the head: expected "
             f"({head.channels}, H, W) for {n} anchors and {head.classes} classes"
         )
@@ -434,16 +435,16 @@ def _std_sort_order(keys: np.ndarray) -> list[int]:
 def _check_candidates(boxes: np.ndarray, objectness: np.ndarray, probs: np.ndarray) -> None:
     for name, arr in (("boxes", boxes), ("objectness", objectness), ("probs", probs)):
         if not isinstance(arr, np.ndarray):
-            raise ValueError(f"{name} must be a numpy array, got {type(arr).__name__}")
+            raise ArgumentTypeError(f"{name} must be a numpy array, got {type(arr).__name__}")
         if not arr.flags.writeable:
-            raise ValueError(f"{name} must be writeable: NMS works in place")
+            raise ArgumentError(f"{name} must be writeable: NMS works in place")
     k = len(boxes)
     if boxes.ndim != 2 or boxes.shape[1] != 4:
-        raise ValueError(f"boxes must have shape (k, 4), got {boxes.shape}")
+        raise ArgumentError(f"boxes must have shape (k, 4), got {boxes.shape}")
     if objectness.shape != (k,):
-        raise ValueError(f"objectness must have shape ({k},), got {objectness.shape}")
+        raise ArgumentError(f"objectness must have shape ({k},), got {objectness.shape}")
     if probs.ndim != 2 or probs.shape[0] != k:
-        raise ValueError(f"probs must have shape ({k}, classes), got {probs.shape}")
+        raise ArgumentError(f"probs must have shape ({k}, classes), got {probs.shape}")
 
 
 def _suppress(
@@ -574,24 +575,26 @@ def detect_boxes(
     Raises ValueError for empty or mismatched inputs.
     """
     if len(outputs) == 0:
-        raise ValueError("detect_boxes needs at least one [yolo] output")
+        raise ArgumentError("detect_boxes needs at least one [yolo] output")
     if len(outputs) != len(heads):
-        raise ValueError(f"got {len(outputs)} yolo outputs for {len(heads)} heads")
+        raise ArgumentError(f"got {len(outputs)} yolo outputs for {len(heads)} heads")
     classes = heads[0].classes
     for i, head in enumerate(heads):
         if not isinstance(head, YoloHead):
-            raise ValueError(f"heads[{i}] must be a YoloHead, got {type(head).__name__}")
+            raise ArgumentTypeError(f"heads[{i}] must be a YoloHead, got {type(head).__name__}")
         if head.classes != classes:
-            raise ValueError(
+            raise ArgumentError(
                 f"[yolo] heads disagree on the number of classes ({classes} and {head.classes})"
             )
     if nms_kind not in NMS_KINDS:
-        raise ValueError(f"unknown nms_kind {nms_kind!r}; expected one of {', '.join(NMS_KINDS)}")
+        raise ArgumentError(
+            f"unknown nms_kind {nms_kind!r}; expected one of {', '.join(NMS_KINDS)}"
+        )
     _check_threshold("nms", nms)
     _check_threshold("beta_nms", beta_nms)
     _check_positive_ints(image_w=image_w, image_h=image_h)
     if names is not None and len(names) < classes:
-        raise ValueError(f"{len(names)} class names given for {classes} classes")
+        raise ArgumentError(f"{len(names)} class names given for {classes} classes")
 
     parts = [
         decode_yolo(out, head, net_w, net_h, image_w, image_h, thresh, letterbox)

@@ -72,7 +72,7 @@ from darknet_metal.cfg_schema import (
     STR,
     Key,
 )
-from darknet_metal.errors import CfgError
+from darknet_metal.errors import ArgumentTypeError, CfgError
 
 __all__ = ["SECTION_KINDS", "NetConfig", "Section", "parse_cfg", "parse_cfg_text"]
 
@@ -172,7 +172,7 @@ def parse_cfg_text(text: str, path: str = _STRING_PATH) -> NetConfig:
     if isinstance(text, bytes):
         text = _decode(text, path)
     if not isinstance(text, str):
-        raise TypeError(f"cfg text must be str, not {type(text).__name__}")
+        raise ArgumentTypeError(f"cfg text must be str, not {type(text).__name__}")
     text = text.removeprefix("\ufeff")
     raws = _lex(text, path)
     if not raws:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from darknet_metal.errors import ArgumentError
 from darknet_metal.layers import LayerSpec
 from darknet_metal.memory import plan_memory
 from darknet_metal.params import Params
@@ -62,7 +63,7 @@ class CpuBackend:
         self.specs = specs
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, not {self.dtype}")
+            raise ArgumentError(f"dtype must be float32 or float64, not {self.dtype}")
         self._programs: OrderedDict[tuple[int, frozenset[int] | None], _LoadedProgram] = (
             OrderedDict()
         )

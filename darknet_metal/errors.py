@@ -9,6 +9,31 @@ class DarknetMetalError(Exception):
     """Base class of every error this package raises on purpose."""
 
 
+class ArgumentError(DarknetMetalError, ValueError):
+    """An argument with a value the call does not accept; the message names the argument,
+    what was given and what is allowed."""
+
+
+class ArgumentTypeError(DarknetMetalError, TypeError):
+    """An argument of a type the call does not accept; the message names the argument, what
+    was given and what is allowed."""
+
+
+class LayerIndexError(DarknetMetalError, IndexError):
+    """A layer index outside the network."""
+
+
+class MemoryLimitError(DarknetMetalError, MemoryError):
+    """A network that needs more memory than the machine has, found before allocating it.
+
+    ``needed`` and ``available`` are in bytes."""
+
+    def __init__(self, message: str, *, needed: int, available: int) -> None:
+        self.needed = needed
+        self.available = available
+        super().__init__(message)
+
+
 class CfgError(DarknetMetalError, ValueError):
     """A `.cfg` file that cannot describe a network.
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from darknet_metal.errors import DeviceError
+from darknet_metal.errors import ArgumentError, DeviceError
 from darknet_metal.layers import LayerSpec
 from darknet_metal.memory import MemoryPlan, plan_memory
 from darknet_metal.metal import get_device, registry
@@ -222,7 +222,7 @@ class GpuBackend:
                 f"{np.dtype(dtype)}; use device='cpu' for float64"
             )
         if gemm not in ("auto", "simd", "tiled"):
-            raise ValueError(f"gemm must be 'auto', 'simd' or 'tiled', not {gemm!r}")
+            raise ArgumentError(f"gemm must be 'auto', 'simd' or 'tiled', not {gemm!r}")
         self.name = device
         self.specs = specs
         self.dtype = np.dtype(np.float32)

@@ -10,10 +10,15 @@ bookkeeping: executors allocate one buffer (device memory or a NumPy array) per 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import os
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from darknet_metal.program import Program, Tensor
+
+if TYPE_CHECKING:
+    from darknet_metal.ops.base import LayerSpec
 
 
 @dataclass(frozen=True)
@@ -89,3 +94,31 @@ def plan_memory(program: Program, external: Collection[Tensor] = ()) -> MemoryPl
         if o in slot_of:
             slot_of[t] = slot_of[o]
     return MemoryPlan(tuple(sizes), slot_of, owner)
+
+
+def pass_bytes(specs: Sequence[LayerSpec], batch: int, itemsize: int = 4) -> int:
+    """Bytes the CPU executor plans for one inference pass at ``batch`` that keeps only the
+    detection outputs (layer outputs and workspaces, the input excluded): what running the
+    network costs beyond its parameters. Builds the program; allocates nothing."""
+    from darknet_metal.program import INPUT, build_program
+
+    keep = [s.index for s in specs if s.detection_head is not None] or [specs[-1].index]
+    program = build_program(specs, lambda s, e: s.emit_cpu_forward(e, None), batch=batch,
+                            keep=keep, itemsize=itemsize)
+    return plan_memory(program, external={INPUT}).total_bytes
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory of this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes in KiB, MiB or GiB, one decimal."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

@@ -7,12 +7,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from darknet_metal import arguments
 from darknet_metal.backend import Backend
 from darknet_metal.boxes import Detection, YoloHead, detect_boxes
 from darknet_metal.cfg import NetConfig, parse_cfg
-from darknet_metal.errors import CfgError
+from darknet_metal.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    CfgError,
+    DeviceError,
+    MemoryLimitError,
+)
 from darknet_metal.image import load_image, prepare_input
 from darknet_metal.layers import LayerSpec, Shape, build_layers, input_shape
+from darknet_metal.memory import format_bytes, pass_bytes, physical_memory
 from darknet_metal.params import Params, init_params
 from darknet_metal.summary import summary_table
 from darknet_metal.weights import WeightsHeader, read_weights, write_weights
@@ -53,9 +61,13 @@ class Network:
         self.device = device
         #: The batch size the caller prepared the network for (any batch works in forward).
         self.batch = batch
-        self.dtype = np.dtype(dtype)
+        self.dtype = _check_dtype(dtype, device)
         _check_device(device)
         self._backend_instance: Backend | None = None
+        # Bytes a pass plans at batch 1 and 2: memory grows by their difference per image.
+        itemsize = self.dtype.itemsize
+        self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
+        self.check_memory(batch)
 
     @property
     def _backend(self) -> Backend:
@@ -65,6 +77,36 @@ class Network:
                                                    self.dtype)
         return self._backend_instance
 
+    @property
+    def parameter_bytes(self) -> int:
+        """Bytes of the parameters (float32 master copies)."""
+        return sum(a.nbytes for layer in self.params.values() for a in layer.values())
+
+    def memory_bytes(self, batch: int) -> int:
+        """About how many bytes a forward pass at ``batch`` needs: the layer outputs and
+        workspaces the executor plans (with reuse), the input and the parameters."""
+        one, two = self._pass_bytes
+        c, h, w = self.input_shape
+        activations = one + (two - one) * (batch - 1)
+        return activations + batch * c * h * w * self.dtype.itemsize + self.parameter_bytes
+
+    def check_memory(self, batch: int) -> None:
+        """Raise ``MemoryLimitError`` if a pass at ``batch`` needs more memory than the
+        machine has (checked before anything is allocated)."""
+        needed = self.memory_bytes(batch)
+        available = physical_memory()
+        if available is None or needed <= available:
+            return
+        c, h, w = self.input_shape
+        raise MemoryLimitError(
+            f"{self.config.path}: the network needs about {format_bytes(needed)} for a batch "
+            f"of {batch} at {w}x{h} ({format_bytes(needed - self.parameter_bytes)} of layer "
+            f"outputs and workspaces, {format_bytes(self.parameter_bytes)} of parameters), "
+            f"more than this machine's {format_bytes(available)}: lower width and height in "
+            "[net] (or pass input_size=(W, H) to load) or use a smaller batch",
+            needed=needed, available=available,
+        )
+
     def to(self, device: str) -> Network:
         """Moves the network to ``device`` ("cpu", "metal", "emu") and returns it.
 
@@ -72,6 +114,7 @@ class Network:
         outputs of earlier passes still on that device can no longer be read. Raises
         ValueError for an unknown device, DeviceError for one this machine lacks (the
         network then stays where it was)."""
+        _check_dtype(self.dtype, device)
         _check_device(device)
         if device != self.device:
             if self._backend_instance is not None:
@@ -98,16 +141,27 @@ class Network:
         ``outputs=[i, ...]``: the outputs of those 0-based cfg layers (``[net]`` not counted);
         negative indices count from the end.
         """
-        x = np.asarray(x)
+        if not isinstance(x, np.ndarray):
+            raise ArgumentTypeError(f"x must be a NumPy array (N, C, H, W), not "
+                                    f"{type(x).__name__}")
         if x.ndim == 3:
-            raise ValueError(f"input has shape {x.shape}; expected (N, C, H, W): add a batch "
-                             "axis with x[None]")
+            raise ArgumentError(f"x has shape {x.shape}; expected (N, C, H, W): add a batch "
+                                "axis with x[None]")
         if x.ndim != 4 or tuple(x.shape[1:]) != self.input_shape or x.shape[0] < 1:
-            raise ValueError(f"input has shape {x.shape}; this network takes (N, "
-                             f"{', '.join(map(str, self.input_shape))})")
+            raise ArgumentError(f"x has shape {x.shape}; this network takes (N, "
+                                f"{', '.join(map(str, self.input_shape))})")
         if not np.issubdtype(x.dtype, np.floating):
-            raise ValueError(f"input dtype is {x.dtype}; expected float32")
-        wanted = self.yolo_layers if outputs is None else self._check_indices(outputs)
+            raise ArgumentError(f"x has dtype {x.dtype}; expected float32")
+        finite = np.isfinite(x)
+        if not finite.all():
+            bad = np.argwhere(~finite)
+            raise ArgumentError(
+                f"x holds {len(bad)} NaN or infinite values (the first at index "
+                f"{tuple(int(i) for i in bad[0])}); they would make every output they reach NaN"
+            )
+        wanted = (self.yolo_layers if outputs is None
+                  else arguments.layer_indices("outputs", outputs, len(self.layers)))
+        self.check_memory(x.shape[0])
         # Device backends keep outputs on the device and download only the wanted ones.
         outs = self._backend.forward(x, outputs=wanted)
         return [np.array(outs[i]) for i in wanted]
@@ -121,15 +175,6 @@ class Network:
             self._backend.forward(np.asarray(x), timings=times)
             runs.append(times)
         return [1e3 * float(t) for t in np.median(np.array(runs), axis=0)]
-
-    def _check_indices(self, outputs: Sequence[int]) -> list[int]:
-        n = len(self.layers)
-        result = []
-        for i in outputs:
-            if not isinstance(i, (int, np.integer)) or not -n <= i < n:
-                raise IndexError(f"layer index {i!r} out of range: the network has {n} layers")
-            result.append(int(i) % n)
-        return result
 
     def yolo_heads(self) -> list[YoloHead]:
         """What the box decoder needs of each ``[yolo]`` layer."""
@@ -146,8 +191,8 @@ class Network:
         if not self.yolo_layers:
             raise CfgError("the network has no [yolo] layer to detect with",
                            path=self.config.path)
-        if not 0.0 <= thresh <= 1.0 or not 0.0 <= nms <= 1.0:
-            raise ValueError(f"thresh={thresh} and nms={nms} must be in [0, 1]")
+        thresh = arguments.number("thresh", thresh, 0.0, 1.0)
+        nms = arguments.number("nms", nms, 0.0, 1.0)
         img = load_image(image)
         c, h, w = self.input_shape
         if c != 3:
@@ -167,18 +212,40 @@ class Network:
         write_weights(path, self.layers, self.params, self.header)
 
     def summary(self) -> str:
-        """A Darknet-style table of the layers with their shapes and BFLOPs."""
-        return summary_table(self.layers, self.input_shape)
+        """A Darknet-style table of the layers with their shapes and BFLOPs, and the memory a
+        pass at the prepared batch size needs."""
+        needed = self.memory_bytes(self.batch)
+        return (summary_table(self.layers, self.input_shape)
+                + f"\nMemory for a batch of {self.batch}: about {format_bytes(needed)} "
+                f"({format_bytes(needed - self.parameter_bytes)} of layer outputs and "
+                f"workspaces, {format_bytes(self.parameter_bytes)} of parameters)")
 
     def __repr__(self) -> str:
         return (f"Network({os.path.basename(self.config.path)!r}, layers={len(self.layers)}, "
                 f"input={self.input_shape}, device={self.device!r})")
 
 
+def _check_dtype(dtype: object, device: str) -> np.dtype:
+    """The compute dtype: float32, or float64 on the CPU; ArgumentError otherwise."""
+    try:
+        result = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError:
+        raise ArgumentTypeError(f"dtype must be np.float32 or np.float64, not {dtype!r}") from None
+    if result not in (np.float32, np.float64):
+        raise ArgumentError(f"dtype must be float32 or float64 (float64 on device='cpu' only), "
+                            f"not {result}")
+    if result == np.float64 and device != "cpu":
+        raise DeviceError(f"device {device!r} computes in float32 only, not float64; use "
+                          "device='cpu' for float64")
+    return result
+
+
 def _check_device(device: str) -> None:
-    """Raise ValueError for an unknown device, DeviceError for one this machine lacks."""
+    """Raise ArgumentError for an unknown device, DeviceError for one this machine lacks."""
+    if not isinstance(device, str):
+        raise ArgumentTypeError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
     if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)}")
+        raise ArgumentError(f"unknown device {device!r}; expected one of {', '.join(DEVICES)}")
     if device != "cpu":
         from darknet_metal.metal import get_device
 
@@ -210,16 +277,18 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     gradient checks (CPU only).
     ``input_size``: (width, height) in pixels replacing ``[net]``'s, as editing the cfg would
     (convolutional weights do not depend on it).
-    Raises ``CfgError`` / ``WeightsError`` naming the file and line or layer at fault.
+    Raises ``CfgError`` / ``WeightsError`` naming the file and line or layer at fault,
+    ``ArgumentError`` / ``ArgumentTypeError`` naming a bad argument, ``DeviceError`` for a
+    device this machine lacks (or float64 on a Metal device), ``MemoryLimitError`` when a pass
+    at ``batch`` needs more memory than the machine has (before anything large is allocated).
     """
-    if not isinstance(batch, (int, np.integer)) or batch < 1:
-        raise ValueError(f"batch must be a positive integer, not {batch!r}")
+    batch = arguments.positive_int("batch", batch)
+    size = None if input_size is None else arguments.size_pair("input_size", input_size)
+    _check_device(device)
+    _check_dtype(dtype, device)
     config = parse_cfg(cfg)
-    if input_size is not None:
-        width, height = (int(v) for v in input_size)
-        if width < 1 or height < 1:
-            raise ValueError(f"input_size must be positive (width, height), not {input_size!r}")
-        config.net.values["width"], config.net.values["height"] = width, height
+    if size is not None:
+        config.net.values["width"], config.net.values["height"] = size
     layers = build_layers(config)
     params = init_params(layers, seed)
     header = WeightsHeader()
@@ -228,4 +297,4 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
         for index, layer in loaded.items():
             params[index].update(layer)
     return Network(config, layers, params, header=header, names=_read_names(names), device=device,
-                   batch=int(batch), dtype=dtype)
+                   batch=batch, dtype=dtype)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from darknet_metal.errors import BindingError
+from darknet_metal.errors import ArgumentError, BindingError
 
 if TYPE_CHECKING:
     from darknet_metal.ops.base import LayerSpec
@@ -295,7 +295,7 @@ def build_program(
     sizes are not checked).
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        raise ArgumentError(f"mode must be one of {MODES}, not {mode!r}")
     kept = [s.index for s in specs] if keep is None else list(keep)
     b = _Builder(
         specs, batch, mode, [Tensor(i, "output") for i in kept], itemsize, simd, param_nbytes

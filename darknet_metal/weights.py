@@ -9,12 +9,13 @@ in the order each layer's op gives (``LayerSpec.stored_params``). When major or 
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 
-from darknet_metal.errors import WeightsError
+from darknet_metal.errors import ArgumentError, WeightsError
+from darknet_metal.files import atomic_write
 from darknet_metal.layers import LayerSpec
 from darknet_metal.params import Params
 
@@ -126,7 +127,8 @@ def read_weights(path: str | os.PathLike[str], specs: list[LayerSpec]
 
 def write_weights(path: str | os.PathLike[str], specs: list[LayerSpec],
                   params: dict[int, Params], header: WeightsHeader | None = None) -> None:
-    """Write a Darknet ``.weights`` file atomically (temporary file, then rename).
+    """Write a Darknet ``.weights`` file atomically (temporary file, then rename), with the
+    permissions a new file gets under the umask.
 
     The header is written as version 0.2.0 with a 64-bit ``seen``, which Darknet and OpenCV
     read. ``params`` maps layer index to arrays named as in ``LayerSpec.param_shapes``.
@@ -139,19 +141,12 @@ def write_weights(path: str | os.PathLike[str], specs: list[LayerSpec],
         for name, shape in stored_params(spec, reading=False):
             array = np.asarray(params[spec.index][name], dtype="<f4")
             if array.shape != shape:
-                raise ValueError(f"layer {spec.index} '{name}' has shape {array.shape}, the cfg "
-                                 f"needs {shape}")
+                raise ArgumentError(f"layer {spec.index} '{name}' has shape {array.shape}, "
+                                    f"the cfg needs {shape}")
             chunks.append(np.ascontiguousarray(array).tobytes())
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".weights", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+
+    def write(f: BinaryIO) -> None:
+        for chunk in chunks:
+            f.write(chunk)
+
+    atomic_write(path, write)

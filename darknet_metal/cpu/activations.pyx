@@ -46,6 +46,7 @@ from darknet_metal.cpu.fmath cimport fcube, fexp, ffloor, flog, logistic
 import numpy as np
 
 from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
+from darknet_metal.errors import ArgumentError, ArgumentTypeError
 from darknet_metal.cpu.checks import check_input, check_like
 
 _ENUM = {
@@ -381,13 +382,13 @@ def activation_id(act) -> int:
     """
     if isinstance(act, str):
         if act not in ACTIVATION_ID:
-            raise ValueError(f"unknown activation {act!r}; expected one of {list(ACTIVATIONS)}")
+            raise ArgumentError(f"unknown activation {act!r}; expected one of {list(ACTIVATIONS)}")
         return ACTIVATION_ID[act]
     if isinstance(act, (int, np.integer)) and not isinstance(act, bool):
         if not 0 <= int(act) < len(ACTIVATIONS):
-            raise ValueError(f"activation id {int(act)} out of range 0..{len(ACTIVATIONS) - 1}")
+            raise ArgumentError(f"activation id {int(act)} out of range 0..{len(ACTIVATIONS) - 1}")
         return int(act)
-    raise TypeError(f"activation must be a name or an int id, not {type(act).__name__}")
+    raise ArgumentTypeError(f"activation must be a name or an int id, not {type(act).__name__}")
 
 
 # (N, C, H, W) first: the layout the message names first.

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from darknet_metal.errors import ArgumentError, ArgumentTypeError
+
 _LAYOUTS = {1: "(n,)", 2: "(N, F)", 3: "(C, H, W)", 4: "(N, C, H, W)"}
 # dtype instances, not the scalar types: comparing with a type converts it on every call,
 # and these checks run once per layer call.
@@ -27,19 +29,19 @@ def check_input(name: str, a: object, ndims: tuple[int, ...] = (4,),
     ``ndims`` ((N, C, H, W) for 4, (N, F) for 2, ...).
     """
     if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array, not {type(a).__name__}")
+        raise ArgumentTypeError(f"{name} must be a numpy array, not {type(a).__name__}")
     if a.ndim not in ndims:
         layouts = layout or " or ".join(_LAYOUTS.get(d, f"{d}-D") for d in ndims)
-        raise ValueError(f"{name} must have shape {layouts}, not {a.shape}")
+        raise ArgumentError(f"{name} must have shape {layouts}, not {a.shape}")
     if a.dtype not in _FLOATS:
-        raise ValueError(f"{name} must be float32 or float64, not {a.dtype}")
+        raise ArgumentError(f"{name} must be float32 or float64, not {a.dtype}")
     if like is not None and a.dtype != like.dtype:
-        raise ValueError(f"{name} must have the dtype of {like_name} ({like.dtype}), "
+        raise ArgumentError(f"{name} must have the dtype of {like_name} ({like.dtype}), "
                          f"not {a.dtype}")
     if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
+        raise ArgumentError(f"{name} must be C-contiguous")
     if writable and not a.flags.writeable:
-        raise ValueError(f"{name} must be writable (it is written to)")
+        raise ArgumentError(f"{name} must be writable (it is written to)")
 
 
 def check_out(out: object, like: np.ndarray, shape: tuple[int, ...], *,
@@ -47,13 +49,13 @@ def check_out(out: object, like: np.ndarray, shape: tuple[int, ...], *,
     """Raise unless ``out`` is a writable C-contiguous array of ``shape`` and like's dtype."""
     check_input("out", out, (len(shape),), like, like_name=like_name, writable=True)
     if tuple(out.shape) != tuple(shape):
-        raise ValueError(f"out must have shape {tuple(shape)}, not {tuple(out.shape)}")
+        raise ArgumentError(f"out must have shape {tuple(shape)}, not {tuple(out.shape)}")
 
 
 def check_like(name: str, a: np.ndarray, like: np.ndarray, like_name: str) -> None:
     """Raise ValueError unless ``a`` has the shape and dtype of ``like``."""
     if a.shape != like.shape or a.dtype != like.dtype:
-        raise ValueError(f"{name} must have the shape and dtype of {like_name} {like.shape} "
+        raise ArgumentError(f"{name} must have the shape and dtype of {like_name} {like.shape} "
                          f"{like.dtype}, not {a.shape} {a.dtype}")
 
 
@@ -62,5 +64,5 @@ def check_workspace(workspace: object, like: np.ndarray, needed: int, where: str
     ``needed`` elements; ``where`` (the caller's name) starts the size message."""
     check_input("workspace", workspace, (1,), like, writable=True)
     if workspace.shape[0] < needed:
-        raise ValueError(f"{where}: workspace has {workspace.shape[0]} elements, "
+        raise ArgumentError(f"{where}: workspace has {workspace.shape[0]} elements, "
                          f"needs {needed}")

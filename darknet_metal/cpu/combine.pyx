@@ -17,6 +17,7 @@ from darknet_metal.cpu.fmath cimport fexp
 
 import numpy as np
 
+from darknet_metal.errors import ArgumentError, ArgumentTypeError
 from darknet_metal.cpu.checks import check_input, check_like, check_out
 
 WEIGHTS_TYPES = ("none", "per_feature", "per_channel")
@@ -128,22 +129,22 @@ def shortcut_forward(x, sources, weights, str weights_type, str weights_normaliz
     """
     check_input("x", x)
     if isinstance(sources, np.ndarray) or not isinstance(sources, (list, tuple)):
-        raise TypeError("sources must be a list of arrays")
+        raise ArgumentTypeError("sources must be a list of arrays")
     if len(sources) == 0:
-        raise ValueError("shortcut needs at least one source (the from= layers)")
+        raise ArgumentError("shortcut needs at least one source (the from= layers)")
     n, c, h, w = x.shape
     for k, src in enumerate(sources):
         check_input(f"sources[{k}]", src, like=x)
         if src.shape[0] != n or src.shape[2:] != x.shape[2:]:
-            raise ValueError(f"sources[{k}] must have shape ({n}, C_{k}, {h}, {w}) like x, "
+            raise ArgumentError(f"sources[{k}] must have shape ({n}, C_{k}, {h}, {w}) like x, "
                              f"not {src.shape}")
     check_out(out, x, x.shape)
     wtype = _TYPE_ALIASES.get(weights_type, weights_type)
     norm = _NORM_ALIASES.get(weights_normalization, weights_normalization)
     if wtype not in WEIGHTS_TYPES:
-        raise ValueError(f"weights_type must be one of {WEIGHTS_TYPES}, not {weights_type!r}")
+        raise ArgumentError(f"weights_type must be one of {WEIGHTS_TYPES}, not {weights_type!r}")
     if norm not in WEIGHTS_NORMALIZATIONS:
-        raise ValueError(f"weights_normalization must be one of {WEIGHTS_NORMALIZATIONS}, "
+        raise ArgumentError(f"weights_normalization must be one of {WEIGHTS_NORMALIZATIONS}, "
                          f"not {weights_normalization!r}")
     n_inputs = len(sources) + 1
     weighted = wtype != "none"
@@ -151,18 +152,18 @@ def shortcut_forward(x, sources, weights, str weights_type, str weights_normaliz
     if weighted:
         expected = n_inputs * (c if wtype == "per_channel" else 1)
         if weights is None or np.size(weights) != expected:
-            raise ValueError(f"weights_type={wtype} with {len(sources)} source(s) and {c} "
+            raise ArgumentError(f"weights_type={wtype} with {len(sources)} source(s) and {c} "
                              f"channels needs {expected} weights, got "
                              f"{'None' if weights is None else np.size(weights)}")
         flat = np.ascontiguousarray(weights, dtype=x.dtype).reshape(-1)
         _normalized_weights(flat, table, n_inputs, max(c, 1), wtype == "per_channel",
                             WEIGHTS_NORMALIZATIONS.index(norm))
     elif weights is not None:
-        raise ValueError("weights must be None when weights_type is 'none'")
+        raise ArgumentError("weights must be None when weights_type is 'none'")
     # Every source is read before out is written, so out may alias x but not a source.
     for k, src in enumerate(sources):
         if np.shares_memory(out, src):
-            raise ValueError(f"out must not share memory with sources[{k}]")
+            raise ArgumentError(f"out must not share memory with sources[{k}]")
     if weighted:
         _shortcut_scale(x, out, table)
     elif out is not x:
@@ -208,7 +209,7 @@ def scale_channels_forward(x_from, scale, out, bint scale_wh=False) -> None:
     n, c, h, w = x_from.shape
     expected = (n, 1, h, w) if scale_wh else (n, c, 1, 1)
     if tuple(scale.shape) != expected:
-        raise ValueError(f"scale must have shape {expected} "
+        raise ArgumentError(f"scale must have shape {expected} "
                          f"({'scale_wh' if scale_wh else 'per channel'}), not {scale.shape}")
     check_out(out, x_from, x_from.shape, like_name="x_from")
     _scale_channels(x_from, scale, out, scale_wh)

@@ -23,6 +23,7 @@ from darknet_metal.cpu.kernels cimport (
     dm_conv3x3_direct_scratch,
 )
 
+from darknet_metal.errors import ArgumentError
 from darknet_metal.cpu.checks import check_input, check_workspace
 
 
@@ -78,23 +79,23 @@ def conv2d_forward(x, weights, bias, out, workspace, int ksize, int stride_x, in
     batch, channels, height, width = x.shape
     out_h, out_w = out.shape[2], out.shape[3]
     if ksize < 1 or stride_x < 1 or stride_y < 1 or dilation < 1 or pad < 0:
-        raise ValueError(f"conv2d_forward: ksize={ksize}, strides ({stride_x}, {stride_y}) and "
+        raise ArgumentError(f"conv2d_forward: ksize={ksize}, strides ({stride_x}, {stride_y}) and "
                          f"dilation={dilation} must be >= 1 and pad={pad} >= 0")
     if groups < 1 or channels % groups or filters % groups:
-        raise ValueError(f"conv2d_forward: groups={groups} must divide C={channels} and "
+        raise ArgumentError(f"conv2d_forward: groups={groups} must divide C={channels} and "
                          f"F={filters}")
     k = channels // groups * ksize * ksize
     if weights.shape[1] != k:
-        raise ValueError(f"conv2d_forward: weights shape {weights.shape}, expected "
+        raise ArgumentError(f"conv2d_forward: weights shape {weights.shape}, expected "
                          f"{(filters, k)}")
     if bias.shape[0] != filters:
-        raise ValueError(f"conv2d_forward: bias has {bias.shape[0]} entries, expected {filters}")
+        raise ArgumentError(f"conv2d_forward: bias has {bias.shape[0]} entries, expected {filters}")
     if out.shape[0] != batch or out.shape[1] != filters:
-        raise ValueError(f"conv2d_forward: out shape ({out.shape[0]}, {out.shape[1]}, ...) does "
+        raise ArgumentError(f"conv2d_forward: out shape ({out.shape[0]}, {out.shape[1]}, ...) does "
                          f"not match batch {batch} and {filters} filters")
     if (out_h != (height + 2 * pad * dilation - dilation * (ksize - 1) - 1) // stride_y + 1
             or out_w != (width + 2 * pad * dilation - dilation * (ksize - 1) - 1) // stride_x + 1):
-        raise ValueError(f"conv2d_forward: out spatial size {out_h}x{out_w} does not match input "
+        raise ArgumentError(f"conv2d_forward: out spatial size {out_h}x{out_w} does not match input "
                          f"{height}x{width} with ksize={ksize} stride=({stride_x},{stride_y}) "
                          f"pad={pad} dilation={dilation}")
     cdef bint one_by_one = ksize == 1 and stride_x == 1 and stride_y == 1 and pad == 0
@@ -171,10 +172,10 @@ def connected_forward(x, weights, bias, out, int act):
     cdef Py_ssize_t outputs = weights.shape[0]
     batch, inputs = x.shape
     if weights.shape[1] != inputs:
-        raise ValueError(f"connected_forward: weights shape {weights.shape}, expected "
+        raise ArgumentError(f"connected_forward: weights shape {weights.shape}, expected "
                          f"{(outputs, inputs)}")
     if bias.shape[0] != outputs or out.shape[0] != batch or out.shape[1] != outputs:
-        raise ValueError(f"connected_forward: bias {bias.shape[0]} / out {out.shape} do not "
+        raise ArgumentError(f"connected_forward: bias {bias.shape[0]} / out {out.shape} do not "
                          f"match ({batch}, {outputs})")
     _connected(x, weights, bias, out, act)
 

@@ -19,6 +19,7 @@ from darknet_metal.cpu.fmath cimport logistic
 
 import numpy as np
 
+from darknet_metal.errors import ArgumentError
 from darknet_metal.cpu.checks import check_input, check_out
 
 
@@ -63,10 +64,10 @@ def softmax_forward(x, out, int groups=1, double temperature=1.0) -> None:
     check_out(out, x, x.shape)
     features = x.shape[1] if x.ndim == 2 else x.shape[1] * x.shape[2] * x.shape[3]
     if groups < 1 or features % groups:
-        raise ValueError(f"softmax groups={groups} must be >= 1 and divide the {features} "
+        raise ArgumentError(f"softmax groups={groups} must be >= 1 and divide the {features} "
                          "inputs per sample")
     if temperature == 0 or not np.isfinite(temperature):
-        raise ValueError(f"softmax temperature must be finite and non-zero, got {temperature}")
+        raise ArgumentError(f"softmax temperature must be finite and non-zero, got {temperature}")
     _softmax(x.reshape(x.shape[0], -1), out.reshape(out.shape[0], -1), groups, temperature)
 
 
@@ -111,10 +112,10 @@ def yolo_forward(x, out, int n, int classes, double scale_x_y=1.0, bint new_coor
     check_input("x", x)
     check_out(out, x, x.shape)
     if n < 1 or classes < 0:
-        raise ValueError(f"yolo needs n >= 1 anchors and classes >= 0, got n={n} "
+        raise ArgumentError(f"yolo needs n >= 1 anchors and classes >= 0, got n={n} "
                          f"classes={classes}")
     if x.shape[1] != n * (5 + classes):
-        raise ValueError(f"yolo with n={n} anchors and classes={classes} needs "
+        raise ArgumentError(f"yolo with n={n} anchors and classes={classes} needs "
                          f"{n * (5 + classes)} input channels, got {x.shape[1]}")
     if x.dtype == np.float32:
         alpha = np.float32(scale_x_y)

@@ -20,6 +20,7 @@ from libc.string cimport memset
 
 import numpy as np
 
+from darknet_metal.errors import ArgumentError
 from darknet_metal.cpu.checks import check_input
 
 
@@ -69,12 +70,12 @@ def im2col_forward(image, int ksize, int stride_x, int stride_y, int pad, int di
     (C*ksize*ksize, out_h*out_w) array of its dtype."""
     check_input("image", image, (3,))
     if ksize < 1 or stride_x < 1 or stride_y < 1 or dilation < 1 or pad < 0:
-        raise ValueError(
+        raise ArgumentError(
             f"im2col: invalid ksize={ksize} stride=({stride_x},{stride_y}) pad={pad} "
             f"dilation={dilation}"
         )
     if out_h < 1 or out_w < 1:
-        raise ValueError(f"im2col: invalid output size {out_h}x{out_w}")
+        raise ArgumentError(f"im2col: invalid output size {out_h}x{out_w}")
     out = np.empty((image.shape[0] * ksize * ksize, out_h * out_w), dtype=image.dtype)
     _im2col_image(image, ksize, stride_x, stride_y, pad, dilation, out_h, out_w, out)
     return out

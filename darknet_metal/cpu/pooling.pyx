@@ -19,6 +19,7 @@ from libc.float cimport FLT_MAX
 
 from darknet_metal.cpu.kernels cimport dm_maxpool2x2s2_f32
 
+from darknet_metal.errors import ArgumentError
 from darknet_metal.cpu.checks import check_input, check_out
 
 
@@ -35,14 +36,14 @@ def pool_output_hw(int h, int w, int size, int stride_x, int stride_y, int paddi
     output.
     """
     if size < 1 or stride_x < 1 or stride_y < 1:
-        raise ValueError(f"pooling needs size >= 1 and strides >= 1, got size={size} "
+        raise ArgumentError(f"pooling needs size >= 1 and strides >= 1, got size={size} "
                          f"stride_x={stride_x} stride_y={stride_y}")
     if padding < 0:
-        raise ValueError(f"pooling padding must be >= 0, got {padding}")
+        raise ArgumentError(f"pooling padding must be >= 0, got {padding}")
     out_h = _c_div(h + padding - size, stride_y) + 1
     out_w = _c_div(w + padding - size, stride_x) + 1
     if out_h < 1 or out_w < 1:
-        raise ValueError(f"pooling size={size} padding={padding} gives an empty output on a "
+        raise ArgumentError(f"pooling size={size} padding={padding} gives an empty output on a "
                          f"{h}x{w} input")
     return out_h, out_w
 
@@ -167,7 +168,7 @@ def maxpool_depth_forward(x, out) -> None:
     check_input("x", x)
     check_input("out", out, (4,), x, layout="(N, out_channels, H, W)")
     if out.shape[1] < 1:
-        raise ValueError(f"out must be (N, out_channels >= 1, H, W), got {out.shape}")
+        raise ArgumentError(f"out must be (N, out_channels >= 1, H, W), got {out.shape}")
     check_out(out, x, (x.shape[0], out.shape[1], x.shape[2], x.shape[3]))
     _maxpool_depth(x, out)
 
@@ -199,5 +200,5 @@ def avgpool_forward(x, out) -> None:
     check_input("x", x)
     check_out(out, x, (x.shape[0], x.shape[1], 1, 1))
     if x.shape[2] * x.shape[3] == 0:
-        raise ValueError(f"avgpool needs a non-empty input, got {x.shape}")
+        raise ArgumentError(f"avgpool needs a non-empty input, got {x.shape}")
     _avgpool(x, out)

@@ -17,12 +17,13 @@ Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64
 cimport cython
 from cython cimport floating
 
+from darknet_metal.errors import ArgumentError
 from darknet_metal.cpu.checks import check_input, check_out
 
 
 def _check_stride(int stride):
     if stride < 1:
-        raise ValueError(f"stride must be >= 1, got {stride}")
+        raise ArgumentError(f"stride must be >= 1, got {stride}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -36,11 +37,11 @@ def upsample_output_shape(shape, int stride):
     """
     n, c, h, w = shape
     if stride == 0:
-        raise ValueError("upsample stride must not be 0")
+        raise ArgumentError("upsample stride must not be 0")
     if stride > 0:
         return n, c, h * stride, w * stride
     if h < -stride or w < -stride:
-        raise ValueError(f"reverse upsample stride={-stride} is larger than the {h}x{w} input")
+        raise ArgumentError(f"reverse upsample stride={-stride} is larger than the {h}x{w} input")
     return n, c, h // -stride, w // -stride
 
 
@@ -177,8 +178,8 @@ def reorg_forward(x, out, int stride, bint reverse=False) -> None:
     n, c, h, w = x.shape
     s2 = stride * stride
     if c % s2:
-        raise ValueError(f"[reorg] needs channels divisible by stride^2={s2}, got {c}")
+        raise ArgumentError(f"[reorg] needs channels divisible by stride^2={s2}, got {c}")
     if not reverse and (h % stride or w % stride):
-        raise ValueError(f"[reorg] stride={stride} must divide the {h}x{w} input")
+        raise ArgumentError(f"[reorg] stride={stride} must divide the {h}x{w} input")
     check_out(out, x, reorg_output_shape(x.shape, stride, reverse))
     _reorg(x, out, w, h, c, stride, reverse)

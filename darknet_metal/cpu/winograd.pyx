@@ -20,6 +20,7 @@ from darknet_metal.cpu.kernels cimport dm_wino2_input_f32, dm_wino2_output_f32
 
 import numpy as np
 
+from darknet_metal.errors import ArgumentError
 from darknet_metal.cpu.checks import check_input, check_workspace
 
 # G for F(2x2, 3x3): the filter transform U = G g G^T.
@@ -132,10 +133,10 @@ def winograd_forward(x, filters, bias, out, workspace, int act):
     cdef Py_ssize_t nf = filters.shape[1]
     batch, channels, height, width = x.shape
     if filters.shape[0] != 16 or filters.shape[2] != channels:
-        raise ValueError(f"winograd_forward: filters shape {filters.shape}, expected "
+        raise ArgumentError(f"winograd_forward: filters shape {filters.shape}, expected "
                          f"(16, F, {channels})")
     if bias.shape[0] != nf or out.shape != (batch, nf, height, width):
-        raise ValueError(f"winograd_forward: out {out.shape} / bias {bias.shape} do not "
+        raise ArgumentError(f"winograd_forward: out {out.shape} / bias {bias.shape} do not "
                          f"match ({batch}, {nf}, {height}, {width})")
     check_workspace(workspace, x, workspace_size(channels, nf, height, width),
                     "winograd_forward")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from darknet_metal.errors import ArgumentTypeError
 from darknet_metal.metal import registry
 from darknet_metal.metal.registry import BIAS_COLS, BIAS_NONE, BIAS_ROWS
 from darknet_metal.program import LayerEmitter, Param, Tensor
@@ -56,7 +57,7 @@ def gemm_args(
     ``slices`` = batch x groups slices (``beta`` 0: c is written, not read)."""
     unknown = set(strides) - set(_GEMM_STRIDES)
     if unknown:
-        raise TypeError(f"gemm_args: unknown strides {sorted(unknown)}")
+        raise ArgumentTypeError(f"gemm_args: unknown strides {sorted(unknown)}")
     args: dict[str, int | float] = dict(
         M=M, N=N, K=K, lda=lda, ldb=ldb, ldc=ldc, groups=groups, bias_mode=bias_mode, act=act,
         beta=beta,
