@@ -1,34 +1,46 @@
 """darknet_metal: Darknet networks (``.cfg`` + ``.weights``) from Python.
 
-``load`` builds a ``Network``; ``Network.forward`` and ``Network.detect`` run it on the CPU
-(``device="cpu"``), an Apple GPU (``"metal"``) or the Metal emulator (``"emu"``);
-``darknet_metal.metal`` reports on and manages the GPU devices.
+``load`` builds a ``Network`` from a cfg and weights, ``load_model`` from a bundled model;
+``Network.forward`` and ``Network.detect`` run it on the CPU (``device="cpu"``), an Apple GPU
+(``"metal"``) or the Metal emulator (``"emu"``); ``darknet_metal.metal`` reports on and
+manages the GPU devices. Every error raised on purpose is a ``DarknetMetalError``.
 """
 
 from darknet_metal import metal
 from darknet_metal.boxes import Detection
 from darknet_metal.errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    BindingError,
     CfgError,
     DarknetMetalError,
     DeviceError,
     ImageError,
+    LayerIndexError,
+    MemoryLimitError,
     ModelNotFoundError,
     WeightsError,
 )
-from darknet_metal.network import Network, load
+from darknet_metal.network import Network, load, load_model
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
+    "BindingError",
     "CfgError",
     "DarknetMetalError",
     "Detection",
     "DeviceError",
     "ImageError",
+    "LayerIndexError",
+    "MemoryLimitError",
     "ModelNotFoundError",
     "Network",
     "WeightsError",
     "__version__",
     "load",
+    "load_model",
     "metal",
 ]

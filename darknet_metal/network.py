@@ -298,3 +298,25 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
             params[index].update(layer)
     return Network(config, layers, params, header=header, names=_read_names(names), device=device,
                    batch=batch, dtype=dtype)
+
+
+def load_model(name: str, *, device: str = "cpu", batch: int = 1,
+               dtype: np.dtype | type = np.float32, input_size: tuple[int, int] | None = None,
+               download: bool = True) -> Network:
+    """Load bundled model ``name`` (``darknet_metal.models.model_names()``: yolov3-tiny,
+    yolov4-tiny, yolov3, yolov4) with its pretrained weights and COCO class names.
+
+    The weights come from the cache (``$DARKNET_METAL_HOME``, default
+    ``~/.cache/darknet_metal``) and are downloaded there on first use unless ``download`` is
+    false; ``darknet_metal.models.model_files(name)`` gives the three paths. The other
+    arguments are ``load``'s. Raises ``ModelNotFoundError`` for an unknown name or weights
+    that cannot be had.
+    """
+    from darknet_metal.models import get_spec, model_files
+
+    get_spec(name)
+    _check_device(device)
+    _check_dtype(dtype, device)
+    files = model_files(name, download=download)
+    return load(files.cfg, files.weights, names=files.names, device=device, batch=batch,
+                dtype=dtype, input_size=input_size)

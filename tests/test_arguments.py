@@ -172,3 +172,15 @@ def test_save_weights_respects_the_umask(net, tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "a.weights").st_mode) == 0o644
     assert stat.S_IMODE(os.stat(tmp_path / "b.weights").st_mode) == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.weights", "b.weights"]
+
+
+def test_load_model_uses_the_cache(monkeypatch):
+    from shared_paths import MODELS
+
+    monkeypatch.setenv("DARKNET_METAL_HOME", str(MODELS))
+    net = dm.load_model("yolov3-tiny", input_size=(64, 64))
+    assert net.names[16] == "dog" and net.input_shape == (3, 64, 64)
+    with pytest.raises(dm.ModelNotFoundError, match="unknown model 'yolov9'"):
+        dm.load_model("yolov9")
+    with pytest.raises(ArgumentError, match="unknown device"):
+        dm.load_model("yolov3-tiny", device="tpu")
