@@ -4,7 +4,9 @@
 -ext_output`` does and writes ``STEM_predictions.jpg`` per image; ``darknet-metal summary
 CFG`` prints the layer table of a cfg. Errors the user can fix (a bad cfg, weights file,
 image or device, a missing file) print one ``darknet-metal: error: ...`` line on stderr
-and exit with status 1; command-line mistakes exit with status 2.
+and exit with status 1; command-line mistakes exit with status 2. Every input path is
+checked before a model is downloaded or loaded, and a failed command leaves no folder
+behind (``--out`` is made when the first annotated image is written).
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from darknet_metal.errors import CfgError, DarknetMetalError, WeightsError
+from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, WeightsError
 from darknet_metal.models import model_files, model_names
 from darknet_metal.network import DEVICES
 
@@ -66,10 +68,18 @@ def _parser() -> argparse.ArgumentParser:
             "Print the detections of each image as `darknet detector test -ext_output` "
             "does, and write IMAGE's annotated copy as DIR/STEM_predictions.jpg. "
             f"Without --model or --cfg, the bundled {DEFAULT_MODEL} is used (its weights "
-            "are downloaded on first use)."
+            "are downloaded on first use). The first forward pass (plan, buffers, "
+            "pipelines) runs once on a blank input before the first image and is timed "
+            "apart, on stderr; the per-image times leave it out."
         ),
     )
-    detect.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    detect.add_argument(
+        "images",
+        nargs="+",
+        metavar="IMAGE",
+        help="image files; alpha is ignored, as Darknet does (a warning says so when an "
+        "image has transparent pixels)",
+    )
     detect.add_argument(
         "--model", metavar="NAME", help=f"bundled model: {', '.join(model_names())}"
     )
@@ -77,16 +87,31 @@ def _parser() -> argparse.ArgumentParser:
     detect.add_argument("--weights", metavar="W", type=Path, help=".weights file for --cfg")
     detect.add_argument("--names", metavar="N", type=Path, help="class names file, one a line")
     detect.add_argument(
-        "--thresh", type=_unit_float, default=0.25, help="report boxes above this probability"
+        "--thresh",
+        type=_unit_float,
+        default=0.25,
+        help="report boxes above this probability (default: %(default)s)",
     )
     detect.add_argument(
-        "--nms", type=_unit_float, default=0.45, help="IoU above which NMS drops a box"
+        "--nms",
+        type=_unit_float,
+        default=0.45,
+        help="IoU above which NMS drops a box (default: %(default)s)",
     )
     detect.add_argument(
-        "--out", metavar="DIR", type=Path, default=Path("."), help="where to write images"
+        "--out",
+        metavar="DIR",
+        type=Path,
+        default=Path("."),
+        help="where to write images, made when the first one is written (default: %(default)s)",
     )
-    detect.add_argument("--device", default="cpu", choices=DEVICES,
-                        help="cpu, metal (Apple GPU) or emu (Metal kernels in the CPU emulator)")
+    detect.add_argument(
+        "--device",
+        default="cpu",
+        choices=DEVICES,
+        help="cpu, metal (Apple GPU) or emu (Metal kernels in the CPU emulator) "
+        "(default: %(default)s)",
+    )
     detect.set_defaults(run=_run_detect, parser=detect)
 
     summary = commands.add_parser(
@@ -115,10 +140,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument(
         "--size",
-        type=int,
+        type=_multiple_of_32,
         default=96,
         metavar="N",
-        help="yolov3-tiny input size for the network check (default 96)",
+        help="yolov3-tiny input size for the network check, a multiple of 32 "
+        "(default: %(default)s)",
     )
     doctor.set_defaults(run=_run_doctor)
     return parser
@@ -127,8 +153,6 @@ def _parser() -> argparse.ArgumentParser:
 def _run_doctor(args: argparse.Namespace) -> int:
     from darknet_metal.metal.doctor import run_doctor
 
-    if args.size < 32 or args.size % 32:
-        raise CfgError(f"--size must be a positive multiple of 32, not {args.size}")
     return 0 if run_doctor(args.device, size=args.size) else 1
 
 
@@ -140,16 +164,38 @@ def _check_detect_args(args: argparse.Namespace) -> None:
 
 
 def _run_detect(args: argparse.Namespace) -> int:
+    # Cheap checks first: a missing file is reported before a model is downloaded or loaded.
+    _check_model_paths(args)
+    if args.out.exists() and not args.out.is_dir():
+        _error(f"{args.out}: --out is not a directory")
+        return 1
+    used: set[str] = set()
+    out_names = [_output_name(Path(image).stem, used) for image in args.images]
+    failures = 0
+    todo = []
+    for image, out_name in zip(args.images, out_names, strict=True):
+        try:
+            _check_file(image, "image", lambda message, i=image: ImageError(f"{i}: {message}"))
+        except ImageError as exc:
+            _error(str(exc))
+            failures += 1
+        else:
+            todo.append((image, out_name))
+    if not todo:
+        return 1
+
     net = _load_network(args)
     from darknet_metal.draw import draw_detections, save_image_atomic
     from darknet_metal.image import load_image
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    failures = 0
-    used: set[str] = set()
-    for image in args.images:
-        out_path = args.out / _output_name(Path(image).stem, used)
+    _warm_up(net)
+    for image, out_name in todo:
         try:
+            if _has_transparent_pixels(image):
+                _warn(
+                    f"{image}: has transparent pixels; alpha is ignored, as Darknet does "
+                    "(they are read with the colours stored under them)"
+                )
             rgb = _to_uint8_hwc(load_image(image))
             start = time.perf_counter()
             detections = net.detect(rgb, thresh=args.thresh, nms=args.nms)
@@ -158,7 +204,8 @@ def _run_detect(args: argparse.Namespace) -> int:
             lines = [f"{image}: Predicted in {elapsed_ms:f} milli-seconds."]
             lines += format_detections(shown)
             print("\n".join(lines), flush=True)
-            save_image_atomic(draw_detections(rgb, shown), out_path)
+            args.out.mkdir(parents=True, exist_ok=True)
+            save_image_atomic(draw_detections(rgb, shown), args.out / out_name)
         except (DarknetMetalError, OSError) as exc:
             message = str(exc)
             _error(message if str(image) in message else f"{image}: {message}")
@@ -166,16 +213,62 @@ def _run_detect(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _warm_up(net: Any) -> None:
+    """Run one forward pass on a blank input and report its time on stderr.
+
+    The first pass plans the program and makes buffers and pipelines (hundreds of ms, against
+    tens for the next ones), so it is kept out of the per-image times Darknet's lines print.
+    """
+    x = np.zeros((1, *net.input_shape), np.float32)
+    start = time.perf_counter()
+    net.forward(x)
+    elapsed_ms = (time.perf_counter() - start) * 1000.0
+    print(
+        f"{PROG}: warm-up: {elapsed_ms:.1f} ms (first forward pass, not in the times below)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _has_transparent_pixels(path: str | os.PathLike[str]) -> bool:
+    """True when the image file has an alpha channel (or a transparent colour) that is not
+    fully opaque. Only such files are decoded here; a file Pillow cannot read gives False
+    (``load_image`` reports it)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            if not im.has_transparency_data:
+                return False
+            alpha = im.convert("RGBA").getchannel("A")
+            return alpha.getextrema()[0] < 255
+    except Exception:  # Pillow raises many types for corrupt data; load_image reports them
+        return False
+
+
 def _run_summary(args: argparse.Namespace) -> int:
     import darknet_metal
 
-    _require_file(args.cfg, CfgError)
+    _check_file(args.cfg, "cfg", lambda message: CfgError(message, path=args.cfg))
     print(darknet_metal.load(args.cfg).summary())
     return 0
 
 
+def _check_model_paths(args: argparse.Namespace) -> None:
+    """CfgError / WeightsError for a --cfg, --weights or --names that is not a readable file."""
+    if args.cfg is not None:
+        _check_file(args.cfg, "cfg", lambda message: CfgError(message, path=args.cfg))
+        _check_file(
+            args.weights, "weights", lambda message: WeightsError(message, path=args.weights)
+        )
+    if args.names is not None:
+        _check_file(args.names, "names", lambda message: CfgError(message, path=args.names))
+
+
 def _load_network(args: argparse.Namespace) -> Any:
-    """The network ``detect`` runs: a bundled model or --cfg/--weights (a darknet_metal.Network)."""
+    """The network ``detect`` runs: a bundled model or --cfg/--weights (a darknet_metal.Network).
+
+    The paths given on the command line were checked by ``_check_model_paths``."""
     import darknet_metal
 
     if args.cfg is None:
@@ -185,10 +278,6 @@ def _load_network(args: argparse.Namespace) -> Any:
         cfg, weights, names = args.cfg, args.weights, None
     if args.names is not None:
         names = args.names
-    _require_file(cfg, CfgError)
-    _require_file(weights, WeightsError)
-    if names is not None and not Path(names).is_file():
-        raise CfgError("names file not found", path=names)
     return darknet_metal.load(cfg, weights, names=names, device=args.device)
 
 
@@ -245,9 +334,26 @@ def _output_name(stem: str, used: set[str]) -> str:
     return f"{name}_predictions.jpg"
 
 
-def _require_file(path: str | os.PathLike[str], error: type[CfgError] | type[WeightsError]):
-    if not Path(path).is_file():
-        raise error("file not found", path=path)
+def _check_file(
+    path: str | os.PathLike[str], kind: str, error: Callable[[str], Exception]
+) -> None:
+    """Raise ``error(message)`` unless ``path`` is a regular file this process can open.
+
+    ``kind`` ("cfg", "weights", "names", "image") names the file in the message. The file is
+    opened and closed at once; nothing is read (and a FIFO is never opened)."""
+    p = Path(path)
+    a_kind = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} file"
+    if p.is_dir():
+        raise error(f"is a directory, not {a_kind}")
+    if not p.exists():
+        raise error(f"{kind} file not found")
+    if not p.is_file():
+        raise error(f"not a regular file, so not {a_kind}")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as exc:
+        raise error(f"cannot read: {exc.strerror or exc}") from None
 
 
 def _unit_float(text: str) -> float:
@@ -257,6 +363,16 @@ def _unit_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: '{text}'") from None
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def _multiple_of_32(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
+    if value < 32 or value % 32:
+        raise argparse.ArgumentTypeError(f"must be a positive multiple of 32, got {text}")
     return value
 
 
@@ -272,6 +388,11 @@ def _version() -> str:
 def _error(message: str) -> None:
     one_line = " ".join(message.split())
     print(f"{PROG}: error: {one_line}", file=sys.stderr, flush=True)
+
+
+def _warn(message: str) -> None:
+    one_line = " ".join(message.split())
+    print(f"{PROG}: warning: {one_line}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

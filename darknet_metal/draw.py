@@ -1,7 +1,8 @@
 """Drawing detections on an image and writing image files atomically.
 
 Boxes use Darknet's per-class colours and line width (``draw_detections_v3``); labels read
-``"name confidence%"`` in Pillow's default font on a box of the class colour.
+``"name confidence%"`` in Pillow's scalable default font, sized with the image height (see
+:func:`label_font_size`), on a box of the class colour.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from PIL import Image, ImageDraw, ImageFont
 from .boxes import Detection
 from .errors import ImageError
 
-__all__ = ["class_color", "draw_detections", "save_image_atomic"]
+__all__ = ["class_color", "draw_detections", "label_font_size", "save_image_atomic"]
 
 # Darknet's colour ramp: magenta, blue, cyan, green, yellow, red.
 _RAMP = (
@@ -51,6 +52,22 @@ def class_color(class_id: int, num_classes: int = 80) -> tuple[int, int, int]:
     return r, g, b
 
 
+def label_font_size(height: int) -> int:
+    """Font size in pixels (the em height) of the labels on an image ``height`` pixels tall:
+    ``max(10, round(0.03 * height))``.
+
+    Darknet scales its labels with the image height as it does the box lines: its OpenCV
+    drawing uses a font scale of ``rows / 1000`` on a label band ``3 + 18 * rows / 1000``
+    pixels tall. A fixed size would leave a label on a 4000-pixel photo ~0.3% of the
+    height, unreadable once the photo is shown scaled down to a screen. An em of 3% of the
+    height (a label band of about 3.5% with descenders and padding) looks the same on a
+    screen-sized view whatever the image size and stays legible there; it is about twice
+    Darknet's band, whose thin Hershey glyphs fill it less. 10 pixels, the size of Pillow's
+    bitmap default font, is the floor so small images keep readable text.
+    """
+    return max(10, round(0.03 * height))
+
+
 def _label_text(dets: list[Detection]) -> str:
     return ", ".join(f"{d.name} {d.confidence * 100.0:.0f}%" for d in dets)
 
@@ -75,7 +92,8 @@ def draw_detections(
     image, line width max(1, int(0.002 * H)) pixels growing inwards, colour
     :func:`class_color` (``num_classes`` is the model's class count, which sets the
     colours). A box found for several classes is drawn once, in the colour of its most
-    confident class, labelled ``"name confidence%, name confidence%"``. The label sits just
+    confident class, labelled ``"name confidence%, name confidence%"`` in text
+    :func:`label_font_size` pixels tall (growing with H as the lines do). The label sits just
     above the box, or just inside its top edge when there is no room above. Higher
     confidences are drawn last, on top.
     Returns a new RGB ``PIL.Image.Image``; ``image`` is not modified.
@@ -97,7 +115,9 @@ def draw_detections(
         raise ImageError(f"draw_detections: the image is empty (shape {image.shape})")
     canvas = Image.fromarray(np.ascontiguousarray(image))
     draw = ImageDraw.Draw(canvas)
-    font = ImageFont.load_default()
+    font_size = label_font_size(height)
+    font = ImageFont.load_default(size=font_size)  # scalable with FreeType (Pillow >= 10.1)
+    pad = max(2, font_size // 10)
     line = max(1, int(height * 0.002))
 
     for group in _group_by_box(detections):
@@ -113,11 +133,11 @@ def draw_detections(
 
         text = _label_text(group)
         x0, y0, x1, y1 = draw.textbbox((0, 0), text, font=font)
-        label_w, label_h = x1 - x0 + 4, y1 - y0 + 4
+        label_w, label_h = x1 - x0 + 2 * pad, y1 - y0 + 2 * pad
         label_top = top - label_h if top - label_h >= 0 else top + line
         draw.rectangle((left, label_top, left + label_w - 1, label_top + label_h - 1), fill=color)
         ink = (0, 0, 0) if sum(color) > 382 else (255, 255, 255)
-        draw.text((left + 2 - x0, label_top + 2 - y0), text, fill=ink, font=font)
+        draw.text((left + pad - x0, label_top + pad - y0), text, fill=ink, font=font)
     return canvas
 
 

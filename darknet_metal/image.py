@@ -47,6 +47,12 @@ def load_image(source: str | os.PathLike[str] | np.ndarray) -> np.ndarray:
     applied, gray is repeated into RGB, alpha is dropped (colours are not composited), and
     16-bit samples keep their high byte.
 
+    Alpha is ignored, as Darknet does: a transparent pixel (alpha 0, or a palette or colour
+    key marked transparent) is read as the colour stored under it, exactly as an opaque one,
+    and is not blended with any background. A fully transparent PNG is thus seen as the
+    picture its colour channels hold, often black. ``darknet-metal detect`` prints a warning
+    for an image with transparent pixels.
+
     Returns a float32 C-contiguous array of shape (3, H, W), RGB, values in [0, 1].
     Raises ImageError (naming the path, or the array's shape and dtype) for a missing,
     unreadable, truncated or undecodable file, an empty image, or an unsupported array.

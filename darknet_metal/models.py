@@ -7,9 +7,11 @@ out as ``<cache>/NAME/NAME.weights``:
 - the cache is ``$DARKNET_METAL_HOME`` when set, else ``~/.cache/darknet_metal``;
 - downloads come from the official URL, or from ``$DARKNET_METAL_MIRROR/NAME/NAME.weights``
   when that variable holds a base URL laid out like the cache;
-- a download lands in a temporary file next to its destination and is renamed into place
-  only after its size (and SHA-256, where known) matched, so the cache never holds a
-  partial or corrupt file under the final name.
+- a download lands in a hidden temporary file at the top of the cache and is renamed into
+  ``NAME/NAME.weights`` only after its size (and SHA-256, where known) matched, so the cache
+  never holds a partial or corrupt file under the final name; the ``NAME`` folder is made
+  only then, and a failed download removes its temporary file and every folder it made,
+  leaving the cache as it was. Files and folders get the usual permissions (umask applied).
 
 The cfg and names always come from the package, even when the cache directory also holds a
 ``NAME.cfg`` or ``coco.names``: the registry pairs each
@@ -24,8 +26,8 @@ import contextlib
 import hashlib
 import http.client
 import os
+import secrets
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -200,37 +202,87 @@ def _download(spec: ModelSpec, url: str, target: Path, *, progress: bool, timeou
         f"download {spec.url} by hand and put it at {target} (expected {spec.size} bytes), "
         f"or set {MIRROR_ENV} to a server laid out as NAME/NAME.weights"
     )
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(
-            prefix=f".{target.name}.", suffix=".part", dir=target.parent
-        )
-    except OSError as exc:
-        raise ModelNotFoundError(
-            f"cannot write to the weights cache {target.parent}: {exc.strerror or exc}; "
-            f"set {HOME_ENV} to a writable directory, or {manual}"
-        ) from exc
-    tmp = Path(tmp_name)
+    # The temporary file sits at the top of the cache (same file system as the target, so
+    # the final rename is atomic); the model folder is made only once the file is good.
+    root = target.parent.parent
+    created: list[Path] = []
     done = False
     try:
-        with os.fdopen(fd, "wb") as out:
+        try:
+            created += _make_dirs(root)
+            tmp = root / f".{target.name}.{secrets.token_hex(6)}.part"
+            # O_EXCL: never write through a file or link that appeared under this name;
+            # mode 0o666 lets the umask decide the permissions, as for any new file.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise ModelNotFoundError(
+                f"cannot write to the weights cache {root}: {exc.strerror or exc}; "
+                f"set {HOME_ENV} to a writable directory, or {manual}"
+            ) from exc
+        try:
+            with os.fdopen(fd, "wb") as out:
+                try:
+                    size, digest = _fetch(spec, url, out, progress=progress, timeout=timeout)
+                except (
+                    urllib.error.URLError,
+                    http.client.HTTPException,
+                    OSError,
+                    ValueError,
+                ) as exc:
+                    raise ModelNotFoundError(
+                        f"could not download the weights of '{spec.name}' from {url}: "
+                        f"{_reason(exc)}; {manual}"
+                    ) from exc
+                out.flush()
+                os.fsync(out.fileno())
+            _check_download(spec, url, size, digest, manual)
             try:
-                size, digest = _fetch(spec, url, out, progress=progress, timeout=timeout)
-            except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+                created += _make_dirs(target.parent)
+                os.replace(tmp, target)
+            except OSError as exc:
                 raise ModelNotFoundError(
-                    f"could not download the weights of '{spec.name}' from {url}: "
-                    f"{_reason(exc)}; {manual}"
+                    f"cannot write to the weights cache {target.parent}: "
+                    f"{exc.strerror or exc}; set {HOME_ENV} to a writable directory, or {manual}"
                 ) from exc
-            out.flush()
-            os.fsync(out.fileno())
-        _check_download(spec, url, size, digest, manual)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-        done = True
+            done = True
+        finally:
+            if not done:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
     finally:
         if not done:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+            _remove_dirs(created)
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """Create ``path`` and its missing parents; returns the folders made here, outermost
+    first (a folder another process makes meanwhile is not counted)."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.is_dir():
+            break
+        missing.append(folder)
+    made = []
+    try:
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                if not folder.is_dir():
+                    raise
+                continue
+            made.append(folder)
+    except OSError:
+        _remove_dirs(made)
+        raise
+    return made
+
+
+def _remove_dirs(made: list[Path]) -> None:
+    """Remove the folders ``_make_dirs`` made, innermost first, each only while empty."""
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _fetch(

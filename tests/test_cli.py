@@ -8,6 +8,8 @@ order, ``name: NN%`` then the box in pixels rounded half away from zero.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import math
 import os
@@ -15,8 +17,12 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -94,8 +100,12 @@ def offline_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DARKNET_METAL_MIRROR", _closed_port_url())
 
 
+WARM_UP = re.compile(r"^darknet-metal: warm-up: (?P<ms>\d+\.\d) ms \(.*\)$")
+
+
 def _error_lines(stderr: str) -> list[str]:
-    lines = stderr.splitlines()
+    """The error lines of ``stderr``; fails on any other line but the warm-up time."""
+    lines = [line for line in stderr.splitlines() if not WARM_UP.match(line)]
     assert all(line.startswith("darknet-metal: error: ") for line in lines), stderr
     assert "Traceback" not in stderr
     return lines
@@ -316,3 +326,257 @@ def test_python_dash_m_reports_errors_in_one_line(tmp_path: Path) -> None:
     assert proc.stdout == ""
     (line,) = _error_lines(proc.stderr)
     assert str(cfg) in line
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs checked before any download, nothing left behind by a failed command
+
+
+class _NotFoundHandler(http.server.BaseHTTPRequestHandler):
+    """Answers 404 to everything and counts the requests (a mirror without the file)."""
+
+    requests: list[str] = []
+
+    def do_GET(self) -> None:
+        type(self).requests.append(self.path)
+        self.send_error(404)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _mirror_404() -> Iterator[tuple[str, list[str]]]:
+    handler = type("Handler", (_NotFoundHandler,), {"requests": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _tree(root: Path) -> list[str] | None:
+    """Every path under ``root``, folders included; None when ``root`` does not exist."""
+    if not root.exists():
+        return None
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("cache_exists", [False, True])
+def test_failed_download_leaves_the_cache_and_out_as_they_were(
+    cache_exists: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    home = tmp_path / "cache"
+    if cache_exists:
+        (home / "other").mkdir(parents=True)
+        (home / "other" / "kept.txt").write_text("x")
+    before = _tree(home)
+    monkeypatch.setenv("DARKNET_METAL_HOME", str(home))
+    out_dir = tmp_path / "out"
+    with _mirror_404() as (url, requests):
+        monkeypatch.setenv("DARKNET_METAL_MIRROR", url)
+        rc = main(["detect", str(DOG), "--model", "yolov4-tiny", "--out", str(out_dir)])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    (line,) = _error_lines(err)
+    assert "404" in line and "yolov4-tiny" in line
+    assert requests == ["/yolov4-tiny/yolov4-tiny.weights"]
+    assert out == ""
+    assert _tree(home) == before
+    assert not out_dir.exists()
+
+
+def test_out_is_not_made_when_every_image_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    junk = tmp_path / "junk.jpg"
+    junk.write_bytes(b"not an image")
+    out_dir = tmp_path / "a" / "b" / "out"
+    rc = main(["detect", str(junk), str(tmp_path / "missing.jpg"), "--out", str(out_dir)])
+    _, err = capsys.readouterr()
+    assert rc == 1
+    assert len(_error_lines(err)) == 2
+    assert not (tmp_path / "a").exists()
+
+
+def test_out_that_is_a_file_is_reported_before_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "out"
+    blocker.write_text("a file")
+    rc = main(["detect", str(DOG), "--out", str(blocker)])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    (line,) = err.splitlines()  # no warm-up line: nothing was loaded
+    assert line.startswith("darknet-metal: error: ") and str(blocker) in line
+    assert out == "" and blocker.read_text() == "a file"
+
+
+@pytest.mark.parametrize("bad", ["image", "names"])
+def test_missing_inputs_are_reported_before_any_download(
+    bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "cache"
+    monkeypatch.setenv("DARKNET_METAL_HOME", str(home))
+    missing = tmp_path / ("missing.jpg" if bad == "image" else "missing.names")
+    argv = ["detect", str(missing if bad == "image" else DOG), "--model", "yolov3-tiny"]
+    if bad == "names":
+        argv += ["--names", str(missing)]
+    with _mirror_404() as (url, requests):
+        monkeypatch.setenv("DARKNET_METAL_MIRROR", url)
+        rc = main([*argv, "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    (line,) = _error_lines(err)
+    assert str(missing) in line and "not found" in line
+    assert "download" not in line
+    assert requests == []
+    assert out == ""
+    assert not home.exists() and not (tmp_path / "out").exists()
+
+
+def test_directory_as_cfg_or_weights_is_called_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "folder.cfg"
+    folder.mkdir()
+    cfg, weights = MODEL_DIR / "yolov3-tiny.cfg", MODEL_DIR / "yolov3-tiny.weights"
+    runs = [
+        ["summary", str(folder)],
+        ["detect", str(DOG), "--cfg", str(folder), "--weights", str(weights)],
+        ["detect", str(DOG), "--cfg", str(cfg), "--weights", str(folder)],
+        ["detect", str(DOG), "--names", str(folder)],
+        ["detect", str(folder)],
+    ]
+    for argv in runs:
+        assert main([*argv, "--out", str(tmp_path / "out")] if argv[0] == "detect" else argv) == 1
+        (line,) = _error_lines(capsys.readouterr().err)
+        assert f"{folder}: is a directory" in line, (argv, line)
+        assert "not found" not in line
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Timings, warnings, argument checks and help
+
+
+_TINY_CFG = """[net]
+width=32
+height=32
+channels=3
+
+[convolutional]
+filters=18
+size=1
+stride=1
+pad=0
+activation=linear
+
+[yolo]
+mask=0,1,2
+anchors=10,14,23,27,37,58
+classes=1
+num=3
+"""
+
+
+def test_first_image_time_leaves_out_the_warm_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import darknet_metal
+    from darknet_metal.network import Network
+
+    # A network whose passes take microseconds, so the times depend on the sleep alone even
+    # on a loaded machine.
+    cfg, weights, names = tmp_path / "tiny.cfg", tmp_path / "tiny.weights", tmp_path / "one.names"
+    cfg.write_text(_TINY_CFG)
+    darknet_metal.load(cfg, seed=0).save_weights(weights)
+    names.write_text("thing\n")
+
+    forward = Network.forward
+    shapes = []
+
+    def slow_first_forward(self, x, outputs=None):
+        shapes.append(np.shape(x))
+        if len(shapes) == 1:
+            time.sleep(1.0)  # stands in for planning, buffers and pipelines
+        return forward(self, x, outputs)
+
+    monkeypatch.setattr(Network, "forward", slow_first_forward)
+    argv = ["detect", str(DOG), str(COFFEE), "--cfg", str(cfg), "--weights", str(weights)]
+    rc = main([*argv, "--names", str(names), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert list(_parse(out)) == [str(DOG), str(COFFEE)]
+    (warm,) = [m for line in err.splitlines() if (m := WARM_UP.match(line))]
+    assert float(warm["ms"]) >= 1000.0
+    times = [float(t) for t in re.findall(r"Predicted in (\d+\.\d+) milli-seconds", out)]
+    assert len(times) == 2 and times[0] < 1000.0, times
+    assert shapes == [(1, 3, 32, 32)] * 3  # the warm-up on a blank input, then one per image
+    assert _error_lines(err) == []
+
+
+def test_transparent_png_gets_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rgba = np.zeros((64, 80, 4), np.uint8)
+    rgba[..., :3] = 200
+    clear = tmp_path / "clear.png"
+    Image.fromarray(rgba, "RGBA").save(clear)  # every pixel fully transparent
+    rgba[..., 3] = 255
+    opaque = tmp_path / "opaque.png"
+    Image.fromarray(rgba, "RGBA").save(opaque)  # has alpha, but every pixel is opaque
+    rc = main(["detect", str(clear), str(opaque), str(DOG), "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("darknet-metal: warning: ")]
+    assert len(warnings) == 1, err
+    assert str(clear) in warnings[0] and "alpha is ignored, as Darknet does" in warnings[0]
+    assert set(_parse(out)) == {str(clear), str(opaque), str(DOG)}
+
+
+def test_detect_help_mentions_alpha() -> None:
+    text = " ".join(_help(["detect", "--help"]).split())
+    assert "alpha is ignored, as Darknet does" in text
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("50", "must be a positive multiple of 32, got 50"),
+        ("0", "must be a positive multiple of 32, got 0"),
+        ("-32", "must be a positive multiple of 32, got -32"),
+        ("abc", "not an integer: 'abc'"),
+    ],
+)
+def test_doctor_size_is_checked_by_argparse(
+    value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["doctor", "--size", value]) == 2
+    err = capsys.readouterr().err
+    assert "usage:" in err
+    assert f"darknet-metal doctor: error: argument --size: {message}" in err.splitlines()
+
+
+def _help(argv: list[str]) -> str:
+    with contextlib.redirect_stdout(__import__("io").StringIO()) as buf:
+        assert main(argv) == 0
+    return buf.getvalue()
+
+
+def test_help_shows_the_defaults() -> None:
+    detect = " ".join(_help(["detect", "--help"]).split())
+    options = re.split(r" (?=--[a-z])", detect[detect.index("options:"):])
+    for option, default in [("--thresh", "0.25"), ("--nms", "0.45"), ("--out", "."),
+                            ("--device", "cpu")]:
+        (text,) = [o for o in options if o.startswith(f"{option} ")]
+        assert f"(default: {default})" in text, text
+    doctor = " ".join(_help(["doctor", "--help"]).split())
+    assert "(default: 96)" in doctor

@@ -305,3 +305,63 @@ def test_unknown_model_lists_the_known_ones() -> None:
     assert "yolov9-huge" in message
     for name in OFFICIAL_SIZES:
         assert name in message
+
+
+def _snapshot(root: Path) -> dict[str, tuple[str, int]] | None:
+    """Every path under ``root`` (folders too) with its kind and mode; None if absent."""
+    if not root.exists():
+        return None
+    return {
+        str(p.relative_to(root)): ("dir" if p.is_dir() else "file", p.stat().st_mode)
+        for p in [root, *root.rglob("*")]
+    }
+
+
+@pytest.mark.parametrize("failure", ["404", "unreachable"])
+@pytest.mark.parametrize("layout", ["absent", "absent-parents", "existing"])
+def test_failed_download_leaves_the_cache_as_it_was(
+    failure: str, layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "a" / "b" / "cache" if layout == "absent-parents" else tmp_path / "cache"
+    if layout == "existing":
+        (home / "yolov3").mkdir(parents=True)
+        (home / "yolov3" / "notes.txt").write_text("kept")
+    monkeypatch.setenv("DARKNET_METAL_HOME", str(home))
+    before = _snapshot(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with contextlib.ExitStack() as stack:
+        if failure == "404":
+            url = stack.enter_context(_serve_dir(tmp_path / "empty"))
+        else:
+            url = _closed_port_url()
+        monkeypatch.setenv("DARKNET_METAL_MIRROR", url)
+        with pytest.raises(ModelNotFoundError):
+            models.model_files("yolov4-tiny", progress=False)
+    (tmp_path / "empty").rmdir()
+    assert _snapshot(tmp_path) == before
+
+
+def test_model_folder_is_made_only_for_a_good_file(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A truncated file is rejected after the whole body arrived: no NAME folder either.
+    root = _bad_mirror(tmp_path, REAL_WEIGHTS.read_bytes()[:1_000_000])
+    home.mkdir()
+    with _serve_dir(root) as url:
+        monkeypatch.setenv("DARKNET_METAL_MIRROR", url)
+        with pytest.raises(ModelNotFoundError):
+            models.model_files("yolov3-tiny", progress=False)
+    assert list(home.iterdir()) == []
+
+
+def test_download_respects_the_umask(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    old = os.umask(0o027)
+    try:
+        with _serve_dir(SHARED_MODELS) as url:
+            monkeypatch.setenv("DARKNET_METAL_MIRROR", url)
+            files = models.model_files("yolov3-tiny", progress=False)
+    finally:
+        os.umask(old)
+    assert files.weights.stat().st_mode & 0o777 == 0o640
+    assert files.weights.parent.stat().st_mode & 0o777 == 0o750
+    assert home.stat().st_mode & 0o777 == 0o750

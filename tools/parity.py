@@ -5,7 +5,9 @@
 
 Prints, per layer: index, type, output shape, where it ran (kernels or CPU fallback), max abs
 diff, NMSE and the verdict against the tolerance of ``darknet_metal.metal.parity``;
-exits 1 if any layer fails. Importable: ``run_parity(...)`` returns the report as a dict.
+exits 1 if any layer fails. While it runs, a line per stage (loading, CPU pass, device pass,
+with the seconds each took) goes to stderr, with or without ``--json``. Importable:
+``run_parity(...)`` returns the report as a dict.
 """
 
 from __future__ import annotations

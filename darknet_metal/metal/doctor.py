@@ -152,11 +152,17 @@ def _section(title: str) -> str:
     return f"\n== {title} " + "=" * max(0, 66 - len(title))
 
 
+def _print_line(line: str) -> None:
+    # Flushed line by line, so a piped or redirected run shows each check as it finishes.
+    print(line, flush=True)
+
+
 def run_doctor(
-    device: str | None = None, *, size: int = 96, out: Callable[[str], None] = print
+    device: str | None = None, *, size: int = 96, out: Callable[[str], None] = _print_line
 ) -> bool:
     """Run every check on ``device`` (default: "metal" when available, else "emu"), writing
-    the report line by line through ``out``; True when everything passed."""
+    the report line by line through ``out`` (default: stdout, flushed after each line); True
+    when everything passed."""
     from darknet_metal import __version__
     from darknet_metal.metal import is_available
 
@@ -275,7 +281,7 @@ def run_doctor(
 
 
 def measure_speed(
-    device: str, *, size: int = 416, repeats: int = 20, out: Callable[[str], None] = print
+    device: str, *, size: int = 416, repeats: int = 20, out: Callable[[str], None] = _print_line
 ) -> tuple[float, float]:
     """Median ms per yolov4-tiny forward pass (random weights, batch 1, ``size`` x ``size``)
     on ``device`` and on this package's CPU path, measured in turn; returns (device, cpu)."""

@@ -16,9 +16,10 @@ themselves (relative 1e-1 and more), far above these bounds; float32 reordering 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,13 +63,16 @@ def run_parity(
     size: tuple[int, int] | None = None,
     gemm: str = "auto",
     input_seed: int = 0,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` on the CPU and on ``device`` and compare every layer's output.
 
     ``weights``: a ``.weights`` file, or None for random weights from ``seed``. ``image``: an
     image file prepared as ``detect`` does, or None for a uniform [0, 1) random input from
     ``input_seed``. ``size``: (W, H) replacing the [net] size (small sizes make the emulator
-    fast). ``gemm``: the GPU backend's GEMM choice. Returns a JSON-serialisable report: the
+    fast). ``gemm``: the GPU backend's GEMM choice. ``progress``, when given, is called with
+    a line at the start and end of each stage (loading, CPU pass, device pass; the end
+    line with the seconds it took). Returns a JSON-serialisable report: the
     settings, device facts, ``layers`` (index, type, shape, where, kernels, reason, max_abs,
     nmse, allowed values, ok), timings in seconds and ``ok`` (every layer passed).
     """
@@ -76,23 +80,29 @@ def run_parity(
     from darknet_metal.image import load_image, prepare_input
     from darknet_metal.metal import device_info
 
-    net = load(cfg, weights, seed=seed, input_size=size)
-    c, h, w = net.input_shape
-    if image is not None:
-        letterbox = bool(net.config.net.values.get("letter_box"))
-        x = prepare_input(load_image(image), w, h, letterbox)[None]
-    else:
-        x = np.random.default_rng(input_seed).random((1, c, h, w), dtype=np.float32)
-    start = time.perf_counter()
-    backend = GpuBackend(net.layers, net.params, np.float32, device=device, gemm=gemm)
-    load_s = time.perf_counter() - start
+    say = progress if progress is not None else _silent
+    source = "random weights" if weights is None else os.path.basename(os.fspath(weights))
+    with _stage(say, f"loading {os.path.basename(os.fspath(cfg))} ({source})"):
+        net = load(cfg, weights, seed=seed, input_size=size)
+        c, h, w = net.input_shape
+        if image is not None:
+            letterbox = bool(net.config.net.values.get("letter_box"))
+            x = prepare_input(load_image(image), w, h, letterbox)[None]
+        else:
+            x = np.random.default_rng(input_seed).random((1, c, h, w), dtype=np.float32)
+        start = time.perf_counter()
+        backend = GpuBackend(net.layers, net.params, np.float32, device=device, gemm=gemm)
+        load_s = time.perf_counter() - start
+    layers_at = f"{len(net.layers)} layers at {w}x{h}"
     try:
-        start = time.perf_counter()
-        cpu_outs = net.forward(x, outputs=range(len(net.layers)))
-        cpu_s = time.perf_counter() - start
-        start = time.perf_counter()
-        gpu_outs = [np.asarray(o) for o in backend.forward(x)]
-        gpu_s = time.perf_counter() - start
+        with _stage(say, f"CPU pass, {layers_at}"):
+            start = time.perf_counter()
+            cpu_outs = net.forward(x, outputs=range(len(net.layers)))
+            cpu_s = time.perf_counter() - start
+        with _stage(say, f"{device} pass, {layers_at}"):
+            start = time.perf_counter()
+            gpu_outs = [np.asarray(o) for o in backend.forward(x)]
+            gpu_s = time.perf_counter() - start
         placements = backend.coverage()
         simd = backend.simd
     finally:
@@ -122,6 +132,19 @@ def run_parity(
         "layers": layers,
         "ok": all(row["ok"] for row in layers),
     }
+
+
+def _silent(line: str) -> None:
+    pass
+
+
+@contextlib.contextmanager
+def _stage(say: Callable[[str], None], what: str) -> Iterator[None]:
+    """Report the start of a stage, then its end with the seconds it took."""
+    say(f"{what} ...")
+    start = time.perf_counter()
+    yield
+    say(f"{what}: done in {time.perf_counter() - start:.1f} s")
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -185,7 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="parity.py",
         description="Compare every layer of a Darknet network on a Metal "
-        "device (or its CPU emulator) with the CPU reference.",
+        "device (or its CPU emulator) with the CPU reference. A line per stage (loading, "
+        "CPU pass, device pass, with the seconds each took) goes to stderr as it runs.",
     )
     parser.add_argument("cfg", help="network .cfg file")
     source = parser.add_mutually_exclusive_group()
@@ -207,7 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--size", type=_size_arg, metavar="WxH", help="replace the [net] width and height"
     )
     parser.add_argument("--gemm", choices=("auto", "simd", "tiled"), default="auto")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON on stdout (progress lines still go to stderr)",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
@@ -221,11 +249,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             device=args.device,
             size=args.size,
             gemm=args.gemm,
+            progress=lambda line: print(f"parity.py: {line}", file=sys.stderr, flush=True),
         )
     except (DarknetMetalError, OSError) as e:
-        print(f"parity.py: error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"parity.py: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return 1
-    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    print(json.dumps(report, indent=1) if args.json else format_report(report), flush=True)
     return 0 if report["ok"] else 1
 
 

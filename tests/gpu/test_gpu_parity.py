@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -108,3 +109,58 @@ def test_doctor_speed_measurement_runs():
     gpu_ms, cpu_ms = measure_speed("emu", size=32, repeats=1, out=lines.append)
     assert gpu_ms > 0 and cpu_ms > 0
     assert "speed-up" in lines[0]
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_parity_reports_each_stage_on_stderr(as_json, capsys):
+    argv = [str(YOLOV3_TINY / "yolov3-tiny.cfg"), "--size", "64x64"]
+    assert parity.main(argv + ["--json"] * as_json) == 0
+    out, err = capsys.readouterr()
+    if as_json:
+        assert json.loads(out)["ok"]  # stdout holds the JSON report alone
+    else:
+        assert out.rstrip().endswith("PASS: every layer within tolerance")
+    lines = err.splitlines()
+    assert all(line.startswith("parity.py: ") for line in lines), err
+    stages = [
+        "loading yolov3-tiny.cfg (random weights)",
+        "CPU pass, 24 layers at 64x64",
+        "emu pass, 24 layers at 64x64",
+    ]
+    assert len(lines) == 2 * len(stages), err
+    for stage, begin, end in zip(stages, lines[::2], lines[1::2], strict=True):
+        assert begin == f"parity.py: {stage} ..."
+        assert re.fullmatch(rf"parity\.py: {re.escape(stage)}: done in \d+\.\d s", end), end
+
+
+def test_run_parity_is_quiet_without_progress(capsys):
+    parity.run_parity(YOLOV3_TINY / "yolov3-tiny.cfg", size=(32, 32))
+    assert capsys.readouterr() == ("", "")
+
+
+class _FlushRecorder:
+    """A stdout that records writes and flushes in order."""
+
+    def __init__(self):
+        self.events = []
+
+    def write(self, text):
+        self.events.append(("write", text))
+        return len(text)
+
+    def flush(self):
+        self.events.append(("flush", None))
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="a Mac may have Metal")
+def test_doctor_flushes_each_line(monkeypatch):
+    # Without Metal the doctor stops after its first lines: enough to see how it writes.
+    recorder = _FlushRecorder()
+    monkeypatch.setattr(sys, "stdout", recorder)
+    assert main(["doctor", "--device", "metal"]) == 1
+    monkeypatch.undo()
+    events = recorder.events
+    ends = [i for i, (kind, text) in enumerate(events) if kind == "write" and text.endswith("\n")]
+    assert len(ends) >= 4, events
+    for i in ends:  # every finished line is flushed before anything else is written
+        assert i + 1 < len(events) and events[i + 1][0] == "flush", events[i : i + 2]
