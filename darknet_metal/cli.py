@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, WeightsError
-from darknet_metal.models import model_files, model_names
+from darknet_metal.models import SAMPLE_IMAGE, model_files, model_names
 from darknet_metal.network import DEVICES
 
 if TYPE_CHECKING:
@@ -75,10 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     detect.add_argument(
         "images",
-        nargs="+",
+        nargs="*",
         metavar="IMAGE",
         help="image files; alpha is ignored, as Darknet does (a warning says so when an "
-        "image has transparent pixels)",
+        "image has transparent pixels). Without any, the bundled sample image (Darknet's "
+        "dog.jpg) is used",
     )
     detect.add_argument(
         "--model", metavar="NAME", help=f"bundled model: {', '.join(model_names())}"
@@ -164,6 +165,9 @@ def _check_detect_args(args: argparse.Namespace) -> None:
 
 
 def _run_detect(args: argparse.Namespace) -> int:
+    if not args.images:
+        args.images = [str(SAMPLE_IMAGE)]
+        _note(f"no IMAGE given: detecting in the bundled sample {SAMPLE_IMAGE}")
     # Cheap checks first: a missing file is reported before a model is downloaded or loaded.
     _check_model_paths(args)
     if args.out.exists() and not args.out.is_dir():
@@ -393,6 +397,10 @@ def _error(message: str) -> None:
 def _warn(message: str) -> None:
     one_line = " ".join(message.split())
     print(f"{PROG}: warning: {one_line}", file=sys.stderr, flush=True)
+
+
+def _note(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ DOWNLOAD_TIMEOUT = 30.0
 _CHUNK = 1 << 20
 _DATA_DIR = Path(__file__).resolve().parent / "data"
 
+#: Darknet's sample image (a dog, a bicycle and a truck), shipped with the package.
+SAMPLE_IMAGE = _DATA_DIR / "images" / "dog.jpg"
+
 
 @dataclass(frozen=True)
 class ModelSpec:

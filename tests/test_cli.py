@@ -111,6 +111,21 @@ def _error_lines(stderr: str) -> list[str]:
     return lines
 
 
+def test_detect_without_images_uses_the_bundled_sample(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from darknet_metal.models import SAMPLE_IMAGE
+
+    assert SAMPLE_IMAGE.read_bytes() == DOG.read_bytes()  # Darknet's own dog.jpg
+    rc = main(["detect", "--model", "yolov3-tiny", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert f"no IMAGE given: detecting in the bundled sample {SAMPLE_IMAGE}" in err
+    printed = _parse(out)
+    assert printed[str(SAMPLE_IMAGE)] == _expected("dog")
+    assert [p.name for p in tmp_path.iterdir()] == ["dog_predictions.jpg"]
+
+
 def test_detect_prints_the_golden_detections_and_writes_images(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -246,7 +261,6 @@ def test_summary_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     "argv",
     [
         [],
-        ["detect"],
         ["detect", "x.jpg", "--cfg", "a.cfg"],
         ["detect", "x.jpg", "--weights", "a.weights"],
         ["detect", "x.jpg", "--model", "yolov3-tiny", "--cfg", "a.cfg", "--weights", "a.weights"],
