@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 import os
-import secrets
 from collections.abc import Iterable
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from .boxes import Detection
-from .errors import ImageError
+from .errors import ArgumentError, ImageError
+from .files import atomic_write
 
 __all__ = ["class_color", "draw_detections", "label_font_size", "save_image_atomic"]
 
@@ -46,7 +46,7 @@ def class_color(class_id: int, num_classes: int = 80) -> tuple[int, int, int]:
     num_classes`` and takes red, green and blue from ramp channels 2, 1 and 0.
     """
     if num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        raise ArgumentError(f"num_classes must be >= 1, got {num_classes}")
     offset = class_id * 123457 % num_classes
     r, g, b = (int(round(_ramp(ch, offset, num_classes) * 255.0)) for ch in (2, 1, 0))
     return r, g, b
@@ -173,20 +173,7 @@ def save_image_atomic(img: Image.Image, path: str | os.PathLike[str]) -> None:
     if fmt == "JPEG" and img.mode not in ("RGB", "L", "CMYK"):
         img = img.convert("RGB")
 
-    tmp = os.path.join(directory, f".{os.path.basename(target)}.{secrets.token_hex(6)}.tmp")
     try:
-        # O_EXCL: never write through a file or link that appeared under this name.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as f:
-            img.save(f, format=fmt)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if not isinstance(exc, Exception):
-            raise
+        atomic_write(target, lambda f: img.save(f, format=fmt))
+    except Exception as exc:
         raise ImageError(f"{target}: cannot write image ({type(exc).__name__}: {exc})") from exc

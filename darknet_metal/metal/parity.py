@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from darknet_metal.errors import ArgumentError
 from darknet_metal.network import load
 
 #: (max abs diff as a fraction of max |cpu| (plus ``ABS_FLOOR`` absolute), max NMSE), for every
@@ -188,11 +189,11 @@ def parse_size(text: str) -> tuple[int, int]:
     try:
         values = [int(p) for p in parts]
     except ValueError:
-        raise ValueError(f"size must be WxH, e.g. 96x96, not {text!r}") from None
+        raise ArgumentError(f"size must be WxH, e.g. 96x96, not {text!r}") from None
     if len(values) == 1:
         values = values * 2
     if len(values) != 2 or min(values) < 1:
-        raise ValueError(f"size must be WxH with positive integers, not {text!r}")
+        raise ArgumentError(f"size must be WxH with positive integers, not {text!r}")
     return values[0], values[1]
 
 
