@@ -15,7 +15,7 @@ import os
 import numpy as np
 from PIL import Image, ImageOps
 
-from .errors import ImageError
+from .errors import ArgumentError, ImageError
 from .fp32 import fma32
 
 __all__ = [
@@ -109,7 +109,7 @@ def _rgb_from_file(path: str | os.PathLike[str]) -> np.ndarray:
 def _pillow_to_rgb(im: Image.Image) -> np.ndarray:
     """(H, W, 3) uint8 RGB from a decoded Pillow image, following imread's 8-bit rules."""
     if im.mode == "F":
-        raise ValueError("32-bit floating-point images are not supported")
+        raise ImageError("32-bit floating-point images are not supported")
     if im.mode in _WIDE_MODES:
         # Pillow's own conversion clips 16-bit gray at 255; imread keeps the high byte.
         wide = np.asarray(im).astype(np.int64)
@@ -138,7 +138,9 @@ def _check_chw(img: np.ndarray, who: str) -> None:
 def _check_size(width: int, height: int, who: str) -> None:
     for value in (width, height):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-            raise ValueError(f"{who}: target size must be positive integers, got {width}x{height}")
+            raise ArgumentError(
+                f"{who}: target size must be positive integers, got {width}x{height}"
+            )
 
 
 def _axis_samples(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:

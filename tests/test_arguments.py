@@ -184,3 +184,45 @@ def test_load_model_uses_the_cache(monkeypatch):
         dm.load_model("yolov9")
     with pytest.raises(ArgumentError, match="unknown device"):
         dm.load_model("yolov3-tiny", device="tpu")
+
+
+# Declarations checked once at import (the kernel registry, the op table): a bad one is a bug
+# in the package, not something a caller passed. A bare MemoryError() is a failed allocation.
+_DECLARATION_CHECKS = {"Expr.__init__", "Expr._check", "Binding.__post_init__",
+                       "Kernel.__post_init__", "parse_args_header", "register"}
+_BUILTIN = {"ValueError", "TypeError", "IndexError", "RuntimeError", "MemoryError"}
+
+
+def _builtin_raises(tree, prefix=""):
+    import ast
+
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.ClassDef):
+            yield from _builtin_raises(node, f"{prefix}{node.name}.")
+        elif isinstance(node, ast.FunctionDef):
+            if f"{prefix}{node.name}" in _DECLARATION_CHECKS:
+                continue
+            for raise_ in ast.walk(node):
+                if (isinstance(raise_, ast.Raise) and isinstance(raise_.exc, ast.Call)
+                        and isinstance(raise_.exc.func, ast.Name)
+                        and raise_.exc.func.id in _BUILTIN):
+                    yield raise_.lineno, raise_.exc.func.id
+
+
+def test_the_package_raises_only_its_own_errors():
+    import ast
+    import pathlib
+    import re
+
+    package = pathlib.Path(dm.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{path.relative_to(package)}:{line} {name}"
+                  for line, name in _builtin_raises(tree)]
+    pattern = re.compile(r"raise (" + "|".join(_BUILTIN) + r")\((?!\))")
+    for path in sorted(package.rglob("*.pyx")):
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path.relative_to(package)}:{lineno}")
+    assert not found, "raises of built-in exceptions:\n" + "\n".join(found)

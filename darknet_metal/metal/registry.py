@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from darknet_metal.errors import BindingError
+from darknet_metal.errors import ArgumentError, BindingError
 from darknet_metal.metal.sources import shader_header
 
 __all__ = [
@@ -98,7 +98,7 @@ class ArgsStruct:
         missing = [n for n, _ in self.fields if n not in values]
         extra = sorted(set(values) - {n for n, _ in self.fields})
         if missing or extra:
-            raise ValueError(f"{self.name}: missing fields {missing}, unknown fields {extra}")
+            raise ArgumentError(f"{self.name}: missing fields {missing}, unknown fields {extra}")
         out = []
         for name, kind in self.fields:
             v = values[name]
@@ -106,11 +106,11 @@ class ArgsStruct:
                 out.append(float(v))
                 continue
             if isinstance(v, float) and not float(v).is_integer():
-                raise ValueError(f"{self.name}.{name} must be an integer, got {v!r}")
+                raise ArgumentError(f"{self.name}.{name} must be an integer, got {v!r}")
             v = int(v)
             lo, hi = (0, 2**32 - 1) if kind == "u32" else (-(2**31), 2**31 - 1)
             if not lo <= v <= hi:
-                raise ValueError(f"{self.name}.{name}={v} does not fit in {kind}")
+                raise ArgumentError(f"{self.name}.{name}={v} does not fit in {kind}")
             out.append(v)
         return struct.pack("<" + "".join(_FORMATS[k] for _, k in self.fields), *out)
 
@@ -133,10 +133,10 @@ class Grid:
         Raises ValueError for a missing or extra axis or a size below 1.
         """
         if set(sizes) != set(self.axes):
-            raise ValueError(f"grid axes are {self.axes}, got {tuple(sizes)}")
+            raise ArgumentError(f"grid axes are {self.axes}, got {tuple(sizes)}")
         for axis, n in sizes.items():
             if n < 1:
-                raise ValueError(f"grid axis {axis}={n} must be >= 1")
+                raise ArgumentError(f"grid axis {axis}={n} must be >= 1")
         grid = []
         for i, axis in enumerate(self.axes):
             n = sizes[axis]
