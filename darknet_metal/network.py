@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -64,6 +66,8 @@ class Network:
         self.dtype = _check_dtype(dtype, device)
         _check_device(device)
         self._backend_instance: Backend | None = None
+        # A network's executor reuses its memory from pass to pass: one pass at a time.
+        self._lock = threading.RLock()
         # Bytes a pass plans at batch 1 and 2: memory grows by their difference per image.
         itemsize = self.dtype.itemsize
         self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
@@ -116,12 +120,26 @@ class Network:
         network then stays where it was)."""
         _check_dtype(self.dtype, device)
         _check_device(device)
-        if device != self.device:
-            if self._backend_instance is not None:
-                self._backend_instance.close()
-                self._backend_instance = None
-            self.device = device
+        with self._running():
+            if device != self.device:
+                if self._backend_instance is not None:
+                    self._backend_instance.close()
+                    self._backend_instance = None
+                self.device = device
         return self
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """Holds this network's lock, and on a Metal device that device's lock, for one
+        pass: encode, run and read back as a whole (see the README's thread rules)."""
+        with self._lock:
+            if self.device == "cpu":
+                yield
+                return
+            from darknet_metal.metal import device_lock
+
+            with device_lock(self.device):
+                yield
 
     @property
     def input_shape(self) -> Shape:
@@ -162,18 +180,20 @@ class Network:
         wanted = (self.yolo_layers if outputs is None
                   else arguments.layer_indices("outputs", outputs, len(self.layers)))
         self.check_memory(x.shape[0])
-        # Device backends keep outputs on the device and download only the wanted ones.
-        outs = self._backend.forward(x, outputs=wanted)
-        return [np.array(outs[i]) for i in wanted]
+        with self._running():
+            # Device backends keep outputs on the device and download only the wanted ones.
+            outs = self._backend.forward(x, outputs=wanted)
+            return [np.array(outs[i]) for i in wanted]
 
     def profile(self, x: np.ndarray, repeats: int = 5) -> list[float]:
         """Median wall time in milliseconds of each layer over ``repeats`` forward passes."""
         self.forward(x)  # warm up buffers and caches
         runs: list[list[float]] = []
-        for _ in range(max(1, repeats)):
-            times: list[float] = []
-            self._backend.forward(np.asarray(x), timings=times)
-            runs.append(times)
+        with self._running():
+            for _ in range(max(1, repeats)):
+                times: list[float] = []
+                self._backend.forward(np.asarray(x), timings=times)
+                runs.append(times)
         return [1e3 * float(t) for t in np.median(np.array(runs), axis=0)]
 
     def yolo_heads(self) -> list[YoloHead]:

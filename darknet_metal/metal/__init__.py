@@ -11,12 +11,14 @@ reuse), rounded to the pool's size classes.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from darknet_metal.errors import DeviceError
 
 __all__ = [
     "device_info",
+    "device_lock",
     "device_name",
     "empty_cache",
     "get_device",
@@ -32,6 +34,9 @@ __all__ = [
 KINDS = ("metal", "emu")
 
 _devices: dict[str, Any] = {}
+_creating = threading.Lock()
+# One command stream per device: a pass encodes, commits and waits on it as a whole.
+_device_locks = {kind: threading.RLock() for kind in KINDS}
 
 _UNAVAILABLE_METAL = (
     "device 'metal' is not available: {why}. Metal needs macOS on Apple silicon; use "
@@ -59,6 +64,23 @@ def get_device(device: str = "metal") -> Any:
     found = _devices.get(device)
     if found is not None and not found.closed:
         return found
+    with _creating:
+        found = _devices.get(device)
+        if found is not None and not found.closed:
+            return found
+        return _create(device)
+
+
+def device_lock(device: str) -> threading.RLock:
+    """The lock that serialises work on the process-wide device ``device``: a network's
+    forward pass holds it from encoding to reading its outputs back, so passes of different
+    networks on one device never interleave on its command stream."""
+    if device not in KINDS:
+        raise DeviceError(f"unknown device {device!r}; expected one of {', '.join(KINDS)}")
+    return _device_locks[device]
+
+
+def _create(device: str) -> Any:
     shim = _load_shim()
     if not shim.available(device):
         if device == "metal":
