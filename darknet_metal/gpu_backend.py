@@ -96,8 +96,9 @@ class DeviceArray:
         """A new host array with the contents (downloads ``nbytes`` bytes)."""
         if self._generation != self._backend.generation:
             raise DeviceError(
-                "this output belongs to an earlier forward pass whose buffers "
-                "were reused; read outputs before the next forward"
+                "this output belongs to an earlier forward pass whose buffers were reused by "
+                "a later pass of the same backend (from this thread or another); read outputs "
+                "before the next forward, or use Network.forward, which returns copies"
             )
         out = np.empty(self.shape, np.float32)
         self._buffer.read_into(out)
