@@ -46,8 +46,11 @@ def _shader_headers() -> list[str]:
 def _cpu_extensions() -> list[Extension]:
     # No OpenMP: the GEMMs run on BLAS's own threads, and OpenMP threads between them were
     # measured to fight those for the cores. No contraction into FMAs, so x86-64 and arm64
-    # builds round alike.
-    opt = (["-O0", "-g"] if DEBUG else ["-O3"]) + ["-ffp-contract=off"]
+    # builds round alike. No trapping math: without it GCC keeps a select such as
+    # "x > 0 ? x : 0.1f * x" a branch (the multiply might trap) and leaves the activation
+    # loops of kernels.h scalar; results are unchanged (only floating-point exception flags
+    # may be raised by work whose result is discarded).
+    opt = (["-O0", "-g"] if DEBUG else ["-O3"]) + ["-ffp-contract=off", "-fno-trapping-math"]
     extensions = []
     for pyx in sorted(glob(os.path.join("darknet_metal", "cpu", "*.pyx"))):
         module = pyx[: -len(".pyx")].replace(os.sep, ".")

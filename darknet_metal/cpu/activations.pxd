@@ -28,12 +28,6 @@ cdef enum:
     ACT_COUNT = 23
 
 
-cdef inline bint is_linear_or_leaky(int act) noexcept nogil:
-    """The activations kernels.h applies itself, inside its float32 loops: the identity and
-    Darknet's leaky (revleaky is the same function)."""
-    return act == ACT_LINEAR or act == ACT_LEAKY or act == ACT_REVLEAKY
-
-
 # Array kernels (float32 or float64 through ``floating``), applied in place; see
 # activations.pyx for which of input or output the gradients take.
 cdef void activate_array(floating* x, Py_ssize_t n, int act) noexcept nogil

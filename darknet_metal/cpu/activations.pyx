@@ -28,6 +28,12 @@ exceptions take the *input* ``x``: ``mish``, ``swish`` and ``hard_mish`` (Darkne
 input for them) and ``gelu`` (its formula is written in terms of the input, although
 Darknet's backward pass feeds it the output).
 
+The convolution epilogues (``conv``, ``winograd``) apply float32 activations with the
+vectorised loops of ``kernels.h`` instead: the same formulas with ``expf`` replaced by a
+branch-free polynomial exp, within a few ulps of the functions here (the exp-free ones are
+the same arithmetic, bit for bit). ``activate_fused`` applies those loops on their own.
+float64 always takes the functions here.
+
 Contract: the array kernels declared in ``activations.pxd`` (``activate_array``,
 ``gradient_array``, ``activate_channels``, ``gradient_channels``) work in place on float32 or
 float64 (the ``floating`` fused type) and are ``noexcept nogil``, so the convolution modules
@@ -42,6 +48,7 @@ from libc.float cimport FLT_MAX
 from libc.math cimport exp, expf, pow, powf, tanh, tanhf
 
 from darknet_metal.cpu.fmath cimport fcube, fexp, ffloor, flog, logistic
+from darknet_metal.cpu cimport kernels as K
 
 import numpy as np
 
@@ -63,6 +70,16 @@ _ENUM = {
 # mismatch would apply the wrong function, so refuse to load instead.
 if len(ACTIVATIONS) != ACT_COUNT or any(ACTIVATION_ID[k] != v for k, v in _ENUM.items()):
     raise ImportError("darknet_metal.cpu.activations ids disagree with "
+                      "darknet_metal.activations.ACTIVATIONS")
+# kernels.h numbers them itself for its fused loops.
+_KERNEL_IDS = (
+    K.DM_ACT_LINEAR, K.DM_ACT_LEAKY, K.DM_ACT_RELU, K.DM_ACT_RELU6, K.DM_ACT_LOGISTIC,
+    K.DM_ACT_LOGGY, K.DM_ACT_TANH, K.DM_ACT_ELU, K.DM_ACT_SELU, K.DM_ACT_GELU, K.DM_ACT_MISH,
+    K.DM_ACT_SWISH, K.DM_ACT_HARD_MISH, K.DM_ACT_HARDTAN, K.DM_ACT_LHTAN, K.DM_ACT_PLSE,
+    K.DM_ACT_STAIR, K.DM_ACT_RAMP, K.DM_ACT_RELIE, K.DM_ACT_REVLEAKY,
+)
+if _KERNEL_IDS != tuple(range(ACT_NORM_CHAN)):
+    raise ImportError("darknet_metal/cpu/kernels.h activation ids disagree with "
                       "darknet_metal.activations.ACTIVATIONS")
 
 # ----------------------------------------------------------------------------------------
@@ -373,6 +390,35 @@ def _gradient_channels_flat(const floating[::1] y, floating[::1] delta, Py_ssize
         return
     with nogil:
         gradient_channels(&y[0], batch, channels, spatial, act, &delta[0])
+
+
+def _activate_fused_flat(float[::1] flat, int act):
+    if flat.shape[0] == 0:
+        return
+    with nogil:
+        K.dm_act_f32(&flat[0], flat.shape[0], act)
+
+
+def fusable(act) -> bool:
+    """Whether the float32 convolution epilogues apply ``act`` themselves (``activate_fused``
+    has it): every elementwise activation but gelu and stair."""
+    return bool(K.dm_act_fusable(activation_id(act)))
+
+
+def activate_fused(x, act) -> None:
+    """Apply ``act`` to the float32 array ``x`` in place with the vectorised loop the
+    convolution epilogues use (kernels.h), not the scalar function ``activate`` uses.
+
+    x: C-contiguous float32, shape as for ``activate``; act: a name or id for which
+    ``fusable`` is true.
+    """
+    a = activation_id(act)
+    check_input("x", x, _NDIMS, writable=True)
+    if x.dtype != np.float32:
+        raise ArgumentTypeError(f"activate_fused: x must be float32, not {x.dtype}")
+    if not K.dm_act_fusable(a):
+        raise ArgumentError(f"activate_fused: {ACTIVATIONS[a]!r} has no fused loop")
+    _activate_fused_flat(x.reshape(-1), a)
 
 
 def activation_id(act) -> int:

@@ -14,10 +14,11 @@ its peak, and the direct loop is 2-3x faster on one core than the GEMM on two.
 
 from cython cimport floating
 
-from darknet_metal.cpu.activations cimport ACT_LINEAR, activate_array, is_linear_or_leaky
+from darknet_metal.cpu.activations cimport activate_array
 from darknet_metal.cpu.blas cimport gemm_rowmajor
 from darknet_metal.cpu.im2col cimport im2col
 from darknet_metal.cpu.kernels cimport (
+    dm_act_fusable,
     dm_bias_act_f32,
     dm_conv3x3_direct_f32,
     dm_conv3x3_direct_scratch,
@@ -29,12 +30,15 @@ from darknet_metal.cpu.checks import check_input, check_workspace
 
 cdef void bias_activate(floating* out, const floating* bias, Py_ssize_t channels,
                         Py_ssize_t spatial, int act) noexcept nogil:
-    """out[ch, i] = act(out[ch, i] + bias[ch]) for (channels, spatial) ``out``."""
+    """out[ch, i] = act(out[ch, i] + bias[ch]) for (channels, spatial) ``out``.
+
+    float32 takes kernels.h's vectorised activations for every activation it has (all
+    elementwise ones but gelu and stair); float64 and the others the scalar ones here."""
     cdef Py_ssize_t ch, i
     cdef floating* row
     if floating is float:
-        if is_linear_or_leaky(act):
-            dm_bias_act_f32(out, bias, channels, spatial, act != ACT_LINEAR)
+        if dm_act_fusable(act):
+            dm_bias_act_f32(out, bias, channels, spatial, act)
             return
     for ch in range(channels):
         row = out + ch * spatial
@@ -120,7 +124,7 @@ def _conv2d(const floating[:, :, :, ::1] x, const floating[:, ::1] weights,
                          and channels <= DIRECT_MAX_CHANNELS
                          and workspace.shape[0] >= dm_conv3x3_direct_scratch(
                              channels, filters, height, width)
-                         and is_linear_or_leaky(act))
+                         and dm_act_fusable(act))
     # Unfold a block of output rows at a time so the im2col columns stay in cache between
     # being written and being multiplied.
     cdef Py_ssize_t block_rows = max(1, IM2COL_BLOCK // max(1, k * out_w))
@@ -132,8 +136,8 @@ def _conv2d(const floating[:, :, :, ::1] x, const floating[:, ::1] weights,
             if floating is float:
                 if direct3:
                     dm_conv3x3_direct_f32(&x[b, 0, 0, 0], channels, height, width,
-                                          &weights[0, 0], &bias[0], filters,
-                                          act != ACT_LINEAR, &workspace[0], &out[b, 0, 0, 0])
+                                          &weights[0, 0], &bias[0], filters, act,
+                                          &workspace[0], &out[b, 0, 0, 0])
                     continue
             for g in range(groups):
                 src = &x[b, g * cg, 0, 0]

@@ -22,23 +22,179 @@
 #define DM_CLONES __attribute__((unused))
 #endif
 
-/* out[c, i] = act(out[c, i] + bias[c]) for c < channels, i < spatial; act is Darknet's
- * leaky (x > 0 ? x : 0.1f*x) when leaky != 0, the identity otherwise. */
-static DM_CLONES void dm_bias_act_f32(float *out, const float *bias, ptrdiff_t channels,
-                                      ptrdiff_t spatial, int leaky)
+/* Helpers of the cloned kernels: always inlined, so each clone compiles them for its own
+ * instruction set (a call would reach one baseline copy). */
+#define DM_INLINE static inline __attribute__((always_inline))
+
+/* Activation ids: the positions in darknet_metal.activations.ACTIVATIONS (activations.pyx
+ * refuses to load if they disagree). */
+enum {
+    DM_ACT_LINEAR = 0, DM_ACT_LEAKY = 1, DM_ACT_RELU = 2, DM_ACT_RELU6 = 3,
+    DM_ACT_LOGISTIC = 4, DM_ACT_LOGGY = 5, DM_ACT_TANH = 6, DM_ACT_ELU = 7, DM_ACT_SELU = 8,
+    DM_ACT_GELU = 9, DM_ACT_MISH = 10, DM_ACT_SWISH = 11, DM_ACT_HARD_MISH = 12,
+    DM_ACT_HARDTAN = 13, DM_ACT_LHTAN = 14, DM_ACT_PLSE = 15, DM_ACT_STAIR = 16,
+    DM_ACT_RAMP = 17, DM_ACT_RELIE = 18, DM_ACT_REVLEAKY = 19
+};
+
+DM_INLINE float dm_f32_from_bits(unsigned int u)
 {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+DM_INLINE unsigned int dm_bits_from_f32(float f)
+{
+    unsigned int u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* e^x in float without libm, branch-free so loops calling it vectorise: x = n*ln2 + r with
+ * n = round(x/ln2) (by the 1.5*2^23 shift, exact in round-to-nearest) and |r| <= ln2/2
+ * (Cody-Waite, ln2 split so n*ln2_hi is exact), e^r by Cephes' degree-7 polynomial, and 2^n
+ * applied as two exact power-of-two factors so the result rounds once even when it is
+ * subnormal. x is clamped to [-104, 89] first: e^x is +inf above ~88.72 and 0 below ~-103.97
+ * as the correctly rounded function gives; NaN stays NaN. Relative error at most 8.2e-8
+ * (every 97th float with |x| <= 87.3 against double exp); tests/test_cpu_fused_activations.py
+ * bounds the activations built on it. */
+DM_INLINE float dm_expf(float x)
+{
+    const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    const float t = xc * 1.44269504088896341f + 12582912.0f;
+    const float n = t - 12582912.0f;
+    /* n as an integer in [-150, 128] (garbage for NaN, whose result is NaN anyway). */
+    const unsigned int k = dm_bits_from_f32(t) - 0x4B400000u;
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    /* 2^n = 2^k1 * 2^k2 with k1 = floor(n/2), k2 = n - k1, both in [-75, 64]. */
+    const unsigned int k1 = (unsigned int)((int)k >> 1), k2 = k - k1;
+    return p * dm_f32_from_bits((k1 + 127u) << 23) * dm_f32_from_bits((k2 + 127u) << 23);
+}
+
+/* The float32 activations fused into the convolution epilogues, each Darknet's formula with
+ * libm's exp replaced by dm_expf (so they agree with activations.pyx's scalar functions to
+ * within the exp's few ulps; the exp-free ones are the same arithmetic, bit for bit):
+ * - logistic 1/(1 + e^-x), swish x*logistic(x), loggy 2/(1 + e^-x) - 1, and Darknet's
+ *   tanh 2/(1 + e^-2x) - 1: e^-x = +inf for very negative x gives 0 (or -1), never NaN;
+ * - mish x*tanh(softplus(x)) as x*n/(n + 2) with n = e^x(e^x + 2) (the same function,
+ *   tanh(log(1 + e^x)) written without log or a second exp), and x itself above Darknet's
+ *   softplus threshold 20 (where Darknet's float result is x exactly);
+ * - elu, selu with Darknet's 0/1 masks, so an overflowing e^x still gives NaN as Darknet.
+ * gelu (libm tanhf on a double argument), stair (floor) and the channel activations are
+ * not here: dm_act_fusable() is 0 for them and the callers apply them separately. */
+#define DM_ACT_CASES(LOOP)                                                                  \
+    case DM_ACT_LINEAR: LOOP(x); break;                                                     \
+    case DM_ACT_LEAKY: case DM_ACT_REVLEAKY: LOOP(x > 0.0f ? x : 0.1f * x); break;          \
+    case DM_ACT_RELU: LOOP(x * (float)(x > 0.0f)); break;                                   \
+    case DM_ACT_RELU6: LOOP(dm_relu6(x)); break;                                            \
+    case DM_ACT_LOGISTIC: LOOP(1.0f / (1.0f + dm_expf(-x))); break;                         \
+    case DM_ACT_LOGGY: LOOP(2.0f / (1.0f + dm_expf(-x)) - 1.0f); break;                     \
+    case DM_ACT_TANH: LOOP(2.0f / (1.0f + dm_expf(-2.0f * x)) - 1.0f); break;               \
+    case DM_ACT_ELU:                                                                        \
+        LOOP((float)(x >= 0.0f) * x + (float)(x < 0.0f) * (dm_expf(x) - 1.0f)); break;      \
+    case DM_ACT_SELU:                                                                       \
+        LOOP((float)(x >= 0.0f) * 1.0507f * x                                               \
+             + (float)(x < 0.0f) * 1.0507f * 1.6732f * (dm_expf(x) - 1.0f)); break;         \
+    case DM_ACT_MISH: LOOP(dm_mish(x)); break;                                              \
+    case DM_ACT_SWISH: LOOP(x * (1.0f / (1.0f + dm_expf(-x)))); break;                      \
+    case DM_ACT_HARD_MISH: LOOP(dm_hard_mish(x)); break;                                    \
+    case DM_ACT_HARDTAN: LOOP(x < -1.0f ? -1.0f : (x > 1.0f ? 1.0f : x)); break;            \
+    case DM_ACT_LHTAN: LOOP(dm_lhtan(x)); break;                                            \
+    case DM_ACT_PLSE: LOOP(dm_plse(x)); break;                                              \
+    case DM_ACT_RAMP: LOOP(x * (float)(x > 0.0f) + 0.1f * x); break;                        \
+    case DM_ACT_RELIE: LOOP(x > 0.0f ? x : 0.01f * x); break;
+
+DM_INLINE float dm_relu6(float x)
+{
+    const float a = x > 0.0f ? x : 0.0f;
+    return a < 6.0f ? a : 6.0f;
+}
+
+DM_INLINE float dm_mish(float x)
+{
+    const float e = dm_expf(x < 20.0f ? x : 20.0f);
+    const float n = e * (e + 2.0f);
+    const float y = x * (n / (n + 2.0f));
+    return x > 20.0f ? x : y;
+}
+
+DM_INLINE float dm_hard_mish(float x)
+{
+    const float q = x * x / 2.0f + x;
+    return x > 0.0f ? x : (x > -2.0f ? q : 0.0f);
+}
+
+DM_INLINE float dm_lhtan(float x)
+{
+    const float hi = 0.001f * (x - 1.0f) + 1.0f;
+    return x < 0.0f ? 0.001f * x : (x > 1.0f ? hi : x);
+}
+
+DM_INLINE float dm_plse(float x)
+{
+    const float lo = 0.01f * (x + 4.0f), hi = 0.01f * (x - 4.0f) + 1.0f;
+    const float mid = 0.125f * x + 0.5f;
+    return x < -4.0f ? lo : (x > 4.0f ? hi : mid);
+}
+
+/* 1 when the activation has a float32 loop here (everything elementwise but gelu, stair). */
+static inline int dm_act_fusable(int act)
+{
+    return act >= DM_ACT_LINEAR && act <= DM_ACT_REVLEAKY && act != DM_ACT_GELU
+           && act != DM_ACT_STAIR;
+}
+
+/* p[i] = act(p[i]) for i < n; an activation dm_act_fusable() rejects is left undone.
+ * Inlined into the cloned kernels, so it is vectorised with their instruction set. */
+DM_INLINE void dm_act_inplace(float *p, ptrdiff_t n, int act)
+{
+#define DM_LOOP(EXPR)                           \
+    for (ptrdiff_t i = 0; i < n; i++) {         \
+        const float x = p[i];                   \
+        p[i] = (EXPR);                          \
+    }
+    switch (act) {
+        DM_ACT_CASES(DM_LOOP)
+    default:
+        break;
+    }
+#undef DM_LOOP
+}
+
+/* x[i] = act(x[i]) for i < n (the activation of the convolution epilogues on its own). */
+static DM_CLONES void dm_act_f32(float *x, ptrdiff_t n, int act)
+{
+    dm_act_inplace(x, n, act);
+}
+
+/* out[c, i] = act(out[c, i] + bias[c]) for c < channels, i < spatial, act one that
+ * dm_act_fusable() accepts (any other is left undone: only the bias is added). */
+static DM_CLONES void dm_bias_act_f32(float *out, const float *bias, ptrdiff_t channels,
+                                      ptrdiff_t spatial, int act)
+{
+    const int fused = dm_act_fusable(act);
     for (ptrdiff_t c = 0; c < channels; c++) {
         float *row = out + c * spatial;
         const float b = bias[c];
-        if (leaky) {
-            for (ptrdiff_t i = 0; i < spatial; i++) {
-                float v = row[i] + b;
-                row[i] = v > 0.0f ? v : 0.1f * v;
-            }
-        } else {
-            for (ptrdiff_t i = 0; i < spatial; i++)
-                row[i] = row[i] + b;
+#define DM_LOOP(EXPR)                           \
+    for (ptrdiff_t i = 0; i < spatial; i++) {   \
+        const float x = row[i] + b;             \
+        row[i] = (EXPR);                        \
+    }
+        switch (fused ? act : DM_ACT_LINEAR) {
+            DM_ACT_CASES(DM_LOOP)
+        default:
+            break;
         }
+#undef DM_LOOP
     }
 }
 
@@ -88,12 +244,13 @@ static inline ptrdiff_t dm_conv3x3_direct_scratch(ptrdiff_t channels, ptrdiff_t 
  * input channels where the GEMM's inner dimension would be too thin for BLAS.
  * x: (channels, height, width); weights: (filters, channels*9) in (c, ky, kx) order;
  * out: (filters, height, width) = act(sum_{c,ky,kx} w*x + bias), the sum taken in
- * (c, ky, kx) order from 0 and the bias added last. scratch: dm_conv3x3_direct_scratch()
+ * (c, ky, kx) order from 0 and the bias added last, act one dm_act_fusable() accepts (any
+ * other is left undone). scratch: dm_conv3x3_direct_scratch()
  * floats (a zero-padded copy of x and the weights regrouped by blocks of filters). */
 static DM_CLONES void dm_conv3x3_direct_f32(const float *x, ptrdiff_t channels,
                                             ptrdiff_t height, ptrdiff_t width,
                                             const float *weights, const float *bias,
-                                            ptrdiff_t filters, int leaky, float *scratch,
+                                            ptrdiff_t filters, int act, float *scratch,
                                             float *out)
 {
     const ptrdiff_t k = channels * 9;
@@ -152,11 +309,9 @@ static DM_CLONES void dm_conv3x3_direct_f32(const float *x, ptrdiff_t channels,
                 }
             }
             /* The activation on the finished rows while they are in L1. */
-            for (ptrdiff_t f = 0; leaky && f < nf; f++) {
-                float *o = out + ((fb * DM_DIRECT_FB + f) * height + y) * width;
-                for (ptrdiff_t j = 0; j < width; j++)
-                    o[j] = o[j] > 0.0f ? o[j] : 0.1f * o[j];
-            }
+            for (ptrdiff_t f = 0; act != DM_ACT_LINEAR && f < nf; f++)
+                dm_act_inplace(out + ((fb * DM_DIRECT_FB + f) * height + y) * width, width,
+                               act);
         }
     }
 }
@@ -223,13 +378,13 @@ static DM_CLONES void dm_wino2_input_f32(const float *x, ptrdiff_t channels, ptr
     }
 }
 
-/* Winograd F(2x2, 3x3) output transform with the bias and, when leaky != 0, Darknet's leaky
- * fused: out[f] = act(A^T M A + bias[f]) for every 2x2 output tile, where
+/* Winograd F(2x2, 3x3) output transform with the bias and the activation fused (act one
+ * dm_act_fusable() accepts; any other is left undone): out[f] = act(A^T M A + bias[f]) for every 2x2 output tile, where
  * M[i][j] = mm[(i*4 + j)*plane + f*tiles + tile] and plane = filters*tiles. Rows of M are
  * combined first, then columns, then the bias is added, as the scalar reference does. */
 static DM_CLONES void dm_wino2_output_f32(const float *mm, const float *bias, ptrdiff_t filters,
                                           ptrdiff_t height, ptrdiff_t width, ptrdiff_t tiles_y,
-                                          ptrdiff_t tiles_x, int leaky, float *out)
+                                          ptrdiff_t tiles_x, int act, float *out)
 {
     const ptrdiff_t tiles = tiles_y * tiles_x, plane = filters * tiles;
     float r[2][2][DM_WINO_CHUNK];
@@ -248,20 +403,18 @@ static DM_CLONES void dm_wino2_output_f32(const float *mm, const float *bias, pt
                         s0[j] = DM_P(0, j) + DM_P(1, j) + DM_P(2, j);
                         s1[j] = DM_P(1, j) - DM_P(2, j) - DM_P(3, j);
                     }
-                    float v00 = s0[0] + s0[1] + s0[2] + b, v01 = s0[1] - s0[2] - s0[3] + b;
-                    float v10 = s1[0] + s1[1] + s1[2] + b, v11 = s1[1] - s1[2] - s1[3] + b;
-                    if (leaky) {
-                        v00 = v00 > 0.0f ? v00 : 0.1f * v00;
-                        v01 = v01 > 0.0f ? v01 : 0.1f * v01;
-                        v10 = v10 > 0.0f ? v10 : 0.1f * v10;
-                        v11 = v11 > 0.0f ? v11 : 0.1f * v11;
-                    }
+                    const float v00 = s0[0] + s0[1] + s0[2] + b, v01 = s0[1] - s0[2] - s0[3] + b;
+                    const float v10 = s1[0] + s1[1] + s1[2] + b, v11 = s1[1] - s1[2] - s1[3] + b;
                     r[0][0][m] = v00;
                     r[0][1][m] = v01;
                     r[1][0][m] = v10;
                     r[1][1][m] = v11;
                 }
 #undef DM_P
+                if (act != DM_ACT_LINEAR)
+                    for (int i = 0; i < 2; i++)
+                        for (int j = 0; j < 2; j++)
+                            dm_act_inplace(r[i][j], n, act);
                 for (int i = 0; i < 2; i++) {
                     const ptrdiff_t y = 2 * ty + i;
                     if (y >= height)

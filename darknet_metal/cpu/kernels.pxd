@@ -3,17 +3,41 @@
 # nogil and cannot raise; every module that uses them cimports them from here.
 
 cdef extern from "kernels.h" nogil:
+    # Activation ids, checked against activations.pxd's ACT_* when activations loads.
+    enum:
+        DM_ACT_LINEAR
+        DM_ACT_LEAKY
+        DM_ACT_RELU
+        DM_ACT_RELU6
+        DM_ACT_LOGISTIC
+        DM_ACT_LOGGY
+        DM_ACT_TANH
+        DM_ACT_ELU
+        DM_ACT_SELU
+        DM_ACT_GELU
+        DM_ACT_MISH
+        DM_ACT_SWISH
+        DM_ACT_HARD_MISH
+        DM_ACT_HARDTAN
+        DM_ACT_LHTAN
+        DM_ACT_PLSE
+        DM_ACT_STAIR
+        DM_ACT_RAMP
+        DM_ACT_RELIE
+        DM_ACT_REVLEAKY
+    int dm_act_fusable(int act)
+    void dm_act_f32(float* x, Py_ssize_t n, int act)
     void dm_bias_act_f32(float* out, const float* bias, Py_ssize_t channels,
-                         Py_ssize_t spatial, int leaky)
+                         Py_ssize_t spatial, int act)
     void dm_maxpool2x2s2_f32(const float* src, float* dst, Py_ssize_t planes, Py_ssize_t h,
                              Py_ssize_t w, Py_ssize_t out_h, Py_ssize_t out_w)
     Py_ssize_t dm_conv3x3_direct_scratch(Py_ssize_t channels, Py_ssize_t filters,
                                          Py_ssize_t height, Py_ssize_t width)
     void dm_conv3x3_direct_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
                                Py_ssize_t width, const float* weights, const float* bias,
-                               Py_ssize_t filters, int leaky, float* scratch, float* out)
+                               Py_ssize_t filters, int act, float* scratch, float* out)
     void dm_wino2_input_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
                             Py_ssize_t width, Py_ssize_t tiles_y, Py_ssize_t tiles_x, float* v)
     void dm_wino2_output_f32(const float* m, const float* bias, Py_ssize_t filters,
                              Py_ssize_t height, Py_ssize_t width, Py_ssize_t tiles_y,
-                             Py_ssize_t tiles_x, int leaky, float* out)
+                             Py_ssize_t tiles_x, int act, float* out)

@@ -14,9 +14,9 @@ ones in the scalar cdef functions here; both, like the GEMMs (``blas.gemm_rowmaj
 
 from cython cimport floating
 
-from darknet_metal.cpu.activations cimport ACT_LINEAR, activate_array, is_linear_or_leaky
+from darknet_metal.cpu.activations cimport ACT_LINEAR, activate_array
 from darknet_metal.cpu.blas cimport gemm_rowmajor
-from darknet_metal.cpu.kernels cimport dm_wino2_input_f32, dm_wino2_output_f32
+from darknet_metal.cpu.kernels cimport dm_act_fusable, dm_wino2_input_f32, dm_wino2_output_f32
 
 import numpy as np
 
@@ -153,7 +153,7 @@ def _winograd(const floating[:, :, :, ::1] x, const floating[:, :, ::1] filters,
     cdef floating* v = &workspace[0]
     cdef floating* m = v + 16 * channels * tiles
     cdef Py_ssize_t b, p, f
-    cdef bint fused = is_linear_or_leaky(act)
+    cdef bint fused = dm_act_fusable(act)
     with nogil:
         for b in range(batch):
             if floating is float:
@@ -166,10 +166,11 @@ def _winograd(const floating[:, :, :, ::1] x, const floating[:, :, ::1] filters,
                               &filters[p, 0, 0], <int>channels, v + p * channels * tiles,
                               <int>tiles, 0, m + p * nf * tiles, <int>tiles)
             if floating is float:
-                # kernels.h fuses only the identity and leaky; any other activation is
-                # applied to the finished planes.
+                # kernels.h fuses every activation it has a vectorised loop for (all
+                # elementwise ones but gelu and stair); the others are applied to the
+                # finished planes.
                 dm_wino2_output_f32(m, &bias[0], nf, height, width, tiles_y, tiles_x,
-                                    act != ACT_LINEAR and fused, &out[b, 0, 0, 0])
+                                    act if fused else ACT_LINEAR, &out[b, 0, 0, 0])
                 if not fused:
                     for f in range(nf):
                         activate_array(&out[b, f, 0, 0], height * width, act)
