@@ -62,6 +62,7 @@ def _cpu_extensions() -> list[Extension]:
                 define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                 extra_compile_args=opt,
                 depends=sorted(glob(os.path.join("darknet_metal", "cpu", "*.h"))),
+                extra_link_args=[] if MACOS else ["-pthread", "-ldl"],
             )
         )
     return extensions

@@ -1,0 +1,102 @@
+"""CPU forward of yolov3-tiny 416 beside other work, against OpenCV DNN beside the same work.
+
+The benchmark starts the load itself and stops it at the end: another process doing
+multithreaded NumPy matrix products on its default BLAS threads (the case that made spinning
+BLAS workers 50x slower), and a loop of C compiles plus a busy loop. Ours and OpenCV's runs
+alternate under the same load; the ratio of medians is printed with the others.
+"""
+
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+cv2 = pytest.importorskip("cv2")
+from shared_paths import GOLDEN, YOLOV3_TINY  # noqa: E402
+
+import darknet_metal as dm  # noqa: E402
+
+THREADS = 2
+ROUNDS = 21
+
+_MATMUL = "import numpy as np\na = np.random.rand(1500, 1500)\nwhile True:\n    a @ a\n"
+_BUSY = "while True:\n    pass\n"
+_COMPILE = (
+    "import subprocess, tempfile, os\n"
+    "d = tempfile.mkdtemp()\n"
+    "src = os.path.join(d, 'x.c')\n"
+    "open(src, 'w').write('int f(int x){return x*x;}\\n' * 2000)\n"
+    "while True:\n"
+    "    subprocess.run(['{cc}', '-O2', '-c', src, '-o', os.path.join(d, 'x.o')])\n"
+)
+
+
+def _start(scripts):
+    procs = [subprocess.Popen([sys.executable, "-c", s], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for s in scripts]
+    time.sleep(1.0)  # let the load reach its steady state
+    return procs
+
+
+def _stop(procs):
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
+def _loads():
+    cc = shutil.which("gcc") or shutil.which("cc")
+    loads = [("numpy-matmul", [_MATMUL])]
+    if cc:
+        loads.append(("compiles+busy", [_COMPILE.replace("{cc}", cc), _BUSY]))
+    return loads
+
+
+LOADS = _loads()
+
+
+@pytest.fixture(scope="module", params=LOADS, ids=[name for name, _ in LOADS])
+def loaded(request):
+    name, scripts = request.param
+    procs = _start(scripts)
+    yield name
+    _stop(procs)
+
+
+@pytest.fixture(scope="module")
+def x():
+    return np.fromfile(GOLDEN / "dog_input.bin", "<f4").reshape(1, 3, 416, 416)
+
+
+@pytest.fixture(scope="module")
+def ours():
+    net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights")
+    return net
+
+
+@pytest.fixture(scope="module")
+def peer():
+    cv2.setNumThreads(THREADS)
+    net = cv2.dnn.readNetFromDarknet(str(YOLOV3_TINY / "yolov3-tiny.cfg"),
+                                     str(YOLOV3_TINY / "yolov3-tiny.weights"))
+    return net, net.getUnconnectedOutLayersNames()
+
+
+def test_ours_loaded(benchmark, loaded, ours, x):
+    benchmark.group = f"yolov3-tiny-416-cpu-beside-{loaded}"
+    benchmark.pedantic(ours.forward, args=(x,), rounds=ROUNDS, warmup_rounds=2)
+
+
+def test_peer_opencv_loaded(benchmark, loaded, peer, x):
+    net, names = peer
+    benchmark.group = f"yolov3-tiny-416-cpu-beside-{loaded}"
+
+    def run():
+        net.setInput(x)
+        return net.forward(names)
+
+    benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=2)
