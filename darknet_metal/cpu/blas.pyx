@@ -139,3 +139,45 @@ cdef void gemm_rowmajor(bint trans_a, bint trans_b, int m, int n, int k,
         job.total = n if job.split_n else m
         dm_gemm_run(_gemm_part, &job, (job.total + span - 1) // span)
     dm_blas_single_exit()
+
+
+ctypedef struct BatchJob:
+    bint trans_a, trans_b
+    int m, n, k, lda, ldb, ldc
+    size_t stride_a, stride_b, stride_c
+    const float* a
+    const float* b
+    float* c
+    float beta
+
+
+cdef void _batch_part(void* ctx, int part) noexcept nogil:
+    cdef BatchJob* j = <BatchJob*>ctx
+    _gemm1(True, j.trans_a, j.trans_b, j.m, j.n, j.k, j.a + part * j.stride_a, j.lda,
+           j.b + part * j.stride_b, j.ldb, j.beta, j.c + part * j.stride_c, j.ldc)
+
+
+cdef void gemm_rowmajor_batch(int count, bint trans_a, bint trans_b, int m, int n, int k,
+                              const floating* a, int lda, size_t stride_a,
+                              const floating* b, int ldb, size_t stride_b,
+                              floating beta, floating* c, int ldc,
+                              size_t stride_c) noexcept nogil:
+    cdef BatchJob job
+    cdef int i
+    if floating is double:
+        for i in range(count):
+            gemm_rowmajor(trans_a, trans_b, m, n, k, a + i * stride_a, lda, b + i * stride_b,
+                          ldb, beta, c + i * stride_c, ldc)
+    else:
+        # One pool job for the whole batch: each part is one whole GEMM, so a batch of small
+        # GEMMs (a Winograd layer's 16) wakes the helpers once instead of once per GEMM.
+        dm_gemm_threads(<void*>sgemm)
+        job.trans_a, job.trans_b = trans_a, trans_b
+        job.m, job.n, job.k = m, n, k
+        job.lda, job.ldb, job.ldc = lda, ldb, ldc
+        job.stride_a, job.stride_b, job.stride_c = stride_a, stride_b, stride_c
+        job.a, job.b, job.c = a, b, c
+        job.beta = beta
+        dm_blas_single_enter()
+        dm_gemm_run(_batch_part, &job, count)
+        dm_blas_single_exit()

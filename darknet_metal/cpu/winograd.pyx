@@ -15,7 +15,7 @@ ones in the scalar cdef functions here; both, like the GEMMs (``blas.gemm_rowmaj
 from cython cimport floating
 
 from darknet_metal.cpu.activations cimport ACT_LINEAR, activate_array
-from darknet_metal.cpu.blas cimport gemm_rowmajor
+from darknet_metal.cpu.blas cimport gemm_rowmajor_batch
 from darknet_metal.cpu.kernels cimport dm_act_fusable, dm_wino2_input_f32, dm_wino2_output_f32
 
 import numpy as np
@@ -161,10 +161,10 @@ def _winograd(const floating[:, :, :, ::1] x, const floating[:, :, ::1] filters,
                                    v)
             else:
                 input_transform(&x[b, 0, 0, 0], channels, height, width, tiles_y, tiles_x, v)
-            for p in range(16):
-                gemm_rowmajor(False, False, <int>nf, <int>tiles, <int>channels,
-                              &filters[p, 0, 0], <int>channels, v + p * channels * tiles,
-                              <int>tiles, 0, m + p * nf * tiles, <int>tiles)
+            gemm_rowmajor_batch(16, False, False, <int>nf, <int>tiles, <int>channels,
+                                &filters[0, 0, 0], <int>channels, nf * channels,
+                                v, <int>tiles, channels * tiles,
+                                0, m, <int>tiles, nf * tiles)
             if floating is float:
                 # kernels.h fuses every activation it has a vectorised loop for (all
                 # elementwise ones but gelu and stair); the others are applied to the
