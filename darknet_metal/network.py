@@ -72,6 +72,8 @@ class Network:
         itemsize = self.dtype.itemsize
         self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
         self.check_memory(batch)
+        # Batch sizes already found to fit: forward checks each new one once.
+        self._fitting_batches = {batch}
 
     @property
     def _backend(self) -> Backend:
@@ -179,7 +181,9 @@ class Network:
             )
         wanted = (self.yolo_layers if outputs is None
                   else arguments.layer_indices("outputs", outputs, len(self.layers)))
-        self.check_memory(x.shape[0])
+        if x.shape[0] not in self._fitting_batches:
+            self.check_memory(x.shape[0])
+            self._fitting_batches.add(x.shape[0])
         with self._running():
             # Device backends keep outputs on the device and download only the wanted ones.
             outs = self._backend.forward(x, outputs=wanted)

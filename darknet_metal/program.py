@@ -199,7 +199,8 @@ class _Builder:
         self.simd = simd
         self.param_nbytes = param_nbytes
         self.tensors: dict[Tensor, TensorSpec] = {}
-        self.written: set[Tensor] = set()
+        self.written: set[Tensor] = set()  # owners of the tensors some step has written
+        self.owner: dict[Tensor, Tensor] = {}
         self.program = Program(batch, mode, self.tensors, frozenset(keep))
         self.declare(INPUT, (batch, *specs[0].in_shape))
         self.written.add(INPUT)
@@ -208,27 +209,22 @@ class _Builder:
         if t in self.tensors:
             raise BindingError(f"layer {t.layer} declares tensor {t.role!r} twice")
         self.tensors[t] = TensorSpec(t, shape, self.itemsize, alias_of)
-        if alias_of is not None and alias_of in self.written:
-            self.written.add(t)
+        self.owner[t] = t if alias_of is None else self.owner[alias_of]
         return t
 
     def _check_reads(self, layer: int, what: str, reads: Iterable[Tensor]) -> None:
         for t in reads:
             if t not in self.tensors:
                 raise BindingError(f"layer {layer}: {what} reads undeclared tensor {t}")
-            if t not in self.written:
+            if self.owner[t] not in self.written:
                 raise BindingError(
                     f"layer {layer}: {what} reads tensor {t} before any step writes it "
                     "(are two buffer roles swapped?)"
                 )
 
     def _mark_written(self, writes: Iterable[Tensor]) -> None:
-        for t in writes:
-            self.written.add(t)
-            # Aliases of a written tensor hold its values too.
-            for other in self.tensors.values():
-                if other.alias_of == t:
-                    self.written.add(other.id)
+        # Kept by owner: an alias holds its owner's values.
+        self.written.update(self.owner[t] for t in writes)
 
     def kernel(
         self,
