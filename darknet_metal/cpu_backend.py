@@ -1,9 +1,10 @@
 """The CPU executor: runs a network's programs with the Cython layers of ``darknet_metal.cpu``.
 
-Per (batch, requested outputs) it builds the program of host steps (each op's
-``forward_cpu``), plans its memory (``darknet_metal.memory``: buffers reused once their last
-reader has run, workspaces included) and allocates it once, so repeated passes allocate
-nothing. The input array is read in place. Parameters are prepared per op
+Per (batch, requested outputs) it builds the program of host steps, plans its memory
+(``darknet_metal.memory``: buffers reused once their last reader has run, workspaces
+included), allocates it once and binds every op's native steps (``cpu_steps``) to it, so a
+pass allocates and checks nothing: it is one GIL-free loop over the steps
+(``cpu.executor.StepList``), reading the input array in place. Parameters are prepared per op
 (``prepare_cpu``: batch norm folded, Winograd filters) in the compute dtype.
 """
 
@@ -16,40 +17,49 @@ from typing import Any
 
 import numpy as np
 
+from darknet_metal.cpu.executor import StepList
 from darknet_metal.errors import ArgumentError
 from darknet_metal.layers import LayerSpec
 from darknet_metal.memory import plan_memory
 from darknet_metal.params import Params
-from darknet_metal.program import INPUT, HostStep, Program, Tensor, build_program
+from darknet_metal.program import INPUT, Program, Tensor, build_program
 
 #: Programs kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
 MAX_PROGRAMS = 4
 
 
 class _LoadedProgram:
-    """A CPU program with its memory: every tensor a view of one slot's array."""
+    """A CPU program with its memory (every tensor a view of one slot's array) and its
+    native steps bound to it."""
 
     def __init__(self, program: Program, dtype: np.dtype) -> None:
         self.program = program
         memory = plan_memory(program, external={INPUT})
-        self.input_owner = memory.owner[INPUT]
+        input_owner = memory.owner[INPUT]
+        # Steps reading the input are bound to this stand-in; each pass re-points them at the
+        # caller's array.
+        self.input_standin = np.empty(program.tensors[INPUT].shape, dtype)
         slots = [np.empty(n, np.uint8) for n in memory.slot_bytes]
         self.views: dict[Tensor, Any] = {}
         for t, spec in program.tensors.items():
             owner = memory.owner[t]
-            if owner == self.input_owner:
-                continue  # bound to the caller's array at each pass
-            if owner in memory.slot_of:
+            if owner == input_owner:
+                self.views[t] = self.input_standin.reshape(spec.shape)
+            elif owner in memory.slot_of:
                 slot = slots[memory.slot_of[owner]]
                 self.views[t] = slot[: spec.nbytes].view(dtype).reshape(spec.shape)
-        self.steps: list[tuple[HostStep, list[Any], list[Any]]] = [
-            (step, [self.views.get(t) for t in step.reads], [self.views[t] for t in step.writes])
-            for step in program.steps
-        ]
-        self.input_reads = [
-            [i for i, t in enumerate(step.reads) if memory.owner[t] == self.input_owner]
-            for step in program.steps
-        ]
+        native = []
+        #: Per layer: the index in ``steps`` after its last native step.
+        self.layer_ends: list[int] = []
+        first = 0
+        for end in program.layer_ends:
+            for step in program.steps[first:end]:
+                native.extend(step.bind([self.views[t] for t in step.reads],
+                                        [self.views[t] for t in step.writes]))
+            self.layer_ends.append(len(native))
+            first = end
+        self.steps = StepList(native, self.input_standin)
+        self.input_aliases = {t for t in program.tensors if memory.owner[t] == input_owner}
 
 
 class CpuBackend:
@@ -109,26 +119,23 @@ class CpuBackend:
         keep = None if outputs is None else frozenset(int(i) for i in outputs)
         loaded = self._loaded(x.shape[0], keep)
         program = loaded.program
-        first = 0
-        for end in program.layer_ends:
-            start = time.perf_counter() if timings is not None else 0.0
-            for i in range(first, end):
-                step, reads, writes = loaded.steps[i]
-                positions = loaded.input_reads[i]
-                if positions:
-                    reads = list(reads)
-                    for p in positions:
-                        reads[p] = x.reshape(program.tensors[step.reads[p]].shape)
-                step.run(reads, writes)
-            if timings is not None:
+        x = x.reshape(loaded.input_standin.shape)
+        np.copyto(loaded.input_standin, x)  # TRANSITIONAL: python steps read the stand-in
+        if timings is None:
+            loaded.steps.run(x)
+        else:
+            first = 0
+            for end in loaded.layer_ends:
+                start = time.perf_counter()
+                loaded.steps.run(x, first, end)
                 timings.append(time.perf_counter() - start)
-            first = end
+                first = end
         result: list[np.ndarray | None] = []
         for spec in self.specs:
             t = Tensor(spec.index, "output")
             if keep is not None and spec.index not in keep:
                 result.append(None)
-            elif loaded.views.get(t) is None:  # an identity chain back to the input
+            elif t in loaded.input_aliases:  # an identity chain back to the input
                 result.append(x.reshape(program.tensors[t].shape))
             else:
                 result.append(loaded.views[t])

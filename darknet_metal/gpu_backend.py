@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from darknet_metal.cpu.executor import StepList
 from darknet_metal.errors import ArgumentError, DeviceError
 from darknet_metal.layers import LayerSpec
 from darknet_metal.memory import MemoryPlan, plan_memory
@@ -114,7 +115,8 @@ class DeviceArray:
 
 class HostCall:
     """A host step inside a device pass: commit what is encoded, download the step's inputs
-    (one wait), run it, upload its outputs; counts one ``cpu_fallback``."""
+    (one wait), run its native steps (bound once to host copies), upload its outputs; counts
+    one ``cpu_fallback``."""
 
     def __init__(self, device: Any, step: HostStep, reads: list[tuple[Any, np.ndarray]],
                  writes: list[tuple[Any, np.ndarray]]) -> None:
@@ -122,12 +124,13 @@ class HostCall:
         self.step = step
         self.reads = reads
         self.writes = writes
+        self.native = StepList(step.bind([h for _, h in reads], [h for _, h in writes]))
 
     def __call__(self) -> None:
         self.device.commit()
         for buf, host in self.reads:
             buf.read_into(host)
-        self.step.run([h for _, h in self.reads], [h for _, h in self.writes])
+        self.native.run()
         for buf, host in self.writes:
             buf.write(host)
         self.device.count_fallback(1)
@@ -355,10 +358,10 @@ class GpuBackend:
             size = spec.cpu_workspace(e.batch)
             workspace = np.empty(size, np.float32) if size else None
 
-            def run(reads: list[np.ndarray], writes: list[np.ndarray]) -> None:
-                spec.forward_cpu(self._cpu_states[spec.index], reads, writes[0], workspace)
+            def bind(reads: list[np.ndarray], writes: list[np.ndarray]) -> list[Any]:
+                return spec.cpu_steps(self._cpu_states[spec.index], reads, writes[0], workspace)
 
-            e.host(e.inputs, [e.output], run, reason=self._placements[spec.index].reason)
+            e.host(e.inputs, [e.output], bind, reason=self._placements[spec.index].reason)
 
     def _bound(self, batch: int, keep: frozenset[int] | None) -> BoundProgram:
         key = (batch, keep)
@@ -431,5 +434,5 @@ class GpuBackend:
         self._release_params()
 
 
-def _never_run(reads: list[Any], writes: list[Any]) -> None:
-    raise AssertionError("placement probes are never run")
+def _never_run(reads: list[Any], writes: list[Any]) -> list[Any]:
+    raise AssertionError("placement probes are never bound")

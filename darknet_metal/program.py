@@ -9,8 +9,9 @@ steps that read and write them:
   a resident parameter (``Param(layer, name)``). Which tensors it reads and writes follows
   from the roles' directions in the registry (``in``, ``out``, ``inout``), so a swapped
   binding shows up as a read of a tensor nothing has written yet.
-- ``HostStep``: a function run on the host over NumPy views of the tensors it declares it
-  reads and writes (every CPU layer, and a layer that cannot run on a device).
+- ``HostStep``: native CPU steps (``darknet_metal.cpu.step``) bound to NumPy arrays of the
+  tensors it declares it reads and writes (every CPU layer, and a layer that cannot run on a
+  device).
 
 Executors (``CpuBackend``, ``GpuBackend``) run programs; ``darknet_metal.memory`` plans where
 every tensor lives. "inference" is the only mode so far.
@@ -91,14 +92,15 @@ class KernelStep:
 
 @dataclass(frozen=True)
 class HostStep:
-    """A host function over the tensors it declares: ``run(reads, writes)`` gets one NumPy
-    array per tensor, in the order given. ``reason``: why a device program runs this layer on
-    the host (None in CPU programs)."""
+    """Work on the host over the tensors it declares: ``bind(reads, writes)`` gets one NumPy
+    array per tensor, in the order given, and returns the native steps (``NativeStep``) that
+    compute the writes from the reads; an executor binds once and runs them every pass.
+    ``reason``: why a device program runs this layer on the host (None in CPU programs)."""
 
     layer: int
     reads: tuple[Tensor, ...]
     writes: tuple[Tensor, ...]
-    run: Callable[[list[Any], list[Any]], None]
+    bind: Callable[[list[Any], list[Any]], Sequence[Any]]
     reason: str | None = None
 
 
@@ -165,11 +167,11 @@ class LayerEmitter:
         self,
         reads: Iterable[Tensor],
         writes: Iterable[Tensor],
-        run: Callable[[list[Any], list[Any]], None],
+        bind: Callable[[list[Any], list[Any]], Sequence[Any]],
         reason: str | None = None,
     ) -> None:
         """Appends a host step (see ``HostStep``)."""
-        self._builder.host(HostStep(self.spec.index, tuple(reads), tuple(writes), run, reason))
+        self._builder.host(HostStep(self.spec.index, tuple(reads), tuple(writes), bind, reason))
 
 
 class _Sized:

@@ -6,8 +6,9 @@ hierarchical ``tree=`` softmax). ``yolo_forward`` produces Darknet's ``[yolo]``
 ``layer.output`` (forward_yolo_layer at inference): box decoding and NMS are separate.
 
 Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64 arrays,
-checked by ``checks``; ``out`` has the shape and dtype of ``x`` and may be ``x``; the loops
-run without the GIL.
+checked by ``checks``; ``out`` has the shape and dtype of ``x`` and may be ``x``. Each
+``*_step`` checks its arguments and returns a ``NativeStep`` (``step.pyx``) that runs the
+loop without the GIL; ``*_forward`` makes the step and runs it once.
 """
 
 cimport cython
@@ -16,6 +17,7 @@ from libc.float cimport FLT_MAX
 from libc.math cimport exp
 
 from darknet_metal.cpu.fmath cimport logistic
+from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
 
@@ -26,33 +28,45 @@ from darknet_metal.cpu.checks import check_input, check_out
 # ----------------------------------------------------------------------------------------
 # softmax
 
+cdef enum:  # buffer roles
+    SOFTMAX_X, SOFTMAX_OUT
+
+cdef struct SoftmaxParams:
+    Py_ssize_t tasks  # batch * groups
+    Py_ssize_t n      # values per group
+    double temperature
+
+
 @cython.cdivision(True)
-def _softmax(const floating[:, ::1] x, floating[:, ::1] out, int groups, floating temp):
-    cdef Py_ssize_t batch = x.shape[0], inputs = x.shape[1]
-    cdef Py_ssize_t n = inputs // groups, task, i
+cdef void _softmax(const floating* src, floating* dst, const SoftmaxParams* p) noexcept nogil:
+    cdef Py_ssize_t n = p.n, task, i
     cdef floating largest, total, e, zero = 0
-    if batch * inputs == 0:
-        return
-    cdef const floating* src = &x[0, 0]
-    cdef floating* dst = &out[0, 0]
-    with nogil:
-        # Group g of sample b starts at b*inputs + g*n == (b*groups + g)*n.
-        for task in range(batch * groups):
-            largest = -FLT_MAX
-            for i in range(n):
-                if src[task * n + i] > largest:
-                    largest = src[task * n + i]
-            total = zero
-            for i in range(n):
-                # Darknet calls the double exp on a float argument and stores a float.
-                e = <floating>exp(<double>(src[task * n + i] / temp - largest / temp))
-                total = total + e
-                dst[task * n + i] = e
-            for i in range(n):
-                dst[task * n + i] = dst[task * n + i] / total
+    cdef floating temp = <floating>p.temperature
+    # Group g of sample b starts at b*inputs + g*n == (b*groups + g)*n.
+    for task in range(p.tasks):
+        largest = -FLT_MAX
+        for i in range(n):
+            if src[task * n + i] > largest:
+                largest = src[task * n + i]
+        total = zero
+        for i in range(n):
+            # Darknet calls the double exp on a float argument and stores a float.
+            e = <floating>exp(<double>(src[task * n + i] / temp - largest / temp))
+            total = total + e
+            dst[task * n + i] = e
+        for i in range(n):
+            dst[task * n + i] = dst[task * n + i] / total
 
 
-def softmax_forward(x, out, int groups=1, double temperature=1.0) -> None:
+cdef void _softmax_step(const StepData* d) noexcept nogil:
+    cdef const SoftmaxParams* p = <const SoftmaxParams*>d.params
+    if d.f32:
+        _softmax(<const float*>d.buf[SOFTMAX_X], <float*>d.buf[SOFTMAX_OUT], p)
+    else:
+        _softmax(<const double*>d.buf[SOFTMAX_X], <double*>d.buf[SOFTMAX_OUT], p)
+
+
+def softmax_step(x, out, int groups=1, double temperature=1.0) -> NativeStep:
     """Darknet ``[softmax]`` forward: softmax_cpu(x, F/groups, N, F, groups, F/groups, 1, T).
 
     x: (N, F) or (N, C, H, W) float32/float64, C-contiguous, each sample taken as F values
@@ -68,38 +82,63 @@ def softmax_forward(x, out, int groups=1, double temperature=1.0) -> None:
                          "inputs per sample")
     if temperature == 0 or not np.isfinite(temperature):
         raise ArgumentError(f"softmax temperature must be finite and non-zero, got {temperature}")
-    _softmax(x.reshape(x.shape[0], -1), out.reshape(out.shape[0], -1), groups, temperature)
+    cdef NativeStep step = new_step(_softmax_step, "softmax", (x, out), x.dtype == np.float32,
+                                    sizeof(SoftmaxParams))
+    cdef SoftmaxParams* p = <SoftmaxParams*>step.data.params
+    p.tasks = x.shape[0] * groups
+    p.n = features // groups
+    p.temperature = temperature
+    return step
+
+
+def softmax_forward(x, out, int groups=1, double temperature=1.0) -> None:
+    """``softmax_step(x, out, groups, temperature)`` run once."""
+    softmax_step(x, out, groups, temperature).run()
 
 
 # ----------------------------------------------------------------------------------------
 # yolo
 
+cdef enum:  # buffer roles
+    YOLO_X, YOLO_OUT
+
+cdef struct YoloParams:
+    Py_ssize_t tasks    # batch * anchors
+    Py_ssize_t entries  # 5 + classes
+    Py_ssize_t spatial  # H * W
+    double alpha        # scale_x_y
+    double beta         # -0.5 * (scale_x_y - 1), rounded as the dtype computes it
+    bint new_coords
+
+
 @cython.cdivision(True)
-def _yolo(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int n, int classes,
-          floating alpha, floating beta, bint new_coords):
-    cdef Py_ssize_t batch = x.shape[0], channels = x.shape[1]
-    cdef Py_ssize_t spatial = x.shape[2] * x.shape[3], entries = 5 + classes
-    cdef Py_ssize_t task, i, base
-    if batch * channels * spatial == 0:
-        return
-    cdef const floating* src = &x[0, 0, 0, 0]
-    cdef floating* dst = &out[0, 0, 0, 0]
-    with nogil:
-        for task in range(batch * n):
-            # Anchor a of sample b owns channels [a*entries, (a+1)*entries) of that sample.
-            base = task * entries * spatial
-            for i in range(entries * spatial):
-                dst[base + i] = src[base + i]
-            if not new_coords:
-                for i in range(2 * spatial):
-                    dst[base + i] = logistic(dst[base + i])
-                for i in range(4 * spatial, entries * spatial):
-                    dst[base + i] = logistic(dst[base + i])
+cdef void _yolo(const floating* src, floating* dst, const YoloParams* p) noexcept nogil:
+    cdef Py_ssize_t spatial = p.spatial, entries = p.entries, task, i, base
+    cdef floating alpha = <floating>p.alpha, beta = <floating>p.beta
+    for task in range(p.tasks):
+        # Anchor a of sample b owns channels [a*entries, (a+1)*entries) of that sample.
+        base = task * entries * spatial
+        for i in range(entries * spatial):
+            dst[base + i] = src[base + i]
+        if not p.new_coords:
             for i in range(2 * spatial):
-                dst[base + i] = dst[base + i] * alpha + beta
+                dst[base + i] = logistic(dst[base + i])
+            for i in range(4 * spatial, entries * spatial):
+                dst[base + i] = logistic(dst[base + i])
+        for i in range(2 * spatial):
+            dst[base + i] = dst[base + i] * alpha + beta
 
 
-def yolo_forward(x, out, int n, int classes, double scale_x_y=1.0, bint new_coords=False) -> None:
+cdef void _yolo_step(const StepData* d) noexcept nogil:
+    cdef const YoloParams* p = <const YoloParams*>d.params
+    if d.f32:
+        _yolo(<const float*>d.buf[YOLO_X], <float*>d.buf[YOLO_OUT], p)
+    else:
+        _yolo(<const double*>d.buf[YOLO_X], <double*>d.buf[YOLO_OUT], p)
+
+
+def yolo_step(x, out, int n, int classes, double scale_x_y=1.0,
+              bint new_coords=False) -> NativeStep:
     """Darknet ``[yolo]`` forward: the layer's ``output`` as forward_yolo_layer leaves it.
 
     x: (N, n*(5+classes), H, W), the preceding convolution's output; out: same shape and
@@ -117,10 +156,22 @@ def yolo_forward(x, out, int n, int classes, double scale_x_y=1.0, bint new_coor
     if x.shape[1] != n * (5 + classes):
         raise ArgumentError(f"yolo with n={n} anchors and classes={classes} needs "
                          f"{n * (5 + classes)} input channels, got {x.shape[1]}")
-    if x.dtype == np.float32:
-        alpha = np.float32(scale_x_y)
-        beta = np.float32(-0.5) * (alpha - np.float32(1))
+    f32 = x.dtype == np.float32
+    cdef NativeStep step = new_step(_yolo_step, "yolo", (x, out), f32, sizeof(YoloParams))
+    cdef YoloParams* p = <YoloParams*>step.data.params
+    p.tasks = x.shape[0] * n
+    p.entries = 5 + classes
+    p.spatial = x.shape[2] * x.shape[3]
+    if f32:
+        p.alpha = np.float32(scale_x_y)
+        p.beta = np.float32(-0.5) * (np.float32(scale_x_y) - np.float32(1))
     else:
-        alpha = scale_x_y
-        beta = -0.5 * (scale_x_y - 1.0)
-    _yolo(x, out, n, classes, alpha, beta, new_coords)
+        p.alpha = scale_x_y
+        p.beta = -0.5 * (scale_x_y - 1.0)
+    p.new_coords = new_coords
+    return step
+
+
+def yolo_forward(x, out, int n, int classes, double scale_x_y=1.0, bint new_coords=False) -> None:
+    """``yolo_step(x, out, n, classes, scale_x_y, new_coords)`` run once."""
+    yolo_step(x, out, n, classes, scale_x_y, new_coords).run()

@@ -9,7 +9,8 @@ the last two beside the first):
 - parameters: ``param_shapes`` in ``.weights`` order, ``stored_params`` (what a file holds),
   ``init_params`` (Darknet's initialisation), ``trainable_params`` and ``statistics``;
 - the CPU forward: ``prepare_cpu`` (inference copies of the parameters), ``cpu_workspace``
-  and ``forward_cpu`` over NumPy arrays, run by the Cython layers;
+  and ``cpu_steps``: the Cython layers' native steps bound to the layer's arrays, which the
+  CPU executor runs as one GIL-free loop (``forward_cpu`` runs them once);
 - the GPU forward: ``device_params`` (arrays to upload), ``emit_device_setup`` (kernels run
   once when they load) and ``emit_device_forward`` (the kernel steps of a pass, buffers bound
   by registry role), or ``Unsupported`` with the reason it cannot run on a device;
@@ -24,6 +25,7 @@ import numpy as np
 
 from darknet_metal.activations import ACTIVATION_ID
 from darknet_metal.cfg import Section
+from darknet_metal.cpu.step import NativeStep, python_step
 from darknet_metal.params import Params
 from darknet_metal.program import LayerEmitter
 
@@ -139,24 +141,34 @@ class LayerSpec:
         """Elements of scratch memory ``forward_cpu`` needs at ``batch`` (0: none)."""
         return 0
 
+    def cpu_steps(
+        self, state: Any, sources: list[np.ndarray], out: np.ndarray, workspace: np.ndarray | None
+    ) -> list[NativeStep]:
+        """The native steps of the inference forward on the CPU, bound to ``sources`` (one
+        (N, C, H, W) array per input), ``out`` (N, *out_shape) and ``workspace`` (of
+        ``cpu_workspace(N)`` elements, or None); arguments are checked here, so running the
+        steps cannot fail."""
+        return [python_step(lambda: self.forward_cpu(state, sources, out, workspace),
+                            self.kind)]
+
     def forward_cpu(
         self, state: Any, sources: list[np.ndarray], out: np.ndarray, workspace: np.ndarray | None
     ) -> None:
-        """Inference forward on the CPU: ``sources`` (one (N, C, H, W) array per input),
-        ``out`` (N, *out_shape), ``workspace`` of ``cpu_workspace(N)`` elements or None."""
-        raise NotImplementedError(f"{type(self).__name__}.forward_cpu")
+        """Runs ``cpu_steps`` once."""
+        for step in self.cpu_steps(state, sources, out, workspace):
+            step.run()
 
     def emit_cpu_forward(self, e: LayerEmitter, state: Any) -> None:
-        """The CPU program's steps for this layer: one host step running ``forward_cpu``."""
+        """The CPU program's steps for this layer: one host step binding ``cpu_steps``."""
         size = self.cpu_workspace(e.batch)
         writes = [e.output]
         if size:
             writes.append(e.tensor("workspace", (size,)))
 
-        def run(reads: list[np.ndarray], written: list[np.ndarray]) -> None:
-            self.forward_cpu(state, reads, written[0], written[1] if size else None)
+        def bind(reads: list[np.ndarray], written: list[np.ndarray]) -> list[NativeStep]:
+            return self.cpu_steps(state, reads, written[0], written[1] if size else None)
 
-        e.host(e.inputs, writes, run)
+        e.host(e.inputs, writes, bind)
 
     # -- GPU -------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import numpy as np
 from darknet_metal.boxes import YoloHead
 from darknet_metal.cfg import Section
 from darknet_metal.cpu import heads as cpu_heads
+from darknet_metal.cpu.step import NativeStep
 from darknet_metal.ops.base import LayerSpec, Shape
 from darknet_metal.program import LayerEmitter
 
@@ -25,11 +26,10 @@ class SoftmaxOp(LayerSpec):
                           "groups")
         return cls(s, [s.index - 1], shape, shape)
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
-        src = sources[0]
-        cpu_heads.softmax_forward(src.reshape(src.shape[0], -1), out.reshape(out.shape[0], -1),
-                                  self.values["groups"], self.values["temperature"])
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
+        return [cpu_heads.softmax_step(sources[0], out, self.values["groups"],
+                                       self.values["temperature"])]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         groups = self.values["groups"]
@@ -65,11 +65,11 @@ class YoloOp(LayerSpec):
         anchors = np.asarray(v["anchors"], np.float64).reshape(-1, 2)[list(v["mask"])]
         return YoloHead(anchors=anchors, classes=v["classes"], new_coords=bool(v["new_coords"]))
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
         v = self.values
-        cpu_heads.yolo_forward(sources[0], out, len(v["mask"]), v["classes"], v["scale_x_y"],
-                               v["new_coords"])
+        return [cpu_heads.yolo_step(sources[0], out, len(v["mask"]), v["classes"],
+                                    v["scale_x_y"], v["new_coords"])]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         v = self.values
