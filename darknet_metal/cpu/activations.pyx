@@ -49,6 +49,7 @@ from libc.math cimport exp, expf, pow, powf, tanh, tanhf
 
 from darknet_metal.cpu.fmath cimport fcube, fexp, ffloor, flog, logistic
 from darknet_metal.cpu cimport kernels as K
+from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
 
@@ -362,26 +363,11 @@ cdef void gradient_channels(const floating* y, Py_ssize_t batch, Py_ssize_t chan
 # ----------------------------------------------------------------------------------------
 # Python entry points.
 
-def _activate_flat(floating[::1] flat, int act):
-    if flat.shape[0] == 0:
-        return
-    with nogil:
-        activate_array(&flat[0], flat.shape[0], act)
-
-
 def _gradient_flat(const floating[::1] y, floating[::1] delta, int act):
     if y.shape[0] == 0:
         return
     with nogil:
         gradient_array(&y[0], y.shape[0], act, &delta[0])
-
-
-def _activate_channels_flat(floating[::1] flat, Py_ssize_t batch, Py_ssize_t channels,
-                            Py_ssize_t spatial, int act):
-    if flat.shape[0] == 0:
-        return
-    with nogil:
-        activate_channels(&flat[0], batch, channels, spatial, act)
 
 
 def _gradient_channels_flat(const floating[::1] y, floating[::1] delta, Py_ssize_t batch,
@@ -448,8 +434,31 @@ def _layout(a):
     return a.shape[0], a.shape[1], a.shape[2] * a.shape[3]
 
 
-def activate(x, act) -> None:
-    """Apply Darknet activation ``act`` to ``x`` in place.
+cdef enum:  # buffer roles
+    ACTIVATE_X
+
+cdef struct ActivateParams:
+    Py_ssize_t batch, channels, spatial
+    int act
+
+
+cdef void _activate_step(const StepData* d) noexcept nogil:
+    cdef const ActivateParams* p = <const ActivateParams*>d.params
+    cdef Py_ssize_t n = p.batch * p.channels * p.spatial
+    if p.act >= ACT_NORM_CHAN:
+        if d.f32:
+            activate_channels(<float*>d.buf[ACTIVATE_X], p.batch, p.channels, p.spatial, p.act)
+        else:
+            activate_channels(<double*>d.buf[ACTIVATE_X], p.batch, p.channels, p.spatial,
+                              p.act)
+    elif d.f32:
+        activate_array(<float*>d.buf[ACTIVATE_X], n, p.act)
+    else:
+        activate_array(<double*>d.buf[ACTIVATE_X], n, p.act)
+
+
+def activate_step(x, act) -> NativeStep:
+    """Darknet activation ``act`` applied to ``x`` in place.
 
     x: C-contiguous float32 or float64 array of shape (N, C, H, W), or (N, F) which is
     treated as (N, F, 1, 1). act: an activation name or its id (its index in
@@ -458,11 +467,17 @@ def activate(x, act) -> None:
     """
     a = activation_id(act)
     check_input("x", x, _NDIMS, writable=True)
-    if ACTIVATIONS[a] in CHANNEL_ACTIVATIONS:
-        batch, channels, spatial = _layout(x)
-        _activate_channels_flat(x.reshape(-1), batch, channels, spatial, a)
-    else:
-        _activate_flat(x.reshape(-1), a)
+    cdef NativeStep step = new_step(_activate_step, f"activate_{ACTIVATIONS[a]}", (x,),
+                                    x.dtype == np.float32, sizeof(ActivateParams))
+    cdef ActivateParams* p = <ActivateParams*>step.data.params
+    p.batch, p.channels, p.spatial = _layout(x)
+    p.act = a
+    return step
+
+
+def activate(x, act) -> None:
+    """``activate_step(x, act)`` run once."""
+    activate_step(x, act).run()
 
 
 def gradient(y_or_x, act, delta) -> None:

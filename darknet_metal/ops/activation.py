@@ -12,6 +12,7 @@ import numpy as np
 
 from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
 from darknet_metal.cpu import activations as cpu_activations
+from darknet_metal.cpu.step import NativeStep
 from darknet_metal.program import LayerEmitter
 
 LINEAR = ACTIVATION_ID["linear"]
@@ -27,16 +28,22 @@ def fused_activation(act: int) -> int:
     return LINEAR if is_channel_activation(act) else act
 
 
-def activate_after_cpu(out: np.ndarray, act: int, fused: bool) -> None:
-    """Applies ``act`` to ``out`` in place unless the layer's own kernel did (``fused`` and
-    elementwise) or it is linear."""
+def activation_steps_after(out: np.ndarray, act: int, fused: bool) -> list[NativeStep]:
+    """The CPU step applying ``act`` to ``out`` in place, unless the layer's own kernel did
+    (``fused`` and elementwise) or it is linear."""
     if act != LINEAR and (not fused or is_channel_activation(act)):
-        cpu_activations.activate(out, act)
+        return [cpu_activations.activate_step(out, act)]
+    return []
+
+
+def activate_after_cpu(out: np.ndarray, act: int, fused: bool) -> None:
+    for step in activation_steps_after(out, act, fused):
+        step.run()
 
 
 def emit_activation_after(e: LayerEmitter, act: int, fused: bool) -> None:
     """The device step applying ``act`` to the layer's output in place, when one is needed
-    (same rule as ``activate_after_cpu``)."""
+    (same rule as ``activation_steps_after``)."""
     if act == LINEAR or (fused and not is_channel_activation(act)):
         return
     n, c, h, w = e.shape(e.output)
