@@ -2,8 +2,8 @@
 """Convolution and fully connected layers: im2col + BLAS GEMM, bias and activation fused.
 
 Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64 arrays of
-one dtype, checked by ``checks``. The loops run without the GIL: ``bias_activate`` and the
-kernels it and the GEMM loop call (``blas.gemm_rowmajor``, ``im2col.im2col``,
+one dtype, checked by ``checks``; ``*_step`` returns the ``NativeStep`` that runs a layer
+without the GIL: ``bias_activate`` and the kernels it and the GEMM loop call (``blas.gemm_rowmajor``, ``im2col.im2col``,
 ``activations.activate_array``, ``kernels.h``) are ``noexcept nogil``.
 
 float32 3x3 stride-1 pad-1 convolutions with at most ``DIRECT_MAX_CHANNELS`` input channels
@@ -14,7 +14,7 @@ its peak, and the direct loop is 2-3x faster on one core than the GEMM on two.
 
 from cython cimport floating
 
-from darknet_metal.cpu.activations cimport activate_array
+from darknet_metal.cpu.activations cimport ACT_COUNT, activate_array
 from darknet_metal.cpu.blas cimport gemm_rowmajor
 from darknet_metal.cpu.im2col cimport im2col
 from darknet_metal.cpu.kernels cimport (
@@ -23,6 +23,9 @@ from darknet_metal.cpu.kernels cimport (
     dm_conv3x3_direct_f32,
     dm_conv3x3_direct_scratch,
 )
+from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
+
+import numpy as np
 
 from darknet_metal.errors import ArgumentError
 from darknet_metal.cpu.checks import check_input, check_workspace
@@ -53,7 +56,8 @@ cdef Py_ssize_t IM2COL_BLOCK = 1 << 16
 
 #: Most input channels for which a float32 3x3 stride-1 convolution is computed directly
 #: rather than by im2col + GEMM: with K = 9*C this small, BLAS runs far below its peak.
-DIRECT_MAX_CHANNELS = 16
+cdef Py_ssize_t DIRECT_MAX = 16
+DIRECT_MAX_CHANNELS = DIRECT_MAX
 
 
 def workspace_size(int channels, int ksize, int groups, int out_h, int out_w) -> int:
@@ -61,18 +65,89 @@ def workspace_size(int channels, int ksize, int groups, int out_h, int out_w) ->
     return (channels // groups) * ksize * ksize * out_h * out_w
 
 
-def conv2d_forward(x, weights, bias, out, workspace, int ksize, int stride_x, int stride_y,
-                   int pad, int dilation, int groups, int act):
+cdef enum:  # buffer roles
+    CONV_X, CONV_WEIGHTS, CONV_BIAS, CONV_OUT, CONV_WORKSPACE
+
+cdef struct ConvParams:
+    Py_ssize_t batch, channels, height, width, filters, out_h, out_w, workspace_size
+    int ksize, stride_x, stride_y, pad, dilation, groups, act
+    bint one_by_one
+
+
+cdef void _conv2d(const floating* x, const floating* weights, const floating* bias,
+                  floating* out, floating* workspace, const ConvParams* p) noexcept nogil:
+    cdef Py_ssize_t channels = p.channels, height = p.height, width = p.width
+    cdef Py_ssize_t filters = p.filters, out_h = p.out_h, out_w = p.out_w
+    cdef Py_ssize_t cg = channels // p.groups, fg = filters // p.groups
+    cdef Py_ssize_t k = cg * p.ksize * p.ksize, spatial = out_h * out_w
+    cdef Py_ssize_t in_plane = height * width
+    # The direct kernel takes its scratch from the workspace; a caller that sized it for
+    # im2col only may have given too little, and then the GEMM path runs instead.
+    cdef bint direct3 = (floating is float and p.ksize == 3 and p.stride_x == 1
+                         and p.stride_y == 1 and p.pad == 1 and p.dilation == 1
+                         and p.groups == 1 and channels <= DIRECT_MAX
+                         and p.workspace_size >= dm_conv3x3_direct_scratch(
+                             channels, filters, height, width)
+                         and dm_act_fusable(p.act))
+    # Unfold a block of output rows at a time so the im2col columns stay in cache between
+    # being written and being multiplied.
+    cdef Py_ssize_t block_rows = max(1, IM2COL_BLOCK // max(1, k * out_w))
+    cdef Py_ssize_t b, g, oy0, oy1, cols
+    cdef const floating* src
+    cdef floating* dst
+    for b in range(p.batch):
+        if floating is float:
+            if direct3:
+                dm_conv3x3_direct_f32(x + b * channels * in_plane, channels, height, width,
+                                      weights, bias, filters, p.act, workspace,
+                                      out + b * filters * spatial)
+                continue
+        for g in range(p.groups):
+            src = x + (b * channels + g * cg) * in_plane
+            dst = out + (b * filters + g * fg) * spatial
+            if p.one_by_one:
+                # The input planes already are the GEMM operand: no unfolding.
+                gemm_rowmajor(False, False, <int>fg, <int>spatial, <int>k,
+                              weights + g * fg * k, <int>k, src, <int>spatial, 0, dst,
+                              <int>spatial)
+                continue
+            oy0 = 0
+            while oy0 < out_h:
+                oy1 = min(out_h, oy0 + block_rows)
+                cols = (oy1 - oy0) * out_w
+                im2col(src, cg, height, width, p.ksize, p.stride_x, p.stride_y,
+                       p.pad * p.dilation, p.dilation, oy0, oy1, out_w, workspace)
+                gemm_rowmajor(False, False, <int>fg, <int>cols, <int>k,
+                              weights + g * fg * k, <int>k, workspace, <int>cols, 0,
+                              dst + oy0 * out_w, <int>spatial)
+                oy0 = oy1
+        bias_activate(out + b * filters * spatial, bias, filters, spatial, p.act)
+
+
+cdef void _conv2d_step(const StepData* d) noexcept nogil:
+    cdef const ConvParams* p = <const ConvParams*>d.params
+    if d.f32:
+        _conv2d(<const float*>d.buf[CONV_X], <const float*>d.buf[CONV_WEIGHTS],
+                <const float*>d.buf[CONV_BIAS], <float*>d.buf[CONV_OUT],
+                <float*>d.buf[CONV_WORKSPACE], p)
+    else:
+        _conv2d(<const double*>d.buf[CONV_X], <const double*>d.buf[CONV_WEIGHTS],
+                <const double*>d.buf[CONV_BIAS], <double*>d.buf[CONV_OUT],
+                <double*>d.buf[CONV_WORKSPACE], p)
+
+
+def conv2d_step(x, weights, bias, out, workspace, int ksize, int stride_x, int stride_y,
+                int pad, int dilation, int groups, int act) -> NativeStep:
     """Darknet convolution forward: ``out = act(conv(x, weights) + bias)``.
 
     x: (N, C, H, W); weights: (F, C/groups*ksize*ksize) in Darknet's (F, C, ky, kx) order;
     bias: (F,) (batch norm already folded in); out: (N, F, out_h, out_w) with Darknet's
     ``out = (in + 2*pad - ksize)//stride + 1``; workspace: 1-D, at least
-    ``workspace_size(C, ksize, groups, out_h, out_w)`` elements. All C-contiguous, of one
-    dtype (float32 or float64). ``act`` is an elementwise activation id from
-    ``darknet_metal.activations``; channel-mixing activations are applied by the caller.
-    Dilation samples the input every ``dilation`` pixels with padding ``pad*dilation``, as
-    Darknet does.
+    ``workspace_size(C, ksize, groups, out_h, out_w)`` elements (may be None for a plain
+    1x1 convolution). All C-contiguous, of one dtype (float32 or float64). ``act`` is an
+    elementwise activation id from ``darknet_metal.activations``; channel-mixing
+    activations are applied by the caller. Dilation samples the input every ``dilation``
+    pixels with padding ``pad*dilation``, as Darknet does.
     """
     check_input("x", x)
     check_input("weights", weights, (2,), x, layout="(F, C/groups*ksize*ksize)")
@@ -102,66 +177,57 @@ def conv2d_forward(x, weights, bias, out, workspace, int ksize, int stride_x, in
         raise ArgumentError(f"conv2d_forward: out spatial size {out_h}x{out_w} does not match input "
                          f"{height}x{width} with ksize={ksize} stride=({stride_x},{stride_y}) "
                          f"pad={pad} dilation={dilation}")
+    if not 0 <= act < ACT_COUNT:
+        raise ArgumentError(f"conv2d_forward: activation id {act} out of range")
     cdef bint one_by_one = ksize == 1 and stride_x == 1 and stride_y == 1 and pad == 0
-    check_workspace(workspace, x, 0 if one_by_one else k * out_h * out_w, "conv2d_forward")
-    _conv2d(x, weights, bias, out, workspace, ksize, stride_x, stride_y, pad, dilation, groups,
-            act, one_by_one)
+    if workspace is not None or not one_by_one:
+        check_workspace(workspace, x, 0 if one_by_one else k * out_h * out_w, "conv2d_forward")
+    cdef NativeStep step = new_step(_conv2d_step, "conv2d", (x, weights, bias, out, workspace),
+                                    x.dtype == np.float32, sizeof(ConvParams))
+    cdef ConvParams* p = <ConvParams*>step.data.params
+    p.batch, p.channels, p.height, p.width = batch, channels, height, width
+    p.filters, p.out_h, p.out_w = filters, out_h, out_w
+    p.workspace_size = 0 if workspace is None else workspace.shape[0]
+    p.ksize, p.stride_x, p.stride_y, p.pad, p.dilation = ksize, stride_x, stride_y, pad, dilation
+    p.groups, p.act, p.one_by_one = groups, act, one_by_one
+    return step
 
 
-def _conv2d(const floating[:, :, :, ::1] x, const floating[:, ::1] weights,
-            const floating[::1] bias, floating[:, :, :, ::1] out, floating[::1] workspace,
-            int ksize, int stride_x, int stride_y, int pad, int dilation, int groups, int act,
-            bint one_by_one):
-    cdef Py_ssize_t batch = x.shape[0], channels = x.shape[1], height = x.shape[2]
-    cdef Py_ssize_t width = x.shape[3], filters = weights.shape[0]
-    cdef Py_ssize_t out_h = out.shape[2], out_w = out.shape[3]
-    cdef Py_ssize_t cg = channels // groups, fg = filters // groups
-    cdef Py_ssize_t k = cg * ksize * ksize, spatial = out_h * out_w
-    # The direct kernel takes its scratch from the workspace; a caller that sized it for
-    # im2col only may have given too little, and then the GEMM path runs instead.
-    cdef bint direct3 = (floating is float and ksize == 3 and stride_x == 1 and stride_y == 1
-                         and pad == 1 and dilation == 1 and groups == 1
-                         and channels <= DIRECT_MAX_CHANNELS
-                         and workspace.shape[0] >= dm_conv3x3_direct_scratch(
-                             channels, filters, height, width)
-                         and dm_act_fusable(act))
-    # Unfold a block of output rows at a time so the im2col columns stay in cache between
-    # being written and being multiplied.
-    cdef Py_ssize_t block_rows = max(1, IM2COL_BLOCK // max(1, k * out_w))
-    cdef Py_ssize_t b, g, oy0, oy1, cols
-    cdef const floating* src
-    cdef floating* dst
-    with nogil:
-        for b in range(batch):
-            if floating is float:
-                if direct3:
-                    dm_conv3x3_direct_f32(&x[b, 0, 0, 0], channels, height, width,
-                                          &weights[0, 0], &bias[0], filters, act,
-                                          &workspace[0], &out[b, 0, 0, 0])
-                    continue
-            for g in range(groups):
-                src = &x[b, g * cg, 0, 0]
-                dst = &out[b, g * fg, 0, 0]
-                if one_by_one:
-                    # The input planes already are the GEMM operand: no unfolding.
-                    gemm_rowmajor(False, False, <int>fg, <int>spatial, <int>k,
-                                  &weights[g * fg, 0], <int>k, src, <int>spatial, 0, dst,
-                                  <int>spatial)
-                    continue
-                oy0 = 0
-                while oy0 < out_h:
-                    oy1 = min(out_h, oy0 + block_rows)
-                    cols = (oy1 - oy0) * out_w
-                    im2col(src, cg, height, width, ksize, stride_x, stride_y, pad * dilation,
-                           dilation, oy0, oy1, out_w, &workspace[0])
-                    gemm_rowmajor(False, False, <int>fg, <int>cols, <int>k,
-                                  &weights[g * fg, 0], <int>k, &workspace[0], <int>cols, 0,
-                                  dst + oy0 * out_w, <int>spatial)
-                    oy0 = oy1
-            bias_activate(&out[b, 0, 0, 0], &bias[0], filters, spatial, act)
+def conv2d_forward(x, weights, bias, out, workspace, int ksize, int stride_x, int stride_y,
+                   int pad, int dilation, int groups, int act) -> None:
+    """``conv2d_step(...)`` with the same arguments, run once."""
+    conv2d_step(x, weights, bias, out, workspace, ksize, stride_x, stride_y, pad, dilation,
+                groups, act).run()
 
 
-def connected_forward(x, weights, bias, out, int act):
+cdef enum:  # buffer roles
+    FC_X, FC_WEIGHTS, FC_BIAS, FC_OUT
+
+cdef struct ConnectedParams:
+    Py_ssize_t batch, inputs, outputs
+    int act
+
+
+cdef void _connected(const floating* x, const floating* weights, const floating* bias,
+                     floating* out, const ConnectedParams* p) noexcept nogil:
+    cdef Py_ssize_t b
+    gemm_rowmajor(False, True, <int>p.batch, <int>p.outputs, <int>p.inputs, x, <int>p.inputs,
+                  weights, <int>p.inputs, 0, out, <int>p.outputs)
+    for b in range(p.batch):
+        bias_activate(out + b * p.outputs, bias, p.outputs, 1, p.act)
+
+
+cdef void _connected_step(const StepData* d) noexcept nogil:
+    cdef const ConnectedParams* p = <const ConnectedParams*>d.params
+    if d.f32:
+        _connected(<const float*>d.buf[FC_X], <const float*>d.buf[FC_WEIGHTS],
+                   <const float*>d.buf[FC_BIAS], <float*>d.buf[FC_OUT], p)
+    else:
+        _connected(<const double*>d.buf[FC_X], <const double*>d.buf[FC_WEIGHTS],
+                   <const double*>d.buf[FC_BIAS], <double*>d.buf[FC_OUT], p)
+
+
+def connected_step(x, weights, bias, out, int act) -> NativeStep:
     """Darknet connected forward: ``out = act(x @ weights.T + bias)``.
 
     x: (N, inputs); weights: (outputs, inputs) in Darknet's order; bias: (outputs,);
@@ -181,15 +247,15 @@ def connected_forward(x, weights, bias, out, int act):
     if bias.shape[0] != outputs or out.shape[0] != batch or out.shape[1] != outputs:
         raise ArgumentError(f"connected_forward: bias {bias.shape[0]} / out {out.shape} do not "
                          f"match ({batch}, {outputs})")
-    _connected(x, weights, bias, out, act)
+    if not 0 <= act < ACT_COUNT:
+        raise ArgumentError(f"connected_forward: activation id {act} out of range")
+    cdef NativeStep step = new_step(_connected_step, "connected", (x, weights, bias, out),
+                                    x.dtype == np.float32, sizeof(ConnectedParams))
+    cdef ConnectedParams* p = <ConnectedParams*>step.data.params
+    p.batch, p.inputs, p.outputs, p.act = batch, inputs, outputs, act
+    return step
 
 
-def _connected(const floating[:, ::1] x, const floating[:, ::1] weights,
-               const floating[::1] bias, floating[:, ::1] out, int act):
-    cdef Py_ssize_t batch = x.shape[0], inputs = x.shape[1], outputs = weights.shape[0]
-    cdef Py_ssize_t b
-    with nogil:
-        gemm_rowmajor(False, True, <int>batch, <int>outputs, <int>inputs, &x[0, 0], <int>inputs,
-                      &weights[0, 0], <int>inputs, 0, &out[0, 0], <int>outputs)
-        for b in range(batch):
-            bias_activate(&out[b, 0], &bias[0], outputs, 1, act)
+def connected_forward(x, weights, bias, out, int act) -> None:
+    """``connected_step(x, weights, bias, out, act)`` run once."""
+    connected_step(x, weights, bias, out, act).run()

@@ -9,14 +9,16 @@ multiply-adds for the same result up to rounding (the transforms only add, subtr
 Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64 arrays of
 one dtype, checked by ``checks``. The float32 transforms run in ``kernels.h``, the float64
 ones in the scalar cdef functions here; both, like the GEMMs (``blas.gemm_rowmajor``), are
-``noexcept nogil`` and run without the GIL.
+``noexcept nogil``. ``winograd_step`` checks its arguments and returns the ``NativeStep``
+that runs a whole layer without the GIL.
 """
 
 from cython cimport floating
 
-from darknet_metal.cpu.activations cimport ACT_LINEAR, activate_array
+from darknet_metal.cpu.activations cimport ACT_COUNT, ACT_LINEAR, activate_array
 from darknet_metal.cpu.blas cimport gemm_rowmajor_batch
 from darknet_metal.cpu.kernels cimport dm_act_fusable, dm_wino2_input_f32, dm_wino2_output_f32
+from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
 
@@ -117,7 +119,64 @@ cdef void output_transform(const floating* m, const floating* bias, Py_ssize_t f
         activate_array(out + f * height * width, height * width, act)
 
 
-def winograd_forward(x, filters, bias, out, workspace, int act):
+cdef enum:  # buffer roles
+    WINO_X, WINO_FILTERS, WINO_BIAS, WINO_OUT, WINO_WORKSPACE
+
+cdef struct WinogradParams:
+    Py_ssize_t batch, channels, height, width, filters
+    int act
+
+
+cdef void _winograd(const floating* x, const floating* filters, const floating* bias,
+                    floating* out, floating* workspace, const WinogradParams* p) noexcept nogil:
+    cdef Py_ssize_t channels = p.channels, height = p.height, width = p.width
+    cdef Py_ssize_t nf = p.filters, plane = height * width
+    cdef int act = p.act
+    cdef Py_ssize_t tiles_y = (height + 1) // 2, tiles_x = (width + 1) // 2
+    cdef Py_ssize_t tiles = tiles_y * tiles_x
+    cdef floating* v = workspace
+    cdef floating* m = v + 16 * channels * tiles
+    cdef const floating* src
+    cdef floating* dst
+    cdef Py_ssize_t b, f
+    cdef bint fused = dm_act_fusable(act)
+    for b in range(p.batch):
+        src = x + b * channels * plane
+        dst = out + b * nf * plane
+        if floating is float:
+            dm_wino2_input_f32(src, channels, height, width, tiles_y, tiles_x, v)
+        else:
+            input_transform(src, channels, height, width, tiles_y, tiles_x, v)
+        gemm_rowmajor_batch(16, False, False, <int>nf, <int>tiles, <int>channels,
+                            filters, <int>channels, nf * channels,
+                            v, <int>tiles, channels * tiles,
+                            0, m, <int>tiles, nf * tiles)
+        if floating is float:
+            # kernels.h fuses every activation it has a vectorised loop for (all
+            # elementwise ones but gelu and stair); the others are applied to the
+            # finished planes.
+            dm_wino2_output_f32(m, bias, nf, height, width, tiles_y, tiles_x,
+                                act if fused else ACT_LINEAR, dst)
+            if not fused:
+                for f in range(nf):
+                    activate_array(dst + f * plane, plane, act)
+        else:
+            output_transform(m, bias, nf, height, width, tiles_y, tiles_x, act, dst)
+
+
+cdef void _winograd_step(const StepData* d) noexcept nogil:
+    cdef const WinogradParams* p = <const WinogradParams*>d.params
+    if d.f32:
+        _winograd(<const float*>d.buf[WINO_X], <const float*>d.buf[WINO_FILTERS],
+                  <const float*>d.buf[WINO_BIAS], <float*>d.buf[WINO_OUT],
+                  <float*>d.buf[WINO_WORKSPACE], p)
+    else:
+        _winograd(<const double*>d.buf[WINO_X], <const double*>d.buf[WINO_FILTERS],
+                  <const double*>d.buf[WINO_BIAS], <double*>d.buf[WINO_OUT],
+                  <double*>d.buf[WINO_WORKSPACE], p)
+
+
+def winograd_step(x, filters, bias, out, workspace, int act) -> NativeStep:
     """``out = act(conv3x3(x, stride 1, pad 1) + bias)`` through F(2x2, 3x3).
 
     x: (N, C, H, W); filters: (16, F, C) from ``transform_filters``; bias: (F,);
@@ -140,40 +199,17 @@ def winograd_forward(x, filters, bias, out, workspace, int act):
                          f"match ({batch}, {nf}, {height}, {width})")
     check_workspace(workspace, x, workspace_size(channels, nf, height, width),
                     "winograd_forward")
-    _winograd(x, filters, bias, out, workspace, act)
+    if not 0 <= act < ACT_COUNT:
+        raise ArgumentError(f"winograd_forward: activation id {act} out of range")
+    cdef NativeStep step = new_step(_winograd_step, "winograd3x3",
+                                    (x, filters, bias, out, workspace),
+                                    x.dtype == np.float32, sizeof(WinogradParams))
+    cdef WinogradParams* p = <WinogradParams*>step.data.params
+    p.batch, p.channels, p.height, p.width, p.filters = batch, channels, height, width, nf
+    p.act = act
+    return step
 
 
-def _winograd(const floating[:, :, :, ::1] x, const floating[:, :, ::1] filters,
-              const floating[::1] bias, floating[:, :, :, ::1] out, floating[::1] workspace,
-              int act):
-    cdef Py_ssize_t batch = x.shape[0], channels = x.shape[1], height = x.shape[2]
-    cdef Py_ssize_t width = x.shape[3], nf = filters.shape[1]
-    cdef Py_ssize_t tiles_y = (height + 1) // 2, tiles_x = (width + 1) // 2
-    cdef Py_ssize_t tiles = tiles_y * tiles_x
-    cdef floating* v = &workspace[0]
-    cdef floating* m = v + 16 * channels * tiles
-    cdef Py_ssize_t b, p, f
-    cdef bint fused = dm_act_fusable(act)
-    with nogil:
-        for b in range(batch):
-            if floating is float:
-                dm_wino2_input_f32(&x[b, 0, 0, 0], channels, height, width, tiles_y, tiles_x,
-                                   v)
-            else:
-                input_transform(&x[b, 0, 0, 0], channels, height, width, tiles_y, tiles_x, v)
-            gemm_rowmajor_batch(16, False, False, <int>nf, <int>tiles, <int>channels,
-                                &filters[0, 0, 0], <int>channels, nf * channels,
-                                v, <int>tiles, channels * tiles,
-                                0, m, <int>tiles, nf * tiles)
-            if floating is float:
-                # kernels.h fuses every activation it has a vectorised loop for (all
-                # elementwise ones but gelu and stair); the others are applied to the
-                # finished planes.
-                dm_wino2_output_f32(m, &bias[0], nf, height, width, tiles_y, tiles_x,
-                                    act if fused else ACT_LINEAR, &out[b, 0, 0, 0])
-                if not fused:
-                    for f in range(nf):
-                        activate_array(&out[b, f, 0, 0], height * width, act)
-            else:
-                output_transform(m, &bias[0], nf, height, width, tiles_y, tiles_x, act,
-                                 &out[b, 0, 0, 0])
+def winograd_forward(x, filters, bias, out, workspace, int act) -> None:
+    """``winograd_step(x, filters, bias, out, workspace, act)`` run once."""
+    winograd_step(x, filters, bias, out, workspace, act).run()

@@ -17,8 +17,13 @@ import numpy as np
 from darknet_metal.cfg import Section
 from darknet_metal.cpu import conv as cpu_conv
 from darknet_metal.cpu import winograd
+from darknet_metal.cpu.step import NativeStep
 from darknet_metal.metal.dispatch import BIAS_COLS, BIAS_ROWS, gemm_kernel, gemm_step
-from darknet_metal.ops.activation import activate_after_cpu, emit_activation_after, fused_activation
+from darknet_metal.ops.activation import (
+    activation_steps_after,
+    emit_activation_after,
+    fused_activation,
+)
 from darknet_metal.ops.base import LayerSpec, Params, Shape, positive
 from darknet_metal.params import BATCHNORM_EPSILON
 from darknet_metal.program import LayerEmitter, Param
@@ -150,17 +155,18 @@ class ConvolutionalOp(_Gemm):
         return cpu_conv.workspace_size(self.in_shape[0], v["size"], v["groups"],
                                        self.out_shape[1], self.out_shape[2])
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
         w, b = state
         v = self.values
         act = fused_activation(self.activation)
         if self.uses_winograd:
-            winograd.winograd_forward(sources[0], w, b, out, workspace, act)
+            step = winograd.winograd_step(sources[0], w, b, out, workspace, act)
         else:
-            cpu_conv.conv2d_forward(sources[0], w, b, out, workspace, v["size"], v["stride_x"],
-                                    v["stride_y"], v["padding"], v["dilation"], v["groups"], act)
-        activate_after_cpu(out, self.activation, fused=True)
+            step = cpu_conv.conv2d_step(sources[0], w, b, out, workspace, v["size"],
+                                        v["stride_x"], v["stride_y"], v["padding"],
+                                        v["dilation"], v["groups"], act)
+        return [step, *activation_steps_after(out, self.activation, fused=True)]
 
     # -- GPU -------------------------------------------------------------------------------
 
@@ -251,14 +257,14 @@ class ConnectedOp(_Gemm):
         w, b = fold_batchnorm(params)
         return np.ascontiguousarray(w, dtype), np.ascontiguousarray(b, dtype)
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
         w, b = state
         src = sources[0]
-        cpu_conv.connected_forward(src.reshape(src.shape[0], -1), w, b,
-                                   out.reshape(out.shape[0], -1),
-                                   fused_activation(self.activation))
-        activate_after_cpu(out, self.activation, fused=True)
+        step = cpu_conv.connected_step(src.reshape(src.shape[0], -1), w, b,
+                                       out.reshape(out.shape[0], -1),
+                                       fused_activation(self.activation))
+        return [step, *activation_steps_after(out, self.activation, fused=True)]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape
