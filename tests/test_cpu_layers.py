@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from darknet_metal.cpu import combine, heads, pooling, resample
+from darknet_metal.cfg import parse_cfg_text
+from darknet_metal.cpu import combine, executor, heads, pooling, resample
+from darknet_metal.layers import build_layers
 
 try:
     from opencv_ref import opencv_layer_names, opencv_layer_outputs, write_darknet_weights
@@ -646,3 +648,164 @@ def test_bad_shapes_raise_value_errors_naming_the_expectation():
         heads.softmax_forward(np.zeros((2, 7), np.float32), np.zeros((2, 7), np.float32), 1, 0.0)
     with pytest.raises(ValueError, match="needs 255 input channels"):
         heads.yolo_forward(x, np.empty_like(x), 3, 80)
+
+
+# ---------------------------------------------------------------------------------------
+# Native steps: bound once, run any number of times by the executor's GIL-free loop.
+
+
+def np_depth_to_space(x, s):
+    n, c, h, w = x.shape
+    v = x.reshape(n, s, s, c // (s * s), h, w).transpose(0, 3, 4, 1, 5, 2)
+    return v.reshape(n, c // (s * s), h * s, w * s)
+
+
+def _sum_blocks(x, s, scale):
+    n, c, h, w = x.shape
+    return (x.astype(np.float64) * scale).reshape(n, c, h // s, s, w // s, s).sum(axis=(3, 5))
+
+
+STEP_CASES = [
+    # name, make_step(x, out), forward(x, out), x shape, out shape, NumPy reference, exact
+    (
+        "maxpool_2x2s2",
+        lambda x, o: pooling.maxpool_step(x, o, 2, 2, 2, 0),
+        lambda x, o: pooling.maxpool_forward(x, o, 2, 2, 2, 0),
+        (2, 3, 8, 6),
+        (2, 3, 4, 3),
+        lambda x: np_maxpool(x, 2, 2, 2, 0),
+        True,
+    ),
+    (
+        "maxpool_padded",
+        lambda x, o: pooling.maxpool_step(x, o, 3, 2, 1, 2),
+        lambda x, o: pooling.maxpool_forward(x, o, 3, 2, 1, 2),
+        (2, 3, 7, 5),
+        (2, 3, 7, 3),
+        lambda x: np_maxpool(x, 3, 2, 1, 2),
+        True,
+    ),
+    (
+        "maxpool_depth",
+        pooling.maxpool_depth_step,
+        pooling.maxpool_depth_forward,
+        (2, 7, 5, 3),
+        (2, 3, 5, 3),
+        lambda x: np.stack([x[:, g::3].max(axis=1) for g in range(3)], axis=1),
+        True,
+    ),
+    (
+        "avgpool",
+        pooling.avgpool_step,
+        pooling.avgpool_forward,
+        (2, 3, 5, 7),
+        (2, 3, 1, 1),
+        lambda x: x.astype(np.float64).mean(axis=(2, 3), keepdims=True),
+        False,
+    ),
+    (
+        "upsample",
+        lambda x, o: resample.upsample_step(x, o, 2, 0.5),
+        lambda x, o: resample.upsample_forward(x, o, 2, 0.5),
+        (2, 3, 5, 7),
+        (2, 3, 10, 14),
+        lambda x: x.repeat(2, axis=2).repeat(2, axis=3) * x.dtype.type(0.5),
+        True,
+    ),
+    (
+        "upsample_reverse",
+        lambda x, o: resample.upsample_step(x, o, -3, 0.25),
+        lambda x, o: resample.upsample_forward(x, o, -3, 0.25),
+        (2, 5, 9, 3),
+        (2, 5, 3, 1),
+        lambda x: _sum_blocks(x, 3, 0.25),
+        False,
+    ),
+    (
+        "reorg",
+        lambda x, o: resample.reorg_step(x, o, 2),
+        lambda x, o: resample.reorg_forward(x, o, 2),
+        (2, 8, 6, 4),
+        (2, 32, 3, 2),
+        lambda x: np_reorg_old(x, 2),
+        True,
+    ),
+    (
+        "reorg_reverse",
+        lambda x, o: resample.reorg_step(x, o, 3, True),
+        lambda x, o: resample.reorg_forward(x, o, 3, True),
+        (2, 18, 2, 1),
+        (2, 2, 6, 3),
+        lambda x: np_depth_to_space(x, 3),
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "make_step,forward,in_shape,out_shape,reference,exact",
+    [case[1:] for case in STEP_CASES],
+    ids=[case[0] for case in STEP_CASES],
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_steps_rerun_in_a_step_list(
+    make_step, forward, in_shape, out_shape, reference, exact, dtype
+):
+    x = _rand(in_shape, 9, dtype)
+    expected = np.empty(out_shape, dtype)
+    forward(x, expected)
+    ref = reference(x)
+    if exact:
+        np.testing.assert_array_equal(expected, ref.astype(dtype))
+    else:
+        rtol = 1e-5 if dtype == np.float32 else 1e-13
+        np.testing.assert_allclose(expected, ref, rtol=rtol, atol=rtol)
+    out = np.full(out_shape, np.nan, dtype)
+    step = make_step(x, out)
+    assert step.dtype == dtype
+    steps = executor.StepList([step], None)
+    for _ in range(2):
+        out[...] = np.nan  # each run writes every output
+        steps.run()
+        np.testing.assert_array_equal(out, expected)
+    # Bound to a stand-in for the program input, a step reads each pass's own input.
+    standin = np.zeros(in_shape, dtype)
+    steps = executor.StepList([make_step(standin, out)], standin)
+    for _ in range(2):
+        out[...] = np.nan
+        steps.run(x)
+        np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    "body,in_shape,kind,forward",
+    [
+        ("[maxpool]\nsize=2\nstride=2\n", (3, 8, 6), "maxpool",
+         lambda x, o: pooling.maxpool_forward(x, o, 2, 2, 2, 1)),
+        ("[maxpool]\nsize=3\nstride=1\n", (3, 5, 7), "maxpool",
+         lambda x, o: pooling.maxpool_forward(x, o, 3, 1, 1, 2)),
+        ("[maxpool]\nmaxpool_depth=1\nout_channels=2\n", (5, 4, 3), "maxpool_depth",
+         pooling.maxpool_depth_forward),
+        ("[avgpool]\n", (3, 5, 7), "avgpool", pooling.avgpool_forward),
+        ("[upsample]\nstride=2\nscale=0.5\n", (3, 5, 7), "upsample",
+         lambda x, o: resample.upsample_forward(x, o, 2, 0.5)),
+        ("[upsample]\nstride=-2\n", (3, 6, 4), "upsample_reverse",
+         lambda x, o: resample.upsample_forward(x, o, -2)),
+        ("[reorg]\nstride=2\n", (8, 6, 4), "reorg",
+         lambda x, o: resample.reorg_forward(x, o, 2)),
+        ("[reorg]\nstride=2\nreverse=1\n", (8, 3, 2), "reorg_reverse",
+         lambda x, o: resample.reorg_forward(x, o, 2, True)),
+    ],
+)  # fmt: skip
+def test_pooling_and_resample_ops_give_native_steps(body, in_shape, kind, forward):
+    c, h, w = in_shape
+    (spec,) = build_layers(parse_cfg_text(f"[net]\nwidth={w}\nheight={h}\nchannels={c}\n\n{body}"))
+    x = _rand((2, *in_shape), 11)
+    out = np.full((2, *spec.out_shape), np.nan, np.float32)
+    steps = spec.cpu_steps(None, [x], out, None)
+    assert [step.kind for step in steps] == [kind]
+    steps[0].run()
+    expected = np.full_like(out, np.nan)
+    forward(x, expected)
+    assert not np.isnan(expected).any()
+    np.testing.assert_array_equal(out, expected)

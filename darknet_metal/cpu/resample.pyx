@@ -8,14 +8,19 @@ layout is unusual:
 - ``[upsample] stride=s``: nearest-neighbour, ``out[.., y, x] = scale * in[.., y//s, x//s]``.
   A negative cfg stride is Darknet's reverse mode: a sum over s x s blocks, times scale.
 - ``[reorg]`` (Darknet's reorg_old layer, the one YOLOv2 uses and OpenCV implements) moves
-  s x s pixel blocks into channels with Darknet's own indexing; see ``reorg_forward``.
+  s x s pixel blocks into channels with Darknet's own indexing; see ``reorg_step``.
 
 Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64
-(N, C, H, W) arrays of one dtype, checked by ``checks``; the loops run without the GIL.
+(N, C, H, W) arrays of one dtype, checked by ``checks``. Each ``*_step`` checks its
+arguments and returns a ``NativeStep`` (``step.pyx``) that runs the loop without the GIL;
+``*_forward`` makes the step and runs it once.
 """
 
-cimport cython
 from cython cimport floating
+
+from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
+
+import numpy as np
 
 from darknet_metal.errors import ArgumentError
 from darknet_metal.cpu.checks import check_input, check_out
@@ -45,56 +50,70 @@ def upsample_output_shape(shape, int stride):
     return n, c, h // -stride, w // -stride
 
 
-def _upsample(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int s,
-              floating scale):
-    cdef Py_ssize_t planes = x.shape[0] * x.shape[1]
-    cdef Py_ssize_t h = x.shape[2], w = x.shape[3]
+cdef enum:  # buffer roles
+    UPSAMPLE_X, UPSAMPLE_OUT
+
+cdef struct UpsampleParams:
+    Py_ssize_t planes  # N * C
+    Py_ssize_t h, w    # the input's (upsample) or the output's (reverse) plane
+    Py_ssize_t s       # stride, or -stride in reverse
+    double scale
+
+
+cdef void _upsample(const floating* src, floating* dst, const UpsampleParams* p) noexcept nogil:
+    cdef Py_ssize_t h = p.h, w = p.w, s = p.s
     cdef Py_ssize_t ow = w * s, oh = h * s
-    cdef Py_ssize_t p, j, i, k
+    cdef Py_ssize_t plane, j, i, k
     cdef const floating* srow
     cdef floating* drow
     cdef floating v
-    if planes * h * w == 0:
-        return
-    cdef const floating* src = &x[0, 0, 0, 0]
-    cdef floating* dst = &out[0, 0, 0, 0]
-    with nogil:
-        for p in range(planes):
-            for j in range(oh):
-                srow = src + p * h * w + (j // s) * w
-                drow = dst + p * oh * ow + j * ow
-                for i in range(w):
-                    v = scale * srow[i]
-                    for k in range(s):
-                        drow[i * s + k] = v
+    cdef floating scale = <floating>p.scale
+    for plane in range(p.planes):
+        for j in range(oh):
+            srow = src + plane * h * w + (j // s) * w
+            drow = dst + plane * oh * ow + j * ow
+            for i in range(w):
+                v = scale * srow[i]
+                for k in range(s):
+                    drow[i * s + k] = v
 
 
-def _downsample(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, int s,
-                floating scale):
+cdef void _downsample(const floating* src, floating* dst, const UpsampleParams* p) noexcept nogil:
     # Darknet reads the input as if its rows were out_w*s long (exactly so when s divides
     # the size) and adds the s*s products into a zeroed output in row-major order.
-    cdef Py_ssize_t planes = out.shape[0] * out.shape[1]
-    cdef Py_ssize_t oh = out.shape[2], ow = out.shape[3]
+    cdef Py_ssize_t oh = p.h, ow = p.w, s = p.s
     cdef Py_ssize_t row = ow * s, plane_in = oh * ow * s * s
-    cdef Py_ssize_t p, J, I, dj, di
+    cdef Py_ssize_t plane, J, I, dj, di
     cdef floating total
-    if planes * oh * ow == 0:
-        return
-    cdef const floating* src = &x[0, 0, 0, 0]
-    cdef floating* dst = &out[0, 0, 0, 0]
-    with nogil:
-        for p in range(planes):
-            for J in range(oh):
-                for I in range(ow):
-                    total = 0
-                    for dj in range(s):
-                        for di in range(s):
-                            total = total + scale * src[p * plane_in + (J * s + dj) * row
-                                                        + I * s + di]
-                    dst[p * oh * ow + J * ow + I] = total
+    cdef floating scale = <floating>p.scale
+    for plane in range(p.planes):
+        for J in range(oh):
+            for I in range(ow):
+                total = 0
+                for dj in range(s):
+                    for di in range(s):
+                        total = total + scale * src[plane * plane_in + (J * s + dj) * row
+                                                    + I * s + di]
+                dst[plane * oh * ow + J * ow + I] = total
 
 
-def upsample_forward(x, out, int stride, double scale=1.0) -> None:
+cdef void _upsample_step(const StepData* d) noexcept nogil:
+    cdef const UpsampleParams* p = <const UpsampleParams*>d.params
+    if d.f32:
+        _upsample(<const float*>d.buf[UPSAMPLE_X], <float*>d.buf[UPSAMPLE_OUT], p)
+    else:
+        _upsample(<const double*>d.buf[UPSAMPLE_X], <double*>d.buf[UPSAMPLE_OUT], p)
+
+
+cdef void _downsample_step(const StepData* d) noexcept nogil:
+    cdef const UpsampleParams* p = <const UpsampleParams*>d.params
+    if d.f32:
+        _downsample(<const float*>d.buf[UPSAMPLE_X], <float*>d.buf[UPSAMPLE_OUT], p)
+    else:
+        _downsample(<const double*>d.buf[UPSAMPLE_X], <double*>d.buf[UPSAMPLE_OUT], p)
+
+
+def upsample_step(x, out, int stride, double scale=1.0) -> NativeStep:
     """Darknet ``[upsample]`` forward (forward_upsample_layer).
 
     x: (N, C, H, W) float32/float64, C-contiguous; out: ``upsample_output_shape(x.shape,
@@ -104,14 +123,41 @@ def upsample_forward(x, out, int stride, double scale=1.0) -> None:
     """
     check_input("x", x)
     check_out(out, x, upsample_output_shape(x.shape, stride))
+    f32 = x.dtype == np.float32
+    cdef NativeStep step
     if stride > 0:
-        _upsample(x, out, stride, scale)
+        step = new_step(_upsample_step, "upsample", (x, out), f32, sizeof(UpsampleParams))
     else:
-        _downsample(x, out, -stride, scale)
+        step = new_step(_downsample_step, "upsample_reverse", (x, out), f32,
+                        sizeof(UpsampleParams))
+    cdef UpsampleParams* p = <UpsampleParams*>step.data.params
+    p.planes = x.shape[0] * x.shape[1]
+    if stride > 0:
+        p.h, p.w, p.s = x.shape[2], x.shape[3], stride
+    else:
+        p.h, p.w, p.s = out.shape[2], out.shape[3], -stride
+    # The float32 kernel rounds scale to float32 once, as Darknet's float cfg value.
+    p.scale = scale
+    return step
+
+
+def upsample_forward(x, out, int stride, double scale=1.0) -> None:
+    """``upsample_step(x, out, stride, scale)`` run once."""
+    upsample_step(x, out, stride, scale).run()
 
 
 # ----------------------------------------------------------------------------------------
 # reorg
+
+cdef enum:  # buffer roles
+    REORG_X, REORG_OUT
+
+cdef struct ReorgParams:
+    Py_ssize_t batch
+    Py_ssize_t w, h, c  # the input's
+    Py_ssize_t s
+    bint forward        # Darknet's flag: 1 for reverse=1
+
 
 cdef void _reorg_core(const floating* src, floating* dst, Py_ssize_t task, Py_ssize_t w,
                       Py_ssize_t h, Py_ssize_t c, Py_ssize_t s, bint forward) noexcept nogil:
@@ -135,16 +181,18 @@ cdef void _reorg_core(const floating* src, floating* dst, Py_ssize_t task, Py_ss
                 dst[small] = src[large]
 
 
-def _reorg(const floating[:, :, :, ::1] x, floating[:, :, :, ::1] out, Py_ssize_t w,
-           Py_ssize_t h, Py_ssize_t c, int s, bint forward):
-    cdef Py_ssize_t tasks = x.shape[0] * c, task
-    if x.size == 0:
-        return
-    cdef const floating* src = &x[0, 0, 0, 0]
-    cdef floating* dst = &out[0, 0, 0, 0]
-    with nogil:
-        for task in range(tasks):
-            _reorg_core(src, dst, task, w, h, c, s, forward)
+cdef void _reorg(const floating* src, floating* dst, const ReorgParams* p) noexcept nogil:
+    cdef Py_ssize_t task
+    for task in range(p.batch * p.c):
+        _reorg_core(src, dst, task, p.w, p.h, p.c, p.s, p.forward)
+
+
+cdef void _reorg_step(const StepData* d) noexcept nogil:
+    cdef const ReorgParams* p = <const ReorgParams*>d.params
+    if d.f32:
+        _reorg(<const float*>d.buf[REORG_X], <float*>d.buf[REORG_OUT], p)
+    else:
+        _reorg(<const double*>d.buf[REORG_X], <double*>d.buf[REORG_OUT], p)
 
 
 def reorg_output_shape(shape, int stride, bint reverse):
@@ -159,7 +207,7 @@ def reorg_output_shape(shape, int stride, bint reverse):
     return n, c * stride * stride, h // stride, w // stride
 
 
-def reorg_forward(x, out, int stride, bint reverse=False) -> None:
+def reorg_step(x, out, int stride, bint reverse=False) -> NativeStep:
     """Darknet ``[reorg]`` forward: forward_reorg_old_layer (YOLOv2's layer; OpenCV's too).
 
     x: (N, C, H, W); out: ``reorg_output_shape(x.shape, stride, reverse)``, same dtype.
@@ -182,4 +230,15 @@ def reorg_forward(x, out, int stride, bint reverse=False) -> None:
     if not reverse and (h % stride or w % stride):
         raise ArgumentError(f"[reorg] stride={stride} must divide the {h}x{w} input")
     check_out(out, x, reorg_output_shape(x.shape, stride, reverse))
-    _reorg(x, out, w, h, c, stride, reverse)
+    cdef NativeStep step = new_step(_reorg_step, "reorg_reverse" if reverse else "reorg",
+                                    (x, out), x.dtype == np.float32, sizeof(ReorgParams))
+    cdef ReorgParams* p = <ReorgParams*>step.data.params
+    p.batch, p.c, p.h, p.w = n, c, h, w
+    p.s = stride
+    p.forward = reverse
+    return step
+
+
+def reorg_forward(x, out, int stride, bint reverse=False) -> None:
+    """``reorg_step(x, out, stride, reverse)`` run once."""
+    reorg_step(x, out, stride, reverse).run()

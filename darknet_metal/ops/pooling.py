@@ -8,6 +8,7 @@ import numpy as np
 
 from darknet_metal.cfg import Section
 from darknet_metal.cpu import pooling as cpu_pooling
+from darknet_metal.cpu.step import NativeStep
 from darknet_metal.ops.base import LayerSpec, Shape, positive
 from darknet_metal.program import LayerEmitter
 
@@ -36,14 +37,13 @@ class MaxpoolOp(LayerSpec):
         flops = out[0] * out[1] * out[2] * v["size"] * v["size"]
         return cls(s, [s.index - 1], shape, out, flops=flops)
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
         v = self.values
         if v["maxpool_depth"]:
-            cpu_pooling.maxpool_depth_forward(sources[0], out)
-        else:
-            cpu_pooling.maxpool_forward(sources[0], out, v["size"], v["stride_x"],
-                                        v["stride_y"], v["padding"])
+            return [cpu_pooling.maxpool_depth_step(sources[0], out)]
+        return [cpu_pooling.maxpool_step(sources[0], out, v["size"], v["stride_x"],
+                                         v["stride_y"], v["padding"])]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         v = self.values
@@ -90,9 +90,9 @@ class AvgpoolOp(LayerSpec):
     def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
         return cls(s, [s.index - 1], shape, (shape[0], 1, 1))
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
-        cpu_pooling.avgpool_forward(sources[0], out)
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
+        return [cpu_pooling.avgpool_step(sources[0], out)]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape

@@ -8,6 +8,7 @@ import numpy as np
 
 from darknet_metal.cfg import Section
 from darknet_metal.cpu import resample as cpu_resample
+from darknet_metal.cpu.step import NativeStep
 from darknet_metal.ops.base import LayerSpec, Shape, positive
 from darknet_metal.program import LayerEmitter
 
@@ -32,10 +33,10 @@ class UpsampleOp(LayerSpec):
             out = (c, h // -stride, w // -stride)
         return cls(s, [s.index - 1], shape, positive(s, out, "stride"))
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
-        cpu_resample.upsample_forward(sources[0], out, self.values["stride"],
-                                      self.values["scale"])
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
+        return [cpu_resample.upsample_step(sources[0], out, self.values["stride"],
+                                           self.values["scale"])]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape
@@ -81,10 +82,10 @@ class ReorgOp(LayerSpec):
             out = (c * stride * stride, h // stride, w // stride)
         return cls(s, [s.index - 1], shape, positive(s, out, "stride"))
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
-        cpu_resample.reorg_forward(sources[0], out, self.values["stride"],
-                                   self.values["reverse"])
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
+        return [cpu_resample.reorg_step(sources[0], out, self.values["stride"],
+                                        self.values["reverse"])]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape
