@@ -3,7 +3,8 @@
 Shared contract of the Python entry points (``*_forward``, ``activate``, ``gradient``): arrays
 are C-contiguous numpy arrays, float32 or float64, all of one dtype, checked by ``checks``
 before any kernel runs: TypeError for something that is not an array, ValueError for a wrong
-shape, dtype, contiguity or a read-only array the call writes. Outputs are written in full.
+shape, dtype, contiguity or a read-only array the call writes. Outputs are written in full
+(but for ``route_forward``, which fills one run of channels of the route's output).
 The loops then run without the GIL.
 
 The cdef kernels other modules call are declared in ``.pxd`` files, all ``noexcept nogil``

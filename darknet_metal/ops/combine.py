@@ -11,7 +11,8 @@ import numpy as np
 
 from darknet_metal.cfg import Section
 from darknet_metal.cpu import combine as cpu_combine
-from darknet_metal.ops.activation import activate_after_cpu, emit_activation_after
+from darknet_metal.cpu.step import NativeStep
+from darknet_metal.ops.activation import activation_steps_after, emit_activation_after
 from darknet_metal.ops.base import LayerSpec, Params, Shape
 from darknet_metal.program import LayerEmitter, Param
 
@@ -57,12 +58,13 @@ class ShortcutOp(LayerSpec):
     def prepare_cpu(self, params: Params | None, dtype: np.dtype) -> Any:
         return np.ascontiguousarray(params["weights"], dtype) if self.weighted else None
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
+        # state is the weights array itself: the steps read it on every pass.
         v = self.values
-        cpu_combine.shortcut_forward(sources[0], sources[1:], state, v["weights_type"],
-                                     v["weights_normalization"], out)
-        activate_after_cpu(out, self.activation, fused=False)
+        return (cpu_combine.shortcut_step(sources[0], sources[1:], state, v["weights_type"],
+                                          v["weights_normalization"], out)
+                + activation_steps_after(out, self.activation, fused=False))
 
     def device_params(self, params: Params | None) -> dict[str, np.ndarray | int]:
         if not self.weighted:
@@ -128,10 +130,11 @@ class ScaleChannelsOp(LayerSpec):
                           f"{target}: expected {want}", "from")
         return cls(s, [s.index - 1, src], shape, target)
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
-        cpu_combine.scale_channels_forward(sources[1], sources[0], out, self.values["scale_wh"])
-        activate_after_cpu(out, self.activation, fused=False)
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
+        return [cpu_combine.scale_channels_step(sources[1], sources[0], out,
+                                                self.values["scale_wh"]),
+                *activation_steps_after(out, self.activation, fused=False)]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         oc, oh, ow = self.out_shape
@@ -164,10 +167,10 @@ class SamOp(LayerSpec):
                           "from")
         return cls(s, [s.index - 1, src], shape, shape)
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
-        cpu_combine.sam_forward(sources[1], sources[0], out)
-        activate_after_cpu(out, self.activation, fused=False)
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
+        return [cpu_combine.sam_step(sources[1], sources[0], out),
+                *activation_steps_after(out, self.activation, fused=False)]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         n = e.batch * self.out_size

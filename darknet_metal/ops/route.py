@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 
 from darknet_metal.cfg import Section
+from darknet_metal.cpu import route as cpu_route
+from darknet_metal.cpu.step import NativeStep
 from darknet_metal.ops.base import LayerSpec, Shape
 from darknet_metal.program import LayerEmitter
 
@@ -38,14 +40,16 @@ class RouteOp(LayerSpec):
             channels += c // groups
         return cls(s, sources, first, (channels, first[1], first[2]))
 
-    def forward_cpu(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                    workspace: np.ndarray | None) -> None:
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
         groups, group_id = self.values["groups"], self.values["group_id"]
+        steps = []
         offset = 0
         for part in sources:
             width = part.shape[1] // groups
-            out[:, offset : offset + width] = part[:, group_id * width : (group_id + 1) * width]
+            steps.append(cpu_route.route_step(part, out, group_id * width, width, offset))
             offset += width
+        return steps
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         groups, group_id = self.values["groups"], self.values["group_id"]
