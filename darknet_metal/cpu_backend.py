@@ -77,6 +77,9 @@ class CpuBackend:
         self._programs: OrderedDict[tuple[int, frozenset[int] | None], _LoadedProgram] = (
             OrderedDict()
         )
+        #: ``time.monotonic_ns()`` readings at which the last pass's compute started and
+        #: finished (without per-layer timings, one GIL-free loop in between).
+        self.last_pass_ns: tuple[int, int] = (0, 0)
         self.load_params(params)
 
     def load_params(self, params: dict[int, Params]) -> None:
@@ -120,16 +123,18 @@ class CpuBackend:
         loaded = self._loaded(x.shape[0], keep)
         program = loaded.program
         x = x.reshape(loaded.input_standin.shape)
-        np.copyto(loaded.input_standin, x)  # TRANSITIONAL: python steps read the stand-in
         if timings is None:
             loaded.steps.run(x)
+            started = loaded.steps.last_started_ns
         else:
             first = 0
+            started = time.monotonic_ns()
             for end in loaded.layer_ends:
                 start = time.perf_counter()
                 loaded.steps.run(x, first, end)
                 timings.append(time.perf_counter() - start)
                 first = end
+        self.last_pass_ns = (started, loaded.steps.last_finished_ns)
         result: list[np.ndarray | None] = []
         for spec in self.specs:
             t = Tensor(spec.index, "output")

@@ -14,7 +14,7 @@ after the first pass of a program. Outputs stay on the device as ``DeviceArray``
 one waits for the pass (the only wait) and downloads exactly its bytes.
 
 A fallback layer is a host step: the pass commits what it has encoded, reads the layer's
-inputs (one wait), runs the op's ``forward_cpu``, uploads its output and continues; each
+inputs (one wait), runs the op's native CPU steps, uploads its output and continues; each
 counts one ``cpu_fallback``, so a pass with fallbacks commits once per fallback plus once at
 its end.
 

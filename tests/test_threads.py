@@ -8,7 +8,9 @@ other's buffers (they once returned garbage: 20 of 20 results wrong from 4 threa
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -99,3 +101,47 @@ def test_moving_a_network_while_threads_use_it():
     for i in range(1, THREADS):
         for g, w in zip(found[i], want[i], strict=True):
             np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * np.abs(w).max())
+
+
+def test_a_cpu_pass_needs_no_gil_and_other_threads_keep_running():
+    """Once another thread's CPU forward pass is under way, the test thread takes the GIL
+    and keeps it (a switch interval of a minute stops the interpreter from handing it back)
+    while it counts: the counter advances during the pass, and the pass finishes before the
+    counting ends, so nothing between its layers waited for the GIL."""
+    net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", seed=3, input_size=(256, 256))
+    x = np.random.default_rng(5).random((1, 3, 256, 256), dtype=np.float32)
+    want = net.forward(x)  # builds and binds the program
+    (steps,) = [loaded.steps for loaded in net._backend._programs.values()]
+    window_ns = 2_000_000_000
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        for _attempt in range(5):
+            found: list = []
+            before = steps.last_started_ns
+            worker = threading.Thread(target=lambda out=found: out.append(net.forward(x)))
+            worker.start()
+            while steps.last_started_ns == before and worker.is_alive():
+                time.sleep(0.0001)  # lets the worker run up to its pass
+            samples: list[tuple[int, int]] = []
+            count = 0
+            now = begin = time.monotonic_ns()
+            while now - begin < window_ns:
+                count += 1
+                if count % 500 == 0:
+                    samples.append((now, count))
+                now = time.monotonic_ns()
+            samples.append((now, count))
+            worker.join()
+            started, finished = net._backend.last_pass_ns
+            if finished > begin:
+                break  # else the pass was over before the counting began: try again
+        else:
+            pytest.fail("no pass was still running when the counting began")
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert finished < now, "the pass waited for the GIL between its layers"
+    during = [c for t, c in samples if t <= finished]
+    assert len(during) >= 2 and during[-1] > during[0], "the counter stalled during the pass"
+    for g, w in zip(found[0], want, strict=True):
+        np.testing.assert_array_equal(g, w)

@@ -63,15 +63,3 @@ cdef NativeStep new_step(StepFn fn, str kind, tuple arrays, bint f32, Py_ssize_t
         step.data.buf[i] = <char*>cnp.PyArray_DATA(a)
     return step
 
-
-cdef void _call_python(const StepData* data) noexcept nogil:
-    with gil:
-        (<object><void*>data.buf[0])()
-
-
-def python_step(run, str kind="python") -> NativeStep:
-    """A step calling ``run()`` with the GIL held (for kernels not yet native)."""
-    cdef NativeStep step = new_step(_call_python, kind, (), True, 0)
-    step.arrays = (run,)
-    step.data.buf[0] = <char*><void*>run
-    return step

@@ -36,10 +36,6 @@ def activation_steps_after(out: np.ndarray, act: int, fused: bool) -> list[Nativ
     return []
 
 
-def activate_after_cpu(out: np.ndarray, act: int, fused: bool) -> None:
-    for step in activation_steps_after(out, act, fused):
-        step.run()
-
 
 def emit_activation_after(e: LayerEmitter, act: int, fused: bool) -> None:
     """The device step applying ``act`` to the layer's output in place, when one is needed

@@ -25,7 +25,7 @@ import numpy as np
 
 from darknet_metal.activations import ACTIVATION_ID
 from darknet_metal.cfg import Section
-from darknet_metal.cpu.step import NativeStep, python_step
+from darknet_metal.cpu.step import NativeStep
 from darknet_metal.params import Params
 from darknet_metal.program import LayerEmitter
 
@@ -148,8 +148,7 @@ class LayerSpec:
         (N, C, H, W) array per input), ``out`` (N, *out_shape) and ``workspace`` (of
         ``cpu_workspace(N)`` elements, or None); arguments are checked here, so running the
         steps cannot fail."""
-        return [python_step(lambda: self.forward_cpu(state, sources, out, workspace),
-                            self.kind)]
+        raise NotImplementedError(f"{type(self).__name__}.cpu_steps")
 
     def forward_cpu(
         self, state: Any, sources: list[np.ndarray], out: np.ndarray, workspace: np.ndarray | None
