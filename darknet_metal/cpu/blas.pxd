@@ -12,3 +12,11 @@ cdef void gemm_rowmajor_batch(int count, bint trans_a, bint trans_b, int m, int 
                               const floating* b, int ldb, size_t stride_b,
                               floating beta, floating* c, int ldc,
                               size_t stride_c) noexcept nogil
+
+# A parallel loop on the executor's GEMM threads: fn(ctx, part) for part in [0, parts), the
+# parts handed out one at a time to the caller and the helpers (see blas.pyx); returns when
+# all are done. A GEMM called inside a part is one single-threaded BLAS call.
+ctypedef void (*part_fn)(void* ctx, int part) noexcept nogil
+cdef void run_parts(part_fn fn, void* ctx, int parts) noexcept nogil
+# Threads run_parts uses, the caller included.
+cdef int cpu_threads() noexcept nogil

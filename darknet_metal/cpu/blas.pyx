@@ -181,3 +181,14 @@ cdef void gemm_rowmajor_batch(int count, bint trans_a, bint trans_b, int m, int 
         dm_blas_single_enter()
         dm_gemm_run(_batch_part, &job, count)
         dm_blas_single_exit()
+
+
+cdef int cpu_threads() noexcept nogil:
+    return dm_gemm_threads(<void*>sgemm)
+
+
+cdef void run_parts(part_fn fn, void* ctx, int parts) noexcept nogil:
+    dm_gemm_threads(<void*>sgemm)
+    dm_blas_single_enter()
+    dm_gemm_run(<dm_part_fn>fn, ctx, parts)
+    dm_blas_single_exit()

@@ -15,12 +15,14 @@ its peak, and the direct loop is 2-3x faster on one core than the GEMM on two.
 from cython cimport floating
 
 from darknet_metal.cpu.activations cimport ACT_COUNT, activate_array
-from darknet_metal.cpu.blas cimport gemm_rowmajor
+from darknet_metal.cpu.blas cimport cpu_threads, gemm_rowmajor, run_parts
 from darknet_metal.cpu.im2col cimport im2col
 from darknet_metal.cpu.kernels cimport (
     dm_act_fusable,
     dm_bias_act_f32,
-    dm_conv3x3_direct_f32,
+    DM_DIRECT_FB,
+    dm_conv3x3_direct_prepare_f32,
+    dm_conv3x3_direct_rows_f32,
     dm_conv3x3_direct_scratch,
 )
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
@@ -74,6 +76,58 @@ cdef struct ConvParams:
     bint one_by_one
 
 
+# Least multiply-adds of a convolution whose row blocks (or direct-kernel rows) are shared out
+# among the GEMM threads; below it one thread does all (waking the helpers would cost more).
+cdef double SPLIT_WORK = 4.0 * (1 << 20)
+# Parts per thread of a direct convolution.
+cdef int DIRECT_PARTS_PER_THREAD = 4
+
+
+ctypedef struct BlockJob:
+    # float32 im2col + GEMM of one (image, group): a part is one block of output rows.
+    const float* src
+    const float* weights
+    const float* bias
+    float* dst
+    float* workspace
+    const ConvParams* p
+    Py_ssize_t cg, fg, k, block_rows
+
+
+cdef void _block_part(void* ctx, int part) noexcept nogil:
+    cdef BlockJob* j = <BlockJob*>ctx
+    cdef const ConvParams* p = j.p
+    cdef Py_ssize_t out_w = p.out_w, spatial = p.out_h * p.out_w
+    cdef Py_ssize_t oy0 = part * j.block_rows, oy1 = min(p.out_h, oy0 + j.block_rows)
+    cdef Py_ssize_t cols = (oy1 - oy0) * out_w, f
+    # Each block unfolds into its own stretch of the workspace (the blocks together are one
+    # whole im2col), so parts running at once never share scratch.
+    cdef float* columns = j.workspace + oy0 * out_w * j.k
+    im2col(j.src, j.cg, p.height, p.width, p.ksize, p.stride_x, p.stride_y,
+           p.pad * p.dilation, p.dilation, oy0, oy1, out_w, columns)
+    gemm_rowmajor(False, False, <int>j.fg, <int>cols, <int>j.k, j.weights, <int>j.k, columns,
+                  <int>cols, 0, j.dst + oy0 * out_w, <int>spatial)
+    for f in range(j.fg):
+        bias_activate(j.dst + f * spatial + oy0 * out_w, j.bias + f, 1, cols, p.act)
+
+
+ctypedef struct DirectJob:
+    const float* bias
+    const float* scratch
+    float* out
+    const ConvParams* p
+    Py_ssize_t row_parts, rows
+
+
+cdef void _direct_part(void* ctx, int part) noexcept nogil:
+    cdef DirectJob* j = <DirectJob*>ctx
+    cdef const ConvParams* p = j.p
+    cdef Py_ssize_t fb = part // j.row_parts
+    cdef Py_ssize_t y0 = (part % j.row_parts) * j.rows, y1 = min(p.height, y0 + j.rows)
+    dm_conv3x3_direct_rows_f32(p.channels, p.height, p.width, j.bias, p.filters, p.act,
+                               j.scratch, fb, y0, y1, j.out)
+
+
 cdef void _conv2d(const floating* x, const floating* weights, const floating* bias,
                   floating* out, floating* workspace, const ConvParams* p) noexcept nogil:
     cdef Py_ssize_t channels = p.channels, height = p.height, width = p.width
@@ -92,15 +146,30 @@ cdef void _conv2d(const floating* x, const floating* weights, const floating* bi
     # Unfold a block of output rows at a time so the im2col columns stay in cache between
     # being written and being multiplied.
     cdef Py_ssize_t block_rows = max(1, IM2COL_BLOCK // max(1, k * out_w))
-    cdef Py_ssize_t b, g, oy0, oy1, cols
+    cdef Py_ssize_t blocks = (out_h + block_rows - 1) // block_rows
+    cdef int threads = cpu_threads()
+    cdef bint split = threads > 1 and <double>fg * spatial * k >= SPLIT_WORK
+    cdef Py_ssize_t b, g, oy0, oy1, cols, fblocks
     cdef const floating* src
     cdef floating* dst
+    cdef BlockJob block_job
+    cdef DirectJob direct_job
     for b in range(p.batch):
         if floating is float:
             if direct3:
-                dm_conv3x3_direct_f32(x + b * channels * in_plane, channels, height, width,
-                                      weights, bias, filters, p.act, workspace,
-                                      out + b * filters * spatial)
+                dm_conv3x3_direct_prepare_f32(x + b * channels * in_plane, channels, height,
+                                              width, weights, filters, workspace)
+                fblocks = (filters + DM_DIRECT_FB - 1) // DM_DIRECT_FB
+                direct_job.bias, direct_job.scratch = bias, workspace
+                direct_job.out, direct_job.p = out + b * filters * spatial, p
+                direct_job.row_parts = 1
+                if split:
+                    direct_job.row_parts = max(
+                        1, min(height, (threads * DIRECT_PARTS_PER_THREAD + fblocks - 1)
+                               // fblocks))
+                direct_job.rows = (height + direct_job.row_parts - 1) // direct_job.row_parts
+                direct_job.row_parts = (height + direct_job.rows - 1) // direct_job.rows
+                run_parts(_direct_part, &direct_job, <int>(fblocks * direct_job.row_parts))
                 continue
         for g in range(p.groups):
             src = x + (b * channels + g * cg) * in_plane
@@ -110,18 +179,29 @@ cdef void _conv2d(const floating* x, const floating* weights, const floating* bi
                 gemm_rowmajor(False, False, <int>fg, <int>spatial, <int>k,
                               weights + g * fg * k, <int>k, src, <int>spatial, 0, dst,
                               <int>spatial)
-                continue
-            oy0 = 0
-            while oy0 < out_h:
-                oy1 = min(out_h, oy0 + block_rows)
-                cols = (oy1 - oy0) * out_w
-                im2col(src, cg, height, width, p.ksize, p.stride_x, p.stride_y,
-                       p.pad * p.dilation, p.dilation, oy0, oy1, out_w, workspace)
-                gemm_rowmajor(False, False, <int>fg, <int>cols, <int>k,
-                              weights + g * fg * k, <int>k, workspace, <int>cols, 0,
-                              dst + oy0 * out_w, <int>spatial)
-                oy0 = oy1
-        bias_activate(out + b * filters * spatial, bias, filters, spatial, p.act)
+            else:
+                if floating is float:
+                    if split and blocks > 1:
+                        # Blocks of rows on the GEMM threads, each with its bias and
+                        # activation.
+                        block_job.src, block_job.weights = src, weights + g * fg * k
+                        block_job.bias, block_job.dst = bias + g * fg, dst
+                        block_job.workspace, block_job.p = workspace, p
+                        block_job.cg, block_job.fg, block_job.k = cg, fg, k
+                        block_job.block_rows = block_rows
+                        run_parts(_block_part, &block_job, <int>blocks)
+                        continue
+                oy0 = 0
+                while oy0 < out_h:
+                    oy1 = min(out_h, oy0 + block_rows)
+                    cols = (oy1 - oy0) * out_w
+                    im2col(src, cg, height, width, p.ksize, p.stride_x, p.stride_y,
+                           p.pad * p.dilation, p.dilation, oy0, oy1, out_w, workspace)
+                    gemm_rowmajor(False, False, <int>fg, <int>cols, <int>k,
+                                  weights + g * fg * k, <int>k, workspace, <int>cols, 0,
+                                  dst + oy0 * out_w, <int>spatial)
+                    oy0 = oy1
+            bias_activate(dst, bias + g * fg, fg, spatial, p.act)
 
 
 cdef void _conv2d_step(const StepData* d) noexcept nogil:

@@ -241,17 +241,19 @@ static inline ptrdiff_t dm_conv3x3_direct_scratch(ptrdiff_t channels, ptrdiff_t 
 }
 
 /* 3x3, stride 1, pad 1 convolution of one image computed directly (no im2col), for few
- * input channels where the GEMM's inner dimension would be too thin for BLAS.
+ * input channels where the GEMM's inner dimension would be too thin for BLAS, in two parts
+ * so that the second can be shared out among threads:
+ * dm_conv3x3_direct_prepare_f32 fills scratch (dm_conv3x3_direct_scratch() floats: a
+ * zero-padded copy of x and the weights regrouped by blocks of DM_DIRECT_FB filters), then
+ * dm_conv3x3_direct_rows_f32 computes output rows [y0, y1) of filter block fb.
  * x: (channels, height, width); weights: (filters, channels*9) in (c, ky, kx) order;
  * out: (filters, height, width) = act(sum_{c,ky,kx} w*x + bias), the sum taken in
  * (c, ky, kx) order from 0 and the bias added last, act one dm_act_fusable() accepts (any
- * other is left undone). scratch: dm_conv3x3_direct_scratch()
- * floats (a zero-padded copy of x and the weights regrouped by blocks of filters). */
-static DM_CLONES void dm_conv3x3_direct_f32(const float *x, ptrdiff_t channels,
-                                            ptrdiff_t height, ptrdiff_t width,
-                                            const float *weights, const float *bias,
-                                            ptrdiff_t filters, int act, float *scratch,
-                                            float *out)
+ * other is left undone). */
+static inline void dm_conv3x3_direct_prepare_f32(const float *x, ptrdiff_t channels,
+                                                 ptrdiff_t height, ptrdiff_t width,
+                                                 const float *weights, ptrdiff_t filters,
+                                                 float *scratch)
 {
     const ptrdiff_t k = channels * 9;
     const ptrdiff_t wp = (width + DM_DIRECT_XB - 1) / DM_DIRECT_XB * DM_DIRECT_XB + 2;
@@ -274,64 +276,72 @@ static DM_CLONES void dm_conv3x3_direct_f32(const float *x, ptrdiff_t channels,
                 wblk[(fb * k + kk) * DM_DIRECT_FB + f] = ff < filters ? weights[ff * k + kk]
                                                                       : 0.0f;
             }
+}
 
-    for (ptrdiff_t fb = 0; fb < fblocks; fb++) {
-        const float *wb = wblk + fb * k * DM_DIRECT_FB;
-        const ptrdiff_t nf = filters - fb * DM_DIRECT_FB < DM_DIRECT_FB
-                                 ? filters - fb * DM_DIRECT_FB
-                                 : DM_DIRECT_FB;
-        for (ptrdiff_t y = 0; y < height; y++) {
-            for (ptrdiff_t x0 = 0; x0 < width; x0 += DM_DIRECT_XB) {
-                dm_v16 acc[DM_DIRECT_FB];
-                for (int f = 0; f < DM_DIRECT_FB; f++)
-                    acc[f] = (dm_v16){0};
-                for (ptrdiff_t c = 0; c < channels; c++) {
-                    for (int ky = 0; ky < 3; ky++) {
-                        const float *row = padded + (c * hp + y + ky) * wp + x0;
-                        for (int kx = 0; kx < 3; kx++) {
-                            const dm_v16 s = *(const dm_v16u *)(row + kx);
-                            const float *wk = wb + ((c * 3 + ky) * 3 + kx) * DM_DIRECT_FB;
-                            for (int f = 0; f < DM_DIRECT_FB; f++)
-                                acc[f] = acc[f] + wk[f] * s;
-                        }
+static DM_CLONES void dm_conv3x3_direct_rows_f32(ptrdiff_t channels, ptrdiff_t height,
+                                                 ptrdiff_t width, const float *bias,
+                                                 ptrdiff_t filters, int act,
+                                                 const float *scratch, ptrdiff_t fb,
+                                                 ptrdiff_t y0, ptrdiff_t y1, float *out)
+{
+    const ptrdiff_t k = channels * 9;
+    const ptrdiff_t wp = (width + DM_DIRECT_XB - 1) / DM_DIRECT_XB * DM_DIRECT_XB + 2;
+    const ptrdiff_t hp = height + 2;
+    const float *padded = scratch;
+    const float *wb = scratch + channels * hp * wp + fb * k * DM_DIRECT_FB;
+    const ptrdiff_t nf = filters - fb * DM_DIRECT_FB < DM_DIRECT_FB
+                             ? filters - fb * DM_DIRECT_FB
+                             : DM_DIRECT_FB;
+    for (ptrdiff_t y = y0; y < y1; y++) {
+        for (ptrdiff_t x0 = 0; x0 < width; x0 += DM_DIRECT_XB) {
+            dm_v16 acc[DM_DIRECT_FB];
+            for (int f = 0; f < DM_DIRECT_FB; f++)
+                acc[f] = (dm_v16){0};
+            for (ptrdiff_t c = 0; c < channels; c++) {
+                for (int ky = 0; ky < 3; ky++) {
+                    const float *row = padded + (c * hp + y + ky) * wp + x0;
+                    for (int kx = 0; kx < 3; kx++) {
+                        const dm_v16 s = *(const dm_v16u *)(row + kx);
+                        const float *wk = wb + ((c * 3 + ky) * 3 + kx) * DM_DIRECT_FB;
+                        for (int f = 0; f < DM_DIRECT_FB; f++)
+                            acc[f] = acc[f] + wk[f] * s;
                     }
                 }
-                const ptrdiff_t nx = width - x0 < DM_DIRECT_XB ? width - x0 : DM_DIRECT_XB;
-                for (ptrdiff_t f = 0; f < nf; f++) {
-                    const ptrdiff_t ff = fb * DM_DIRECT_FB + f;
-                    float *o = out + (ff * height + y) * width + x0;
-                    const dm_v16 v = acc[f] + bias[ff];
-                    if (nx == DM_DIRECT_XB)
-                        *(dm_v16u *)o = v;
-                    else
-                        for (ptrdiff_t j = 0; j < nx; j++)
-                            o[j] = v[j];
-                }
             }
-            /* The activation on the finished rows while they are in L1. */
-            for (ptrdiff_t f = 0; act != DM_ACT_LINEAR && f < nf; f++)
-                dm_act_inplace(out + ((fb * DM_DIRECT_FB + f) * height + y) * width, width,
-                               act);
+            const ptrdiff_t nx = width - x0 < DM_DIRECT_XB ? width - x0 : DM_DIRECT_XB;
+            for (ptrdiff_t f = 0; f < nf; f++) {
+                const ptrdiff_t ff = fb * DM_DIRECT_FB + f;
+                float *o = out + (ff * height + y) * width + x0;
+                const dm_v16 v = acc[f] + bias[ff];
+                if (nx == DM_DIRECT_XB)
+                    *(dm_v16u *)o = v;
+                else
+                    for (ptrdiff_t j = 0; j < nx; j++)
+                        o[j] = v[j];
+            }
         }
+        /* The activation on the finished rows while they are in L1. */
+        for (ptrdiff_t f = 0; act != DM_ACT_LINEAR && f < nf; f++)
+            dm_act_inplace(out + ((fb * DM_DIRECT_FB + f) * height + y) * width, width, act);
     }
 }
 
 /* Tiles of one tile row transformed together by the Winograd kernels (stack buffers). */
 #define DM_WINO_CHUNK 64
 
-/* Winograd F(2x2, 3x3) input transform, V = B^T d B for the 4x4 tile d of every channel at
- * (2*ty - 1, 2*tx - 1) (zero outside the image): v[(i*4 + j)*plane + c*tiles + ty*tiles_x
- * + tx] with tiles = tiles_y*tiles_x and plane = channels*tiles. Columns of the tile are
+/* Winograd F(2x2, 3x3) input transform, V = B^T d B for the 4x4 tile d of channels
+ * [c0, c1) at (2*ty - 1, 2*tx - 1) (zero outside the image): v[(i*4 + j)*plane + c*tiles +
+ * ty*tiles_x + tx] with tiles = tiles_y*tiles_x and plane = channels*tiles. Columns of the tile are
  * combined first, then rows, as the scalar reference does. A run of tiles is handled at once:
  * the even and odd input columns are split apart so every step is a contiguous loop. */
-static DM_CLONES void dm_wino2_input_f32(const float *x, ptrdiff_t channels, ptrdiff_t height,
-                                         ptrdiff_t width, ptrdiff_t tiles_y, ptrdiff_t tiles_x,
-                                         float *v)
+static DM_CLONES void dm_wino2_input_f32(const float *x, ptrdiff_t channels, ptrdiff_t c0,
+                                         ptrdiff_t c1, ptrdiff_t height, ptrdiff_t width,
+                                         ptrdiff_t tiles_y, ptrdiff_t tiles_x, float *v)
 {
     const ptrdiff_t tiles = tiles_y * tiles_x, plane = channels * tiles;
     float ev[4][DM_WINO_CHUNK + 1], od[4][DM_WINO_CHUNK + 1];
     float te[4][DM_WINO_CHUNK + 1], to[4][DM_WINO_CHUNK + 1];
-    for (ptrdiff_t c = 0; c < channels; c++) {
+    for (ptrdiff_t c = c0; c < c1; c++) {
         const float *xc = x + c * height * width;
         for (ptrdiff_t ty = 0; ty < tiles_y; ty++) {
             for (ptrdiff_t tx0 = 0; tx0 < tiles_x; tx0 += DM_WINO_CHUNK) {
@@ -379,16 +389,18 @@ static DM_CLONES void dm_wino2_input_f32(const float *x, ptrdiff_t channels, ptr
 }
 
 /* Winograd F(2x2, 3x3) output transform with the bias and the activation fused (act one
- * dm_act_fusable() accepts; any other is left undone): out[f] = act(A^T M A + bias[f]) for every 2x2 output tile, where
+ * dm_act_fusable() accepts; any other is left undone): out[f] = act(A^T M A + bias[f]) for
+ * filters [f0, f1) and every 2x2 output tile, where
  * M[i][j] = mm[(i*4 + j)*plane + f*tiles + tile] and plane = filters*tiles. Rows of M are
  * combined first, then columns, then the bias is added, as the scalar reference does. */
 static DM_CLONES void dm_wino2_output_f32(const float *mm, const float *bias, ptrdiff_t filters,
-                                          ptrdiff_t height, ptrdiff_t width, ptrdiff_t tiles_y,
+                                          ptrdiff_t f0, ptrdiff_t f1, ptrdiff_t height,
+                                          ptrdiff_t width, ptrdiff_t tiles_y,
                                           ptrdiff_t tiles_x, int act, float *out)
 {
     const ptrdiff_t tiles = tiles_y * tiles_x, plane = filters * tiles;
     float r[2][2][DM_WINO_CHUNK];
-    for (ptrdiff_t f = 0; f < filters; f++) {
+    for (ptrdiff_t f = f0; f < f1; f++) {
         const float b = bias[f];
         float *of = out + f * height * width;
         for (ptrdiff_t ty = 0; ty < tiles_y; ty++) {

@@ -31,13 +31,19 @@ cdef extern from "kernels.h" nogil:
                          Py_ssize_t spatial, int act)
     void dm_maxpool2x2s2_f32(const float* src, float* dst, Py_ssize_t planes, Py_ssize_t h,
                              Py_ssize_t w, Py_ssize_t out_h, Py_ssize_t out_w)
+    enum: DM_DIRECT_FB  # filters per block of the direct convolution
     Py_ssize_t dm_conv3x3_direct_scratch(Py_ssize_t channels, Py_ssize_t filters,
                                          Py_ssize_t height, Py_ssize_t width)
-    void dm_conv3x3_direct_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
-                               Py_ssize_t width, const float* weights, const float* bias,
-                               Py_ssize_t filters, int act, float* scratch, float* out)
-    void dm_wino2_input_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
-                            Py_ssize_t width, Py_ssize_t tiles_y, Py_ssize_t tiles_x, float* v)
+    void dm_conv3x3_direct_prepare_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
+                                       Py_ssize_t width, const float* weights,
+                                       Py_ssize_t filters, float* scratch)
+    void dm_conv3x3_direct_rows_f32(Py_ssize_t channels, Py_ssize_t height, Py_ssize_t width,
+                                    const float* bias, Py_ssize_t filters, int act,
+                                    const float* scratch, Py_ssize_t fb, Py_ssize_t y0,
+                                    Py_ssize_t y1, float* out)
+    void dm_wino2_input_f32(const float* x, Py_ssize_t channels, Py_ssize_t c0, Py_ssize_t c1,
+                            Py_ssize_t height, Py_ssize_t width, Py_ssize_t tiles_y,
+                            Py_ssize_t tiles_x, float* v)
     void dm_wino2_output_f32(const float* m, const float* bias, Py_ssize_t filters,
-                             Py_ssize_t height, Py_ssize_t width, Py_ssize_t tiles_y,
-                             Py_ssize_t tiles_x, int act, float* out)
+                             Py_ssize_t f0, Py_ssize_t f1, Py_ssize_t height, Py_ssize_t width,
+                             Py_ssize_t tiles_y, Py_ssize_t tiles_x, int act, float* out)

@@ -16,7 +16,7 @@ that runs a whole layer without the GIL.
 from cython cimport floating
 
 from darknet_metal.cpu.activations cimport ACT_COUNT, ACT_LINEAR, activate_array
-from darknet_metal.cpu.blas cimport gemm_rowmajor_batch
+from darknet_metal.cpu.blas cimport cpu_threads, gemm_rowmajor_batch, part_fn, run_parts
 from darknet_metal.cpu.kernels cimport dm_act_fusable, dm_wino2_input_f32, dm_wino2_output_f32
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
@@ -127,41 +127,93 @@ cdef struct WinogradParams:
     int act
 
 
+# Parts per thread of a parallel transform: more parts than threads, so a thread that gets
+# fewer cycles (the cores shared with other processes) takes fewer of them.
+cdef int TRANSFORM_PARTS_PER_THREAD = 4
+
+
+ctypedef struct TransformJob:
+    const float* x       # input transform: the image
+    const float* m       # output transform: the GEMM results
+    const float* bias
+    float* v             # input transform: the transformed tiles
+    float* out           # output transform: the image
+    Py_ssize_t count     # channels (input) or filters (output)
+    Py_ssize_t span      # of them per part
+    Py_ssize_t height, width, tiles_y, tiles_x
+    int act
+    bint fused
+
+
+cdef void _input_part(void* ctx, int part) noexcept nogil:
+    cdef TransformJob* j = <TransformJob*>ctx
+    cdef Py_ssize_t c0 = part * j.span, c1 = min(j.count, c0 + j.span)
+    dm_wino2_input_f32(j.x, j.count, c0, c1, j.height, j.width, j.tiles_y, j.tiles_x, j.v)
+
+
+cdef void _output_part(void* ctx, int part) noexcept nogil:
+    cdef TransformJob* j = <TransformJob*>ctx
+    cdef Py_ssize_t f0 = part * j.span, f1 = min(j.count, f0 + j.span), f
+    cdef Py_ssize_t plane = j.height * j.width
+    # kernels.h fuses every activation it has a vectorised loop for (all elementwise ones
+    # but gelu and stair); the others are applied to the finished planes.
+    dm_wino2_output_f32(j.m, j.bias, j.count, f0, f1, j.height, j.width, j.tiles_y, j.tiles_x,
+                        j.act if j.fused else ACT_LINEAR, j.out)
+    if not j.fused:
+        for f in range(f0, f1):
+            activate_array(j.out + f * plane, plane, j.act)
+
+
+cdef inline void _run_split(part_fn fn, TransformJob* job, int threads) noexcept nogil:
+    cdef Py_ssize_t parts = min(job.count, <Py_ssize_t>threads * TRANSFORM_PARTS_PER_THREAD)
+    job.span = (job.count + parts - 1) // parts
+    run_parts(fn, job, <int>((job.count + job.span - 1) // job.span))
+
+
 cdef void _winograd(const floating* x, const floating* filters, const floating* bias,
                     floating* out, floating* workspace, const WinogradParams* p) noexcept nogil:
     cdef Py_ssize_t channels = p.channels, height = p.height, width = p.width
     cdef Py_ssize_t nf = p.filters, plane = height * width
-    cdef int act = p.act
     cdef Py_ssize_t tiles_y = (height + 1) // 2, tiles_x = (width + 1) // 2
     cdef Py_ssize_t tiles = tiles_y * tiles_x
     cdef floating* v = workspace
     cdef floating* m = v + 16 * channels * tiles
-    cdef const floating* src
-    cdef floating* dst
-    cdef Py_ssize_t b, f
-    cdef bint fused = dm_act_fusable(act)
+    cdef Py_ssize_t b
+    cdef TransformJob job
+    cdef int threads = cpu_threads()
+    if channels == 0 or nf == 0:
+        threads = 1  # nothing to split (and no part of zero width)
     for b in range(p.batch):
-        src = x + b * channels * plane
-        dst = out + b * nf * plane
         if floating is float:
-            dm_wino2_input_f32(src, channels, height, width, tiles_y, tiles_x, v)
+            # The transforms are about as much work as the GEMMs on thin layers: shared out
+            # among the GEMM threads like them (by channels, then by filters).
+            job.x = x + b * channels * plane
+            job.v = v
+            job.count = channels
+            job.height, job.width, job.tiles_y, job.tiles_x = height, width, tiles_y, tiles_x
+            job.span = channels
+            if threads > 1:
+                _run_split(_input_part, &job, threads)
+            else:
+                _input_part(&job, 0)
         else:
-            input_transform(src, channels, height, width, tiles_y, tiles_x, v)
+            input_transform(x + b * channels * plane, channels, height, width, tiles_y,
+                            tiles_x, v)
         gemm_rowmajor_batch(16, False, False, <int>nf, <int>tiles, <int>channels,
                             filters, <int>channels, nf * channels,
                             v, <int>tiles, channels * tiles,
                             0, m, <int>tiles, nf * tiles)
         if floating is float:
-            # kernels.h fuses every activation it has a vectorised loop for (all
-            # elementwise ones but gelu and stair); the others are applied to the
-            # finished planes.
-            dm_wino2_output_f32(m, bias, nf, height, width, tiles_y, tiles_x,
-                                act if fused else ACT_LINEAR, dst)
-            if not fused:
-                for f in range(nf):
-                    activate_array(dst + f * plane, plane, act)
+            job.m, job.bias, job.out = m, bias, out + b * nf * plane
+            job.count, job.act, job.fused = nf, p.act, dm_act_fusable(p.act)
+            job.span = nf
+            if threads > 1:
+                _run_split(_output_part, &job, threads)
+            else:
+                _output_part(&job, 0)
         else:
-            output_transform(m, bias, nf, height, width, tiles_y, tiles_x, act, dst)
+            output_transform(m, bias, nf, height, width, tiles_y, tiles_x, p.act,
+                             out + b * nf * plane)
 
 
 cdef void _winograd_step(const StepData* d) noexcept nogil:
