@@ -35,8 +35,8 @@ HEADER_DIR = pathlib.Path(__file__).resolve().parents[1] / "darknet_metal" / "cp
 FUSABLE = [a for a in ACTIVATIONS if a in REFERENCE and act.fusable(a)]
 # Computed with the same float operations as the scalar functions, no exp involved.
 EXACT = ["linear", "leaky", "revleaky", "relu", "relu6", "hard_mish", "hardtan", "lhtan",
-         "plse", "ramp", "relie"]
-WITH_EXP = ["logistic", "swish", "mish", "tanh", "loggy", "elu", "selu"]
+         "plse", "ramp", "relie", "stair"]
+WITH_EXP = ["logistic", "swish", "mish", "tanh", "loggy", "elu", "selu", "gelu"]
 
 F32_MIN = float(np.finfo(np.float32).tiny)  # 2^-126
 ULP1 = 2.0**-23  # one ulp of 1.0
@@ -47,18 +47,37 @@ ULP1 = 2.0**-23  # one ulp of 1.0
 # - logistic/swish: e^-x overflows for x < -88.72, giving 0 where the true value is below
 #   3e-39 (times |x| for swish; the scalar function does the same);
 # - tanh/loggy 2/(1 + e) - 1, elu/selu e^x - 1: cancellation near 0 leaves about an ulp of 1.
+# - gelu x/(1 + e^(-2a)), a = 0.797885x + 0.035677x^3: a is rounded in float (about 2.5e-7
+#   of |a|), which the exponential turns into a relative error of up to 5e-7*|a| where the
+#   value is e^(2a)-small (measured 3.3e-7*|a| at x = -8.9, where the value is 1e-28); and 0
+#   where e^(-2a) overflows, the true value being below 3e-39*|x| there.
 RTOL = 4e-7
 ATOL = {
     "logistic": 3e-39, "swish": 3e-39 * 104, "mish": 1e-43,
-    "tanh": 2 * ULP1, "loggy": 2 * ULP1, "elu": ULP1 / 2, "selu": ULP1,
+    "tanh": 2 * ULP1, "loggy": 2 * ULP1, "elu": ULP1 / 2, "selu": ULP1, "gelu": 1e-45,
 }
+GELU_RTOL_PER_ABS_A = 6e-7
+GELU_ATOL_PER_ABS_X = 3e-39
+
+
+def gelu_a(x):
+    return 0.797885 * x + 0.035677 * x**3
+
+
+# Float64 definitions where the NumPy one in test_cpu_activations cancels: Darknet's gelu
+# 0.5x(1 + tanh(a)) loses everything below 1e-16 of 1 + tanh(a) for negative a, which
+# x/(1 + e^(-2a)) (the same function) does not.
+STABLE = {"gelu": lambda x: x / (1.0 + np.exp(-2.0 * gelu_a(x)))}
 # Against the scalar functions: |fused - scalar| <= RTOL*|scalar| + atol, atol as below.
 # mish is the one where they differ by more than an exp's ulps: Darknet's
 # x * tanh(softplus(x)) loses about an ulp of 1 inside the tanh, times |x|; the fused
 # x*n/(n + 2) does not (it is the more accurate of the two, see the float64 bound above).
+# gelu: Darknet's 1 + tanh(a) loses about half an ulp of 1, times |x|/2 (and is 0 where the
+# tanh rounds to -1); the fused form has the float-rounded a as above.
 ATOL_VS_SCALAR = {"logistic": 1e-43, "swish": 1e-43, "tanh": 2 * ULP1, "loggy": 2 * ULP1,
-                  "elu": 2 * ULP1, "selu": 2 * ULP1}
+                  "elu": 2 * ULP1, "selu": 2 * ULP1, "gelu": 1e-45}
 MISH_VS_SCALAR_PER_ABS_X = 2 * ULP1
+GELU_VS_SCALAR_PER_ABS_X = ULP1 / 2
 
 
 def sweep() -> np.ndarray:
@@ -86,7 +105,7 @@ def scalar(x, name):
 
 def test_fusable_set():
     assert set(FUSABLE) == set(EXACT) | set(WITH_EXP)
-    assert not act.fusable("gelu") and not act.fusable("stair")
+    assert set(FUSABLE) == {a for a in ACTIVATIONS if not a.startswith("normalize_channels")}
     assert not act.fusable("normalize_channels")
 
 
@@ -94,13 +113,18 @@ def test_fusable_set():
 def test_matches_float64_definition(name):
     x = sweep()
     y = fused(x, name).astype(np.float64)
+    x64 = x.astype(np.float64)
     with np.errstate(all="ignore"):
-        ref = REFERENCE[name](x.astype(np.float64))
+        ref = STABLE.get(name, REFERENCE[name])(x64)
     finite = np.isfinite(ref)
     assert np.isfinite(y[finite]).all() or name in ("elu", "selu"), name
     ok = finite & np.isfinite(y)
     err = np.abs(y - ref)[ok]
     bound = RTOL * np.abs(ref[ok]) + ATOL[name]
+    if name == "gelu":
+        with np.errstate(all="ignore"):
+            bound += (GELU_RTOL_PER_ABS_A * np.abs(gelu_a(x64[ok])) * np.abs(ref[ok])
+                      + GELU_ATOL_PER_ABS_X * np.abs(x64[ok]))
     worst = np.argmax(err - bound)
     assert (err <= bound).all(), (name, x[ok][worst], y[ok][worst], ref[ok][worst])
 
@@ -120,6 +144,9 @@ def test_agrees_with_scalar_functions(name):
     y64, s64, x64 = (a[fin].astype(np.float64) for a in (y, s, x))
     if name == "mish":
         bound = RTOL * np.abs(s64) + MISH_VS_SCALAR_PER_ABS_X * np.abs(x64) + 1e-43
+    elif name == "gelu":
+        bound = (RTOL * np.abs(s64) + GELU_RTOL_PER_ABS_A * np.abs(gelu_a(x64)) * np.abs(s64)
+                 + GELU_VS_SCALAR_PER_ABS_X * np.abs(x64) + GELU_ATOL_PER_ABS_X * np.abs(x64))
     else:
         bound = RTOL * np.abs(s64) + ATOL_VS_SCALAR[name]
     assert (np.abs(y64 - s64) <= bound).all(), name
@@ -161,7 +188,7 @@ def test_activate_fused_rejects_what_it_cannot_do():
     with pytest.raises(ArgumentTypeError):
         act.activate_fused(np.zeros((1, 4)), "mish")
     with pytest.raises(ArgumentError):
-        act.activate_fused(np.zeros((1, 4), np.float32), "gelu")
+        act.activate_fused(np.zeros((1, 4), np.float32), "normalize_channels")
 
 
 # ---------------------------------------------------------------------------------------

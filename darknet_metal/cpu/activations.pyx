@@ -387,7 +387,7 @@ def _activate_fused_flat(float[::1] flat, int act):
 
 def fusable(act) -> bool:
     """Whether the float32 convolution epilogues apply ``act`` themselves (``activate_fused``
-    has it): every elementwise activation but gelu and stair."""
+    has it): every elementwise activation."""
     return bool(K.dm_act_fusable(activation_id(act)))
 
 

@@ -18,7 +18,6 @@ from darknet_metal.cpu.activations cimport ACT_COUNT, activate_array
 from darknet_metal.cpu.blas cimport cpu_threads, gemm_rowmajor, run_parts
 from darknet_metal.cpu.im2col cimport im2col
 from darknet_metal.cpu.kernels cimport (
-    dm_act_fusable,
     dm_bias_act_f32,
     DM_DIRECT_FB,
     dm_conv3x3_direct_prepare_f32,
@@ -37,19 +36,18 @@ cdef void bias_activate(floating* out, const floating* bias, Py_ssize_t channels
                         Py_ssize_t spatial, int act) noexcept nogil:
     """out[ch, i] = act(out[ch, i] + bias[ch]) for (channels, spatial) ``out``.
 
-    float32 takes kernels.h's vectorised activations for every activation it has (all
-    elementwise ones but gelu and stair); float64 and the others the scalar ones here."""
+    float32 takes kernels.h's vectorised activations (every elementwise one), float64 the
+    scalar ones here; channel activations are left to the caller."""
     cdef Py_ssize_t ch, i
     cdef floating* row
     if floating is float:
-        if dm_act_fusable(act):
-            dm_bias_act_f32(out, bias, channels, spatial, act)
-            return
-    for ch in range(channels):
-        row = out + ch * spatial
-        for i in range(spatial):
-            row[i] = row[i] + bias[ch]
-        activate_array(row, spatial, act)
+        dm_bias_act_f32(out, bias, channels, spatial, act)
+    else:
+        for ch in range(channels):
+            row = out + ch * spatial
+            for i in range(spatial):
+                row[i] = row[i] + bias[ch]
+            activate_array(row, spatial, act)
 
 
 # Elements of im2col columns unfolded at once: 256 KiB of float32, well within L2 (measured
@@ -141,8 +139,7 @@ cdef void _conv2d(const floating* x, const floating* weights, const floating* bi
                          and p.stride_y == 1 and p.pad == 1 and p.dilation == 1
                          and p.groups == 1 and channels <= DIRECT_MAX
                          and p.workspace_size >= dm_conv3x3_direct_scratch(
-                             channels, filters, height, width)
-                         and dm_act_fusable(p.act))
+                             channels, filters, height, width))
     # Unfold a block of output rows at a time so the im2col columns stay in cache between
     # being written and being multiplied.
     cdef Py_ssize_t block_rows = max(1, IM2COL_BLOCK // max(1, k * out_w))

@@ -13,6 +13,7 @@
 #define DARKNET_METAL_CPU_KERNELS_H
 
 #include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -88,8 +89,12 @@ DM_INLINE float dm_expf(float x)
  *   tanh(log(1 + e^x)) written without log or a second exp), and x itself above Darknet's
  *   softplus threshold 20 (where Darknet's float result is x exactly);
  * - elu, selu with Darknet's 0/1 masks, so an overflowing e^x still gives NaN as Darknet.
- * gelu (libm tanhf on a double argument), stair (floor) and the channel activations are
- * not here: dm_act_fusable() is 0 for them and the callers apply them separately. */
+ * gelu as x / (1 + e^(-2a)), a = 0.797885x + 0.035677x^3, which equals Darknet's
+ *   0.5x(1 + tanh(a)) without the cancellation of 1 + tanh(a) for negative a;
+ * stair with Darknet's floors, the parity of floor(x) tested on the float (as the scalar
+ *   function does).
+ * The channel activations are not here: dm_act_fusable() is 0 for them and the callers
+ * apply them separately. */
 #define DM_ACT_CASES(LOOP)                                                                  \
     case DM_ACT_LINEAR: LOOP(x); break;                                                     \
     case DM_ACT_LEAKY: case DM_ACT_REVLEAKY: LOOP(x > 0.0f ? x : 0.1f * x); break;          \
@@ -110,7 +115,9 @@ DM_INLINE float dm_expf(float x)
     case DM_ACT_LHTAN: LOOP(dm_lhtan(x)); break;                                            \
     case DM_ACT_PLSE: LOOP(dm_plse(x)); break;                                              \
     case DM_ACT_RAMP: LOOP(x * (float)(x > 0.0f) + 0.1f * x); break;                        \
-    case DM_ACT_RELIE: LOOP(x > 0.0f ? x : 0.01f * x); break;
+    case DM_ACT_RELIE: LOOP(x > 0.0f ? x : 0.01f * x); break;                              \
+    case DM_ACT_GELU: LOOP(dm_gelu(x)); break;                                              \
+    case DM_ACT_STAIR: LOOP(dm_stair(x)); break;
 
 DM_INLINE float dm_relu6(float x)
 {
@@ -124,6 +131,18 @@ DM_INLINE float dm_mish(float x)
     const float n = e * (e + 2.0f);
     const float y = x * (n / (n + 2.0f));
     return x > 20.0f ? x : y;
+}
+
+DM_INLINE float dm_gelu(float x)
+{
+    const float a = 0.797885f * x + 0.035677f * (x * x * x);
+    return x / (1.0f + dm_expf(-2.0f * a));
+}
+
+DM_INLINE float dm_stair(float x)
+{
+    const float fl = floorf(x), half = floorf(x / 2.0f);
+    return floorf(fl / 2.0f) * 2.0f == fl ? half : (x - fl) + half;
 }
 
 DM_INLINE float dm_hard_mish(float x)
@@ -145,11 +164,10 @@ DM_INLINE float dm_plse(float x)
     return x < -4.0f ? lo : (x > 4.0f ? hi : mid);
 }
 
-/* 1 when the activation has a float32 loop here (everything elementwise but gelu, stair). */
+/* 1 when the activation has a float32 loop here (every elementwise one). */
 static inline int dm_act_fusable(int act)
 {
-    return act >= DM_ACT_LINEAR && act <= DM_ACT_REVLEAKY && act != DM_ACT_GELU
-           && act != DM_ACT_STAIR;
+    return act >= DM_ACT_LINEAR && act <= DM_ACT_REVLEAKY;
 }
 
 /* p[i] = act(p[i]) for i < n; an activation dm_act_fusable() rejects is left undone.

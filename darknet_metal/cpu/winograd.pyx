@@ -15,9 +15,9 @@ that runs a whole layer without the GIL.
 
 from cython cimport floating
 
-from darknet_metal.cpu.activations cimport ACT_COUNT, ACT_LINEAR, activate_array
+from darknet_metal.cpu.activations cimport ACT_COUNT, activate_array
 from darknet_metal.cpu.blas cimport cpu_threads, gemm_rowmajor_batch, part_fn, run_parts
-from darknet_metal.cpu.kernels cimport dm_act_fusable, dm_wino2_input_f32, dm_wino2_output_f32
+from darknet_metal.cpu.kernels cimport dm_wino2_input_f32, dm_wino2_output_f32
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
@@ -142,7 +142,6 @@ ctypedef struct TransformJob:
     Py_ssize_t span      # of them per part
     Py_ssize_t height, width, tiles_y, tiles_x
     int act
-    bint fused
 
 
 cdef void _input_part(void* ctx, int part) noexcept nogil:
@@ -153,15 +152,9 @@ cdef void _input_part(void* ctx, int part) noexcept nogil:
 
 cdef void _output_part(void* ctx, int part) noexcept nogil:
     cdef TransformJob* j = <TransformJob*>ctx
-    cdef Py_ssize_t f0 = part * j.span, f1 = min(j.count, f0 + j.span), f
-    cdef Py_ssize_t plane = j.height * j.width
-    # kernels.h fuses every activation it has a vectorised loop for (all elementwise ones
-    # but gelu and stair); the others are applied to the finished planes.
+    cdef Py_ssize_t f0 = part * j.span, f1 = min(j.count, f0 + j.span)
     dm_wino2_output_f32(j.m, j.bias, j.count, f0, f1, j.height, j.width, j.tiles_y, j.tiles_x,
-                        j.act if j.fused else ACT_LINEAR, j.out)
-    if not j.fused:
-        for f in range(f0, f1):
-            activate_array(j.out + f * plane, plane, j.act)
+                        j.act, j.out)
 
 
 cdef inline void _run_split(part_fn fn, TransformJob* job, int threads) noexcept nogil:
@@ -205,7 +198,7 @@ cdef void _winograd(const floating* x, const floating* filters, const floating* 
                             0, m, <int>tiles, nf * tiles)
         if floating is float:
             job.m, job.bias, job.out = m, bias, out + b * nf * plane
-            job.count, job.act, job.fused = nf, p.act, dm_act_fusable(p.act)
+            job.count, job.act = nf, p.act
             job.span = nf
             if threads > 1:
                 _run_split(_output_part, &job, threads)
