@@ -10,7 +10,7 @@ the last two beside the first):
   ``init_params`` (Darknet's initialisation), ``trainable_params`` and ``statistics``;
 - the CPU forward: ``prepare_cpu`` (inference copies of the parameters), ``cpu_workspace``
   and ``cpu_steps``: the Cython layers' native steps bound to the layer's arrays, which the
-  CPU executor runs as one GIL-free loop (``forward_cpu`` runs them once);
+  CPU executor runs as one GIL-free loop;
 - the GPU forward: ``device_params`` (arrays to upload), ``emit_device_setup`` (kernels run
   once when they load) and ``emit_device_forward`` (the kernel steps of a pass, buffers bound
   by registry role), or ``Unsupported`` with the reason it cannot run on a device;
@@ -134,11 +134,11 @@ class LayerSpec:
     # -- CPU -------------------------------------------------------------------------------
 
     def prepare_cpu(self, params: Params | None, dtype: np.dtype) -> Any:
-        """What ``forward_cpu`` needs of the parameters, in ``dtype`` (None by default)."""
+        """What ``cpu_steps`` needs of the parameters, in ``dtype`` (None by default)."""
         return None
 
     def cpu_workspace(self, batch: int) -> int:
-        """Elements of scratch memory ``forward_cpu`` needs at ``batch`` (0: none)."""
+        """Elements of scratch memory ``cpu_steps`` needs at ``batch`` (0: none)."""
         return 0
 
     def cpu_steps(
@@ -149,13 +149,6 @@ class LayerSpec:
         ``cpu_workspace(N)`` elements, or None); arguments are checked here, so running the
         steps cannot fail."""
         raise NotImplementedError(f"{type(self).__name__}.cpu_steps")
-
-    def forward_cpu(
-        self, state: Any, sources: list[np.ndarray], out: np.ndarray, workspace: np.ndarray | None
-    ) -> None:
-        """Runs ``cpu_steps`` once."""
-        for step in self.cpu_steps(state, sources, out, workspace):
-            step.run()
 
     def emit_cpu_forward(self, e: LayerEmitter, state: Any) -> None:
         """The CPU program's steps for this layer: one host step binding ``cpu_steps``."""
