@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from darknet_metal.ops.base import LayerSpec
 
 #: Program modes.
-MODES = ("inference",)
+MODES = ("inference", "train")
 
 
 class Tensor(NamedTuple):
@@ -112,7 +112,8 @@ class Program:
     """The steps of one pass, in order, and every tensor they use.
 
     ``keep``: tensors readable after the pass. ``layer_ends[i]``: the index in ``steps`` after
-    layer ``i``'s last step (for per-layer timing)."""
+    layer ``i``'s last step (for per-layer timing); a training program has one more entry,
+    the end of its backward."""
 
     batch: int
     mode: str
@@ -142,6 +143,21 @@ class LayerEmitter:
         self.simd = builder.simd
         self.inputs = tuple(Tensor(i, "output") for i in spec.inputs)
         self.output = Tensor(spec.index, "output")
+        #: The gradient of the pass's loss with respect to ``output`` (training programs):
+        #: Darknet's ``l.delta``, (batch, *out_shape).
+        self.delta = Tensor(spec.index, "delta")
+
+    def own_delta(self) -> Tensor:
+        """``delta``, declared for a step of this layer's forward that writes it whole (a loss
+        layer's); its backward then runs."""
+        return self._builder.declare_delta(self.spec.index)
+
+    def input_delta(self, k: int) -> Tensor | None:
+        """The delta of input ``k`` (``spec.inputs`` order), for a backward step to add into:
+        declared and cleared to zero on first use, since every consumer of a layer adds its
+        part. None for the network input (no gradient is computed for it) and for layers below
+        the program's first trained layer."""
+        return self._builder.input_delta(self.spec.inputs[k])
 
     def shape(self, t: Tensor) -> tuple[int, ...]:
         """Full shape of a declared tensor."""
@@ -206,6 +222,36 @@ class _Builder:
         self.program = Program(batch, mode, self.tensors, frozenset(keep))
         self.declare(INPUT, (batch, *specs[0].in_shape))
         self.written.add(INPUT)
+        self.clear: Callable[[LayerEmitter, Tensor], None] | None = None
+        self.first_backward = 0
+        self.emitting: LayerEmitter | None = None
+
+    def declare_delta(self, layer: int) -> Tensor:
+        t = Tensor(layer, "delta")
+        if t not in self.tensors:
+            spec = self.specs[layer]
+            if spec.delta_is_input_delta:
+                # The op's backward works in place on its input's delta ([dropout]).
+                self.declare(t, (self.batch, *spec.out_shape),
+                             alias_of=self.declare_delta(spec.inputs[0]))
+            else:
+                self.declare(t, (self.batch, *spec.out_shape))
+        return t
+
+    def input_delta(self, layer: int) -> Tensor | None:
+        if layer < self.first_backward or layer < 0:
+            return None
+        spec = self.specs[layer]
+        if spec.delta_is_input_delta and self.input_delta(spec.inputs[0]) is None:
+            return None
+        t = self.declare_delta(layer)
+        if self.owner[t] not in self.written:
+            if self.clear is None or self.emitting is None:
+                raise BindingError(f"layer {layer}: a delta is used outside a training program")
+            self.clear(self.emitting, self.owner[t])
+            if self.owner[t] not in self.written:
+                raise BindingError(f"layer {layer}: clearing its delta wrote nothing")
+        return t
 
     def declare(self, t: Tensor, shape: tuple[int, ...], alias_of: Tensor | None = None) -> Tensor:
         if t in self.tensors:
@@ -282,6 +328,10 @@ def build_program(
     itemsize: int = 4,
     simd: bool = False,
     param_nbytes: Mapping[Param, int] | None = None,
+    emit_backward: Callable[[LayerSpec, LayerEmitter], None] | None = None,
+    clear: Callable[[LayerEmitter, Tensor], None] | None = None,
+    first_backward: int = 0,
+    keep_deltas: bool = False,
 ) -> Program:
     """The program of one pass of ``specs`` at ``batch``.
 
@@ -291,19 +341,44 @@ def build_program(
     bytes per element; ``simd``: passed to the ops; ``param_nbytes``: sizes of the device
     parameters kernel steps may bind (for the binding checks; None: not known yet, so their
     sizes are not checked).
+
+    ``mode="train"`` (one mini-batch of a training iteration): ``emit`` appends each layer's
+    training forward (a loss layer's writes its ``own_delta``), then, from the last layer to
+    ``first_backward``, ``emit_backward(spec, emitter)`` appends the backward of every layer
+    whose delta some step has written (a layer nothing sends a gradient to has none to pass
+    on), adding into its inputs' deltas (``LayerEmitter.input_delta``), which ``clear(emitter,
+    delta)`` zeroes before their first use. ``keep_deltas``: every delta survives the pass.
     """
     if mode not in MODES:
         raise ArgumentError(f"mode must be one of {MODES}, not {mode!r}")
+    training = mode == "train"
+    if training and (emit_backward is None or clear is None):
+        raise ArgumentError("a training program needs emit_backward and clear")
     kept = [s.index for s in specs] if keep is None else list(keep)
     b = _Builder(
         specs, batch, mode, [Tensor(i, "output") for i in kept], itemsize, simd, param_nbytes
     )
+    b.clear = clear
+    b.first_backward = first_backward
     for spec in specs:
         emitter = LayerEmitter(b, spec)
         if spec.output_is_input:
             b.declare(emitter.output, (batch, *spec.out_shape), alias_of=emitter.inputs[0])
         else:
             b.declare(emitter.output, (batch, *spec.out_shape))
+        b.emitting = emitter
         emit(spec, emitter)
         b.program.layer_ends.append(len(b.program.steps))
+    if training:
+        for spec in reversed(specs[first_backward:]):
+            delta = Tensor(spec.index, "delta")
+            if delta not in b.tensors or b.owner[delta] not in b.written:
+                continue
+            emitter = LayerEmitter(b, spec)
+            b.emitting = emitter
+            emit_backward(spec, emitter)
+        b.program.layer_ends.append(len(b.program.steps))
+        if keep_deltas:
+            deltas = frozenset(t for t in b.tensors if t.role == "delta")
+            b.program.keep = b.program.keep | deltas
     return b.program

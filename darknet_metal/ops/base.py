@@ -52,6 +52,8 @@ class LayerSpec:
     short_name: ClassVar[str] = ""
     #: The output is the first input itself (no step, no memory of its own).
     output_is_input: ClassVar[bool] = False
+    #: In training, the layer's delta is its input's (its backward works on it in place).
+    delta_is_input_delta: ClassVar[bool] = False
     #: Parameters that are running statistics, not trained.
     statistics: ClassVar[tuple[str, ...]] = ()
 

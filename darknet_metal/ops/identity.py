@@ -19,6 +19,7 @@ class _Identity(LayerSpec):
 class DropoutOp(_Identity):
     kind = "dropout"
     short_name = "dropout"
+    delta_is_input_delta = True
 
 
 class CostOp(_Identity):
