@@ -1,0 +1,36 @@
+"""fill_step: what a training program clears its deltas with."""
+
+import numpy as np
+import pytest
+
+from darknet_metal.cpu import executor, fill
+from darknet_metal.errors import ArgumentError, ArgumentTypeError
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("value", [0.0, -2.5])
+def test_fills_every_element(dtype, value):
+    x = np.full((3, 5, 7), np.nan, dtype)
+    step = fill.fill_step(x, value)
+    executor.StepList([step], None).run()
+    assert (x == value).all()
+    if value == 0:
+        assert not np.signbit(x).any()  # +0.0, not -0.0
+    x[1, 2, 3] = 9
+    step.run()
+    assert (x == value).all()
+
+
+def test_bad_arguments():
+    with pytest.raises(ArgumentTypeError, match="x"):
+        fill.fill_step([1.0, 2.0])
+    with pytest.raises(ArgumentError, match="float32 or float64"):
+        fill.fill_step(np.zeros(3, np.int32))
+    with pytest.raises(ArgumentError, match="writable"):
+        a = np.zeros(3, np.float32)
+        a.flags.writeable = False
+        fill.fill_step(a)
+    with pytest.raises(ArgumentError, match="finite"):
+        fill.fill_step(np.zeros(3, np.float32), np.inf)
+    with pytest.raises(ArgumentError, match="C-contiguous"):
+        fill.fill_step(np.zeros((4, 4), np.float32)[:, ::2])
