@@ -1,0 +1,6 @@
+"""Training: Darknet's learning-rate schedule (the parameter updates are native steps in
+``darknet_metal.cpu.update``)."""
+
+from darknet_metal.training.schedule import learning_rate
+
+__all__ = ["learning_rate"]
