@@ -27,6 +27,7 @@ from darknet_metal.ops.activation import (
 from darknet_metal.ops.base import LayerSpec, Params, Shape, positive
 from darknet_metal.params import BATCHNORM_EPSILON
 from darknet_metal.program import LayerEmitter, Param
+from darknet_metal.training.keys import INFERENCE_ONLY
 
 #: Input channels from which Winograd beats im2col + GEMM for a 3x3 convolution on the CPU:
 #: below it the 16 transformed GEMMs are too thin to pay for the transforms.
@@ -80,6 +81,14 @@ class _Gemm(LayerSpec):
 class ConvolutionalOp(_Gemm):
     kind = "convolutional"
     short_name = "conv"
+    training_keys = {
+        "batch_normalize": "cross-mini-batch batch norm (batch_normalize=2) is not supported",
+        "cbn": "cross-mini-batch batch norm (batch_normalize=2) is not supported",
+        "grad_centr": "gradient centralization (Darknet's CUDA build only) is not supported",
+        **dict.fromkeys(("reverse", "flipped", "dot", "assisted_excitation", "coordconv"),
+                        "this convolution variant is not supported in training"),
+        "stream": INFERENCE_ONLY, "wait_stream": INFERENCE_ONLY,
+    }
 
     @classmethod
     def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:

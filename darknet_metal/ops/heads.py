@@ -12,11 +12,17 @@ from darknet_metal.cpu import heads as cpu_heads
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.ops.base import LayerSpec, Shape
 from darknet_metal.program import LayerEmitter
+from darknet_metal.training.keys import DATA, IMPLEMENTED, INFERENCE_ONLY
 
 
 class SoftmaxOp(LayerSpec):
     kind = "softmax"
     short_name = "softmax"
+    training_keys = {
+        "tree": "hierarchical softmax is not supported",
+        "spatial": "spatial softmax is not supported",
+        "noloss": IMPLEMENTED,
+    }
 
     @classmethod
     def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
@@ -44,6 +50,19 @@ class YoloOp(LayerSpec):
 
     kind = "yolo"
     short_name = "yolo"
+    training_keys = {
+        **dict.fromkeys(("jitter", "resize", "random"), DATA),
+        **dict.fromkeys(("max", "max_delta", "counters_per_class", "label_smooth_eps",
+                         "iou_normalizer", "obj_normalizer", "cls_normalizer", "iou_loss",
+                         "ignore_thresh", "truth_thresh", "iou_thresh"), IMPLEMENTED),
+        **dict.fromkeys(("objectness_smooth", "focal_loss", "delta_normalizer",
+                         "iou_thresh_kind"), "this [yolo] loss option is not supported"),
+        **dict.fromkeys(("embedding_layer", "track_history_size", "sim_thresh",
+                         "dets_for_track", "track_ciou_norm"),
+                        "tracking embeddings are not supported"),
+        **dict.fromkeys(("beta_nms", "nms_kind", "dets_for_show", "map", "show_details"),
+                        INFERENCE_ONLY),
+    }
 
     @classmethod
     def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:

@@ -16,6 +16,9 @@ from darknet_metal.program import LayerEmitter
 class MaxpoolOp(LayerSpec):
     kind = "maxpool"
     short_name = "max"
+    training_keys = {
+        "maxpool_zero_nonmax": "zeroing non-maximal inputs is not supported in training",
+    }
 
     @classmethod
     def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:

@@ -11,11 +11,13 @@ from darknet_metal.cpu import route as cpu_route
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.ops.base import LayerSpec, Shape
 from darknet_metal.program import LayerEmitter
+from darknet_metal.training.keys import INFERENCE_ONLY
 
 
 class RouteOp(LayerSpec):
     kind = "route"
     short_name = "route"
+    training_keys = {"stream": INFERENCE_ONLY, "wait_stream": INFERENCE_ONLY}
 
     @classmethod
     def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:

@@ -12,8 +12,10 @@ used). Here every key that affects training has one of these dispositions, check
 - ``NO_EFFECT``: a setting of Darknet's CUDA build or its console output that changes no
   number (memory limits, CUDA graphs, chart scale), accepted and ignored.
 
-``tests/test_training_keys.py`` holds the table against the schema: every key of every
-section kind that training runs is listed here or in ``INFERENCE_ONLY``.
+The ``[net]`` keys and the keys every layer takes are tabled here; each op lists its kind's
+own in ``training_keys`` (key -> one of these, or the reason it is refused); the keys it does
+not list shape the network and train as they infer. ``tests/test_training_keys.py`` holds the
+tables against the schema.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ IMPLEMENTED = "implemented"
 REFUSED = "refused"
 DATA = "data"
 NO_EFFECT = "no effect"
+#: (in an op's ``training_keys``) a key that only changes inference.
+INFERENCE_ONLY = "inference only"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ def _keys(section: str, status: str, names: str, why: str = "") -> list[Training
     return [TrainingKey(section, name, status, why) for name in names.split()]
 
 
+#: ``[net]`` keys, and the keys every layer section takes (``"*"``).
 TRAINING_KEYS: tuple[TrainingKey, ...] = tuple(
     _keys("net", IMPLEMENTED, "batch subdivisions learning_rate momentum decay policy step "
           "scale steps scales gamma power burn_in max_batches sgdr_cycle sgdr_mult "
@@ -74,67 +79,28 @@ TRAINING_KEYS: tuple[TrainingKey, ...] = tuple(
             "train_only_bn learning_rate dontload dontloadscales")
     + _keys("*", REFUSED, "clip", "weight clipping after updates (Darknet's CUDA build only) "
             "is not supported")
-    + _keys("convolutional", REFUSED, "batch_normalize cbn", "cross-mini-batch batch norm "
-            "(batch_normalize=2) is not supported")
-    + _keys("convolutional", REFUSED, "grad_centr", "gradient centralization (Darknet's CUDA "
-            "build only) is not supported")
-    + _keys("convolutional", REFUSED, "reverse flipped dot assisted_excitation coordconv",
-            "this convolution variant is not supported in training")
-    + _keys("dropout", REFUSED, "dropblock dropblock_size_rel dropblock_size_abs",
-            "DropBlock is not supported")
-    + _keys("softmax", REFUSED, "tree spatial", "hierarchical and spatial softmax are not "
-            "supported")
-    + _keys("softmax", IMPLEMENTED, "noloss groups temperature")
-    + _keys("cost", IMPLEMENTED, "type scale")
-    + _keys("cost", REFUSED, "ratio", "keeping only the largest deltas (ratio) is not "
-            "supported")
-    + _keys("maxpool", REFUSED, "maxpool_zero_nonmax", "zeroing non-maximal inputs is not "
-            "supported in training")
-    + _keys("yolo", DATA, "jitter resize random")
-    + _keys("yolo", IMPLEMENTED, "classes num mask anchors max max_delta counters_per_class "
-            "label_smooth_eps scale_x_y new_coords iou_normalizer obj_normalizer "
-            "cls_normalizer iou_loss ignore_thresh truth_thresh iou_thresh")
-    + _keys("yolo", REFUSED, "objectness_smooth focal_loss delta_normalizer iou_thresh_kind",
-            "this [yolo] loss option is not supported")
-    + _keys("yolo", REFUSED, "embedding_layer track_history_size sim_thresh dets_for_track "
-            "track_ciou_norm", "tracking embeddings are not supported")
 )
-
-def _pairs(table: dict[str, str]) -> frozenset[tuple[str, str]]:
-    return frozenset((section, key) for section, names in table.items() for key in names.split())
-
-
-#: Keys that only change inference.
-INFERENCE_ONLY: frozenset[tuple[str, str]] = _pairs({
-    "yolo": "beta_nms nms_kind dets_for_show map show_details",
-    "convolutional": "stream wait_stream",
-    "route": "stream wait_stream",
-})
-
-#: Keys that define the network itself (shapes, sources, activations), the same in training
-#: as at inference, or that are refused when the layer is built.
-STRUCTURE: frozenset[tuple[str, str]] = _pairs({
-    "convolutional": "filters groups size stride stride_x stride_y dilation antialiasing pad "
-                     "padding activation binary xnor bin_output sway rotate stretch "
-                     "stretch_sway share_index angle",
-    "connected": "output activation batch_normalize",
-    "maxpool": "stride stride_x stride_y size padding maxpool_depth out_channels antialiasing",
-    "route": "layers groups group_id",
-    "shortcut": "from activation weights_type weights_normalization",
-    "upsample": "stride scale",
-    "reorg": "stride reverse",
-    "scale_channels": "from scale_wh activation",
-    "sam": "from activation",
-    "dropout": "probability",
-})
 
 _BY_KEY = {(k.section, k.key): k for k in TRAINING_KEYS}
 
 
 def disposition(kind: str, key: str) -> TrainingKey | None:
-    """The disposition of ``key`` in a ``[kind]`` section, or None for a key that only
-    shapes the network (sizes, sources, activations)."""
-    return _BY_KEY.get((kind, key)) or (_BY_KEY.get(("*", key)) if kind != "net" else None)
+    """The disposition of ``key`` in a ``[kind]`` section: the ``[net]`` table, the common
+    layer keys, then the op's ``training_keys`` (None for a key that shapes the network and
+    trains as it infers)."""
+    if kind == "net":
+        return _BY_KEY.get(("net", key))
+    rule = _BY_KEY.get(("*", key))
+    if rule is not None:
+        return rule
+    from darknet_metal.ops import op_class
+
+    value = op_class(kind).training_keys.get(key)
+    if value is None:
+        return None
+    if value in (IMPLEMENTED, DATA, NO_EFFECT, INFERENCE_ONLY):
+        return TrainingKey(kind, key, value)
+    return TrainingKey(kind, key, REFUSED, value)
 
 
 def _default(kind: str, key: str) -> Any:
@@ -149,11 +115,9 @@ def _refusals(section: Section) -> Iterable[tuple[str, str]]:
         rule = disposition(section.kind, key)
         if rule is None or rule.status != REFUSED:
             continue
+        if key == "batch_normalize" and value != 2:
+            continue  # plain batch norm trains; 2 (cbn) is what is refused
         default = _default(section.kind, key)
-        if key == "batch_normalize":
-            if value == 2:
-                yield key, rule.why
-            continue
         if default in (COMPUTED, REQUIRED) or key not in section.key_lines:
             continue  # derived or absent: the default behaviour
         if default is NONE:
