@@ -1,10 +1,12 @@
 # cython: language_level=3
-"""Convolution and fully connected layers: im2col + BLAS GEMM, bias and activation fused.
+"""Convolution and fully connected layers: im2col + BLAS GEMM, bias and activation fused;
+their gradients for training (weights, bias, input; see the section at the end).
 
 Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64 arrays of
 one dtype, checked by ``checks``; ``*_step`` returns the ``NativeStep`` that runs a layer
-without the GIL: ``bias_activate`` and the kernels it and the GEMM loop call (``blas.gemm_rowmajor``, ``im2col.im2col``,
-``activations.activate_array``, ``kernels.h``) are ``noexcept nogil``.
+without the GIL: ``bias_activate`` and the kernels it and the GEMM loops call
+(``blas.gemm_rowmajor``, ``im2col.im2col`` and ``col2im``, ``activations.activate_array``,
+``kernels.h``) are ``noexcept nogil``.
 
 float32 3x3 stride-1 pad-1 convolutions with at most ``DIRECT_MAX_CHANNELS`` input channels
 (the first layers of a detector) skip im2col and BLAS: ``kernels.h`` computes them directly,
@@ -16,7 +18,7 @@ from cython cimport floating
 
 from darknet_metal.cpu.activations cimport ACT_COUNT, activate_array
 from darknet_metal.cpu.blas cimport cpu_threads, gemm_rowmajor, run_parts
-from darknet_metal.cpu.im2col cimport im2col
+from darknet_metal.cpu.im2col cimport col2im, im2col
 from darknet_metal.cpu.kernels cimport (
     dm_bias_act_f32,
     DM_DIRECT_FB,
@@ -24,7 +26,7 @@ from darknet_metal.cpu.kernels cimport (
     dm_conv3x3_direct_rows_f32,
     dm_conv3x3_direct_scratch,
 )
-from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
+from darknet_metal.cpu.step cimport NativeStep, StepData, StepFn, new_step
 
 import numpy as np
 
@@ -63,6 +65,44 @@ DIRECT_MAX_CHANNELS = DIRECT_MAX
 def workspace_size(int channels, int ksize, int groups, int out_h, int out_w) -> int:
     """Elements of im2col workspace one convolution needs (0 for plain 1x1 convolutions)."""
     return (channels // groups) * ksize * ksize * out_h * out_w
+
+
+def _conv_geometry(str where, tuple x_shape, str w_name, tuple w_shape, str o_name,
+                   tuple o_shape, int ksize, int stride_x, int stride_y, int pad, int dilation,
+                   int groups) -> tuple:
+    """Check a convolution's shapes against each other and its geometry.
+
+    x_shape: (N, C, H, W) of the input (or of its gradient); w_shape: (F, C/groups*k*k) of
+    the weights (or of their gradient), named ``w_name``; o_shape: (N, F, out_h, out_w) of
+    the output (or of its delta), named ``o_name``. Returns (N, C, H, W, F, out_h, out_w,
+    C/groups*k*k); raises ArgumentError, starting with ``where``, on any mismatch.
+    """
+    batch, channels, height, width = x_shape
+    filters = w_shape[0]
+    out_h, out_w = o_shape[2], o_shape[3]
+    if ksize < 1 or stride_x < 1 or stride_y < 1 or dilation < 1 or pad < 0:
+        raise ArgumentError(f"{where}: ksize={ksize}, strides ({stride_x}, {stride_y}) and "
+                            f"dilation={dilation} must be >= 1 and pad={pad} >= 0")
+    if groups < 1 or channels % groups or filters % groups:
+        raise ArgumentError(f"{where}: groups={groups} must divide C={channels} and "
+                            f"F={filters}")
+    if channels < 1 or filters < 1:
+        raise ArgumentError(f"{where}: C={channels} and F={filters} must be >= 1")
+    k = channels // groups * ksize * ksize
+    if w_shape[1] != k:
+        raise ArgumentError(f"{where}: {w_name} shape {w_shape}, expected {(filters, k)}")
+    if o_shape[0] != batch or o_shape[1] != filters:
+        raise ArgumentError(f"{where}: {o_name} shape ({o_shape[0]}, {o_shape[1]}, ...) does "
+                            f"not match batch {batch} and {filters} filters")
+    if (out_h != (height + 2 * pad * dilation - dilation * (ksize - 1) - 1) // stride_y + 1
+            or out_w != (width + 2 * pad * dilation - dilation * (ksize - 1) - 1) // stride_x + 1):
+        raise ArgumentError(f"{where}: {o_name} spatial size {out_h}x{out_w} does not match "
+                            f"input {height}x{width} with ksize={ksize} "
+                            f"stride=({stride_x},{stride_y}) pad={pad} dilation={dilation}")
+    if out_h < 1 or out_w < 1:
+        raise ArgumentError(f"{where}: ksize={ksize} dilation={dilation} pad={pad} leave no "
+                            f"output pixels on a {height}x{width} input")
+    return batch, channels, height, width, filters, out_h, out_w, k
 
 
 cdef enum:  # buffer roles
@@ -230,30 +270,12 @@ def conv2d_step(x, weights, bias, out, workspace, int ksize, int stride_x, int s
     check_input("weights", weights, (2,), x, layout="(F, C/groups*ksize*ksize)")
     check_input("bias", bias, (1,), x, layout="(F,)")
     check_input("out", out, (4,), x, writable=True)
-    cdef Py_ssize_t batch, channels, height, width, out_h, out_w, k
-    cdef Py_ssize_t filters = weights.shape[0]
-    batch, channels, height, width = x.shape
-    out_h, out_w = out.shape[2], out.shape[3]
-    if ksize < 1 or stride_x < 1 or stride_y < 1 or dilation < 1 or pad < 0:
-        raise ArgumentError(f"conv2d_forward: ksize={ksize}, strides ({stride_x}, {stride_y}) and "
-                         f"dilation={dilation} must be >= 1 and pad={pad} >= 0")
-    if groups < 1 or channels % groups or filters % groups:
-        raise ArgumentError(f"conv2d_forward: groups={groups} must divide C={channels} and "
-                         f"F={filters}")
-    k = channels // groups * ksize * ksize
-    if weights.shape[1] != k:
-        raise ArgumentError(f"conv2d_forward: weights shape {weights.shape}, expected "
-                         f"{(filters, k)}")
+    cdef Py_ssize_t batch, channels, height, width, filters, out_h, out_w, k
+    batch, channels, height, width, filters, out_h, out_w, k = _conv_geometry(
+        "conv2d_forward", x.shape, "weights", weights.shape, "out", out.shape, ksize,
+        stride_x, stride_y, pad, dilation, groups)
     if bias.shape[0] != filters:
         raise ArgumentError(f"conv2d_forward: bias has {bias.shape[0]} entries, expected {filters}")
-    if out.shape[0] != batch or out.shape[1] != filters:
-        raise ArgumentError(f"conv2d_forward: out shape ({out.shape[0]}, {out.shape[1]}, ...) does "
-                         f"not match batch {batch} and {filters} filters")
-    if (out_h != (height + 2 * pad * dilation - dilation * (ksize - 1) - 1) // stride_y + 1
-            or out_w != (width + 2 * pad * dilation - dilation * (ksize - 1) - 1) // stride_x + 1):
-        raise ArgumentError(f"conv2d_forward: out spatial size {out_h}x{out_w} does not match input "
-                         f"{height}x{width} with ksize={ksize} stride=({stride_x},{stride_y}) "
-                         f"pad={pad} dilation={dilation}")
     if not 0 <= act < ACT_COUNT:
         raise ArgumentError(f"conv2d_forward: activation id {act} out of range")
     cdef bint one_by_one = ksize == 1 and stride_x == 1 and stride_y == 1 and pad == 0
@@ -336,3 +358,355 @@ def connected_step(x, weights, bias, out, int act) -> NativeStep:
 def connected_forward(x, weights, bias, out, int act) -> None:
     """``connected_step(x, weights, bias, out, act)`` run once."""
     connected_step(x, weights, bias, out, act).run()
+
+
+# ----------------------------------------------------------------------------------------
+# Training: gradients of the convolution and of the connected layer.
+#
+# Darknet's backward_convolutional_layer / backward_connected_layer, split into kernels that
+# are linear in the incoming delta and ADD into their targets: the weight and bias
+# gradient accumulators (summed over the images of a mini-batch and over the mini-batches
+# of an iteration) and the input's delta (a layer's output may feed several consumers,
+# whose gradients add up). The activation derivative and batch norm are separate kernels
+# (activations.gradient, batchnorm.pyx). No kernel here depends on the sign convention:
+# with Darknet's negative-gradient deltas the accumulators hold negative gradients.
+
+# Elements of im2col columns a backward pass unfolds at once (1 MiB of float32): bigger
+# than the forward's blocks, since the weight-gradient GEMM sums over the block's columns
+# and runs well below its peak when they are few.
+cdef Py_ssize_t BACKWARD_BLOCK = 1 << 18
+
+
+cdef inline Py_ssize_t _backward_block_rows(Py_ssize_t k, Py_ssize_t out_h,
+                                            Py_ssize_t out_w) noexcept nogil:
+    return max(1, min(out_h, BACKWARD_BLOCK // max(1, k * out_w)))
+
+
+def backward_workspace_size(int channels, int ksize, int groups, int out_h, int out_w) -> int:
+    """Elements of workspace the backward steps of a convolution need: the im2col columns of
+    one block of output rows (``workspace_size``, the forward's, is always enough). A plain
+    1x1 convolution (stride 1, pad 0) needs none."""
+    cdef Py_ssize_t k = (channels // groups) * ksize * ksize
+    return k * out_w * _backward_block_rows(k, out_h, out_w)
+
+
+cdef enum:  # buffer roles
+    CONV_BW_X, CONV_BW_DELTA, CONV_BW_GRAD, CONV_BW_WORKSPACE
+
+cdef enum:  # buffer roles
+    CONV_BX_WEIGHTS, CONV_BX_DELTA, CONV_BX_GRAD, CONV_BX_WORKSPACE
+
+cdef struct ConvBackwardParams:
+    Py_ssize_t batch, channels, height, width, filters, out_h, out_w, block_rows
+    int ksize, stride_x, stride_y, pad, dilation, groups
+    bint one_by_one
+
+
+cdef void _conv2d_backward_weights(const floating* x, const floating* delta,
+                                   floating* weight_grad, floating* workspace,
+                                   const ConvBackwardParams* p) noexcept nogil:
+    cdef Py_ssize_t cg = p.channels // p.groups, fg = p.filters // p.groups
+    cdef Py_ssize_t k = cg * p.ksize * p.ksize, spatial = p.out_h * p.out_w
+    cdef Py_ssize_t in_plane = p.height * p.width, out_w = p.out_w
+    cdef Py_ssize_t b, g, oy0, oy1, cols
+    cdef const floating* src
+    cdef const floating* dlt
+    cdef floating* grad
+    # Images, groups and row blocks in a fixed order, each GEMM adding into the
+    # accumulator (beta 1): the sums do not depend on the thread count.
+    for b in range(p.batch):
+        for g in range(p.groups):
+            src = x + (b * p.channels + g * cg) * in_plane
+            dlt = delta + (b * p.filters + g * fg) * spatial
+            grad = weight_grad + g * fg * k
+            if p.one_by_one:
+                # grad (fg, cg) += delta (fg, HW) @ x (cg, HW)^T: the planes are the columns.
+                gemm_rowmajor(False, True, <int>fg, <int>k, <int>spatial, dlt, <int>spatial,
+                              src, <int>spatial, 1, grad, <int>k)
+                continue
+            oy0 = 0
+            while oy0 < p.out_h:
+                oy1 = min(p.out_h, oy0 + p.block_rows)
+                cols = (oy1 - oy0) * out_w
+                im2col(src, cg, p.height, p.width, p.ksize, p.stride_x, p.stride_y,
+                       p.pad * p.dilation, p.dilation, oy0, oy1, out_w, workspace)
+                gemm_rowmajor(False, True, <int>fg, <int>k, <int>cols, dlt + oy0 * out_w,
+                              <int>spatial, workspace, <int>cols, 1, grad, <int>k)
+                oy0 = oy1
+
+
+cdef void _conv2d_backward_weights_step(const StepData* d) noexcept nogil:
+    cdef const ConvBackwardParams* p = <const ConvBackwardParams*>d.params
+    if d.f32:
+        _conv2d_backward_weights(<const float*>d.buf[CONV_BW_X],
+                                 <const float*>d.buf[CONV_BW_DELTA],
+                                 <float*>d.buf[CONV_BW_GRAD],
+                                 <float*>d.buf[CONV_BW_WORKSPACE], p)
+    else:
+        _conv2d_backward_weights(<const double*>d.buf[CONV_BW_X],
+                                 <const double*>d.buf[CONV_BW_DELTA],
+                                 <double*>d.buf[CONV_BW_GRAD],
+                                 <double*>d.buf[CONV_BW_WORKSPACE], p)
+
+
+cdef void _conv2d_backward_input(const floating* weights, const floating* delta,
+                                 floating* x_grad, floating* workspace,
+                                 const ConvBackwardParams* p) noexcept nogil:
+    cdef Py_ssize_t cg = p.channels // p.groups, fg = p.filters // p.groups
+    cdef Py_ssize_t k = cg * p.ksize * p.ksize, spatial = p.out_h * p.out_w
+    cdef Py_ssize_t in_plane = p.height * p.width, out_w = p.out_w
+    cdef Py_ssize_t b, g, oy0, oy1, cols
+    cdef const floating* wg
+    cdef const floating* dlt
+    cdef floating* grad
+    for b in range(p.batch):
+        for g in range(p.groups):
+            wg = weights + g * fg * k
+            dlt = delta + (b * p.filters + g * fg) * spatial
+            grad = x_grad + (b * p.channels + g * cg) * in_plane
+            if p.one_by_one:
+                # x_grad (cg, HW) += W (fg, cg)^T @ delta (fg, HW).
+                gemm_rowmajor(True, False, <int>k, <int>spatial, <int>fg, wg, <int>k, dlt,
+                              <int>spatial, 1, grad, <int>spatial)
+                continue
+            oy0 = 0
+            while oy0 < p.out_h:
+                oy1 = min(p.out_h, oy0 + p.block_rows)
+                cols = (oy1 - oy0) * out_w
+                # The columns' gradient, W^T @ delta, then folded back onto the pixels.
+                gemm_rowmajor(True, False, <int>k, <int>cols, <int>fg, wg, <int>k,
+                              dlt + oy0 * out_w, <int>spatial, 0, workspace, <int>cols)
+                col2im(workspace, cg, p.height, p.width, p.ksize, p.stride_x, p.stride_y,
+                       p.pad * p.dilation, p.dilation, oy0, oy1, out_w, grad)
+                oy0 = oy1
+
+
+cdef void _conv2d_backward_input_step(const StepData* d) noexcept nogil:
+    cdef const ConvBackwardParams* p = <const ConvBackwardParams*>d.params
+    if d.f32:
+        _conv2d_backward_input(<const float*>d.buf[CONV_BX_WEIGHTS],
+                               <const float*>d.buf[CONV_BX_DELTA],
+                               <float*>d.buf[CONV_BX_GRAD],
+                               <float*>d.buf[CONV_BX_WORKSPACE], p)
+    else:
+        _conv2d_backward_input(<const double*>d.buf[CONV_BX_WEIGHTS],
+                               <const double*>d.buf[CONV_BX_DELTA],
+                               <double*>d.buf[CONV_BX_GRAD],
+                               <double*>d.buf[CONV_BX_WORKSPACE], p)
+
+
+cdef NativeStep _conv_backward_step(StepFn fn, str kind, tuple arrays, tuple x_shape,
+                                    tuple w_shape, str w_name, tuple delta_shape, workspace,
+                                    int ksize, int stride_x, int stride_y, int pad,
+                                    int dilation, int groups):
+    """The shared checks and parameters of the two backward steps; ``arrays`` are in the
+    kind's role order, workspace last."""
+    like = arrays[0]
+    batch, channels, height, width, filters, out_h, out_w, k = _conv_geometry(
+        kind, x_shape, w_name, w_shape, "delta", delta_shape, ksize, stride_x, stride_y, pad,
+        dilation, groups)
+    cdef bint one_by_one = ksize == 1 and stride_x == 1 and stride_y == 1 and pad == 0
+    cdef Py_ssize_t block_rows = _backward_block_rows(k, out_h, out_w)
+    if workspace is not None or not one_by_one:
+        check_workspace(workspace, like, 0 if one_by_one else k * out_w * block_rows, kind)
+    cdef NativeStep step = new_step(fn, kind, arrays, like.dtype == np.float32,
+                                    sizeof(ConvBackwardParams))
+    cdef ConvBackwardParams* p = <ConvBackwardParams*>step.data.params
+    p.batch, p.channels, p.height, p.width = batch, channels, height, width
+    p.filters, p.out_h, p.out_w, p.block_rows = filters, out_h, out_w, block_rows
+    p.ksize, p.stride_x, p.stride_y, p.pad, p.dilation = ksize, stride_x, stride_y, pad, dilation
+    p.groups, p.one_by_one = groups, one_by_one
+    return step
+
+
+def conv2d_backward_weights_step(x, delta, weight_grad, workspace, int ksize, int stride_x,
+                                 int stride_y, int pad, int dilation,
+                                 int groups) -> NativeStep:
+    """Weight gradient of a convolution: ``weight_grad += sum_images delta (x) im2col(x)``.
+
+    Darknet's ``weight_updates`` term of backward_convolutional_layer, summed over the N
+    images in a fixed order and ADDED to ``weight_grad`` (an accumulator: clear it before
+    the first mini-batch of an iteration). The bias gradient is ``bias_grad_step``.
+
+    x: (N, C, H, W), the layer's input; delta: (N, F, out_h, out_w), the gradient with
+    respect to the raw convolution output (after the activation derivative and batch norm);
+    weight_grad: (F, C/groups*ksize*ksize) in the weights' (F, C, ky, kx) order; workspace:
+    1-D, at least ``backward_workspace_size(C, ksize, groups, out_h, out_w)`` elements (may
+    be None for a plain 1x1 convolution); it is clobbered. All C-contiguous, of one dtype
+    (float32 or float64). Geometry as in ``conv2d_step``.
+    """
+    check_input("x", x)
+    check_input("delta", delta, (4,), x, layout="(N, F, out_h, out_w)")
+    check_input("weight_grad", weight_grad, (2,), x, layout="(F, C/groups*ksize*ksize)",
+                writable=True)
+    return _conv_backward_step(_conv2d_backward_weights_step, "conv2d_backward_weights",
+                               (x, delta, weight_grad, workspace), x.shape, weight_grad.shape,
+                               "weight_grad", delta.shape, workspace, ksize, stride_x,
+                               stride_y, pad, dilation, groups)
+
+
+def conv2d_backward_weights(x, delta, weight_grad, workspace, int ksize, int stride_x,
+                            int stride_y, int pad, int dilation, int groups) -> None:
+    """``conv2d_backward_weights_step(...)`` with the same arguments, run once."""
+    conv2d_backward_weights_step(x, delta, weight_grad, workspace, ksize, stride_x, stride_y,
+                                 pad, dilation, groups).run()
+
+
+def conv2d_backward_input_step(weights, delta, x_grad, workspace, int ksize, int stride_x,
+                               int stride_y, int pad, int dilation,
+                               int groups) -> NativeStep:
+    """Input gradient of a convolution: ``x_grad += col2im(W^T @ delta)`` per image.
+
+    Darknet's ``state.delta`` term of backward_convolutional_layer, with col2im ADDING into
+    ``x_grad`` (as in the golden build, which fixed the stock CPU col2im that cleared it
+    first): other consumers of the input may already have sent their share.
+
+    weights: (F, C/groups*ksize*ksize); delta: (N, F, out_h, out_w), with respect to the raw
+    convolution output; x_grad: (N, C, H, W), the input's delta, added to; workspace: 1-D,
+    at least ``backward_workspace_size(C, ksize, groups, out_h, out_w)`` elements (may be
+    None for a plain 1x1 convolution), clobbered. All C-contiguous, of one dtype (float32 or
+    float64). Geometry as in ``conv2d_step``.
+    """
+    check_input("x_grad", x_grad, writable=True)
+    check_input("weights", weights, (2,), x_grad, like_name="x_grad",
+                layout="(F, C/groups*ksize*ksize)")
+    check_input("delta", delta, (4,), x_grad, like_name="x_grad",
+                layout="(N, F, out_h, out_w)")
+    return _conv_backward_step(_conv2d_backward_input_step, "conv2d_backward_input",
+                               (weights, delta, x_grad, workspace), x_grad.shape,
+                               weights.shape, "weights", delta.shape, workspace, ksize,
+                               stride_x, stride_y, pad, dilation, groups)
+
+
+def conv2d_backward_input(weights, delta, x_grad, workspace, int ksize, int stride_x,
+                          int stride_y, int pad, int dilation, int groups) -> None:
+    """``conv2d_backward_input_step(...)`` with the same arguments, run once."""
+    conv2d_backward_input_step(weights, delta, x_grad, workspace, ksize, stride_x, stride_y,
+                               pad, dilation, groups).run()
+
+
+cdef enum:  # buffer roles
+    BIAS_GRAD_DELTA, BIAS_GRAD_OUT
+
+cdef struct BiasGradParams:
+    Py_ssize_t batch, channels, spatial
+
+
+cdef void _bias_grad(const floating* delta, floating* bias_grad,
+                     const BiasGradParams* p) noexcept nogil:
+    cdef Py_ssize_t b, f, i
+    cdef const floating* plane
+    cdef floating total
+    # Darknet's backward_bias order: one sum per (image, channel) plane, added in turn.
+    for b in range(p.batch):
+        for f in range(p.channels):
+            plane = delta + (b * p.channels + f) * p.spatial
+            total = 0
+            for i in range(p.spatial):
+                total = total + plane[i]
+            bias_grad[f] = bias_grad[f] + total
+
+
+cdef void _bias_grad_step(const StepData* d) noexcept nogil:
+    cdef const BiasGradParams* p = <const BiasGradParams*>d.params
+    if d.f32:
+        _bias_grad(<const float*>d.buf[BIAS_GRAD_DELTA], <float*>d.buf[BIAS_GRAD_OUT], p)
+    else:
+        _bias_grad(<const double*>d.buf[BIAS_GRAD_DELTA], <double*>d.buf[BIAS_GRAD_OUT], p)
+
+
+def bias_grad_step(delta, bias_grad) -> NativeStep:
+    """Bias gradient: ``bias_grad[f] += sum over images and pixels of delta[:, f]``.
+
+    delta: (N, F, H, W) (a convolution) or (N, F) (a connected layer), the gradient with
+    respect to the layer's pre-activation output; bias_grad: (F,), added to. Both
+    C-contiguous, of one dtype. With batch norm the bias gradient comes from
+    ``batchnorm.batchnorm_backward_step`` instead.
+    """
+    check_input("delta", delta, (4, 2))
+    check_input("bias_grad", bias_grad, (1,), delta, like_name="delta", writable=True)
+    if bias_grad.shape[0] != delta.shape[1]:
+        raise ArgumentError(f"bias_grad_step: bias_grad has {bias_grad.shape[0]} entries, "
+                            f"delta {delta.shape} has {delta.shape[1]} channels")
+    cdef NativeStep step = new_step(_bias_grad_step, "bias_grad", (delta, bias_grad),
+                                    delta.dtype == np.float32, sizeof(BiasGradParams))
+    cdef BiasGradParams* p = <BiasGradParams*>step.data.params
+    p.batch, p.channels = delta.shape[0], delta.shape[1]
+    p.spatial = 1 if delta.ndim == 2 else delta.shape[2] * delta.shape[3]
+    return step
+
+
+def bias_grad(delta, bias_grad) -> None:
+    """``bias_grad_step(delta, bias_grad)`` run once."""
+    bias_grad_step(delta, bias_grad).run()
+
+
+cdef enum:  # buffer roles
+    FC_BACK_X, FC_BACK_WEIGHTS, FC_BACK_DELTA, FC_BACK_WGRAD, FC_BACK_XGRAD
+
+
+cdef void _connected_backward(const floating* x, const floating* weights,
+                              const floating* delta, floating* weight_grad, floating* x_grad,
+                              const ConnectedParams* p) noexcept nogil:
+    # weight_grad (outputs, inputs) += delta^T @ x, summed over the batch by the GEMM.
+    gemm_rowmajor(True, False, <int>p.outputs, <int>p.inputs, <int>p.batch, delta,
+                  <int>p.outputs, x, <int>p.inputs, 1, weight_grad, <int>p.inputs)
+    if x_grad != NULL:
+        gemm_rowmajor(False, False, <int>p.batch, <int>p.inputs, <int>p.outputs, delta,
+                      <int>p.outputs, weights, <int>p.inputs, 1, x_grad, <int>p.inputs)
+
+
+cdef void _connected_backward_step(const StepData* d) noexcept nogil:
+    cdef const ConnectedParams* p = <const ConnectedParams*>d.params
+    if d.f32:
+        _connected_backward(<const float*>d.buf[FC_BACK_X], <const float*>d.buf[FC_BACK_WEIGHTS],
+                            <const float*>d.buf[FC_BACK_DELTA], <float*>d.buf[FC_BACK_WGRAD],
+                            <float*>d.buf[FC_BACK_XGRAD], p)
+    else:
+        _connected_backward(<const double*>d.buf[FC_BACK_X],
+                            <const double*>d.buf[FC_BACK_WEIGHTS],
+                            <const double*>d.buf[FC_BACK_DELTA],
+                            <double*>d.buf[FC_BACK_WGRAD], <double*>d.buf[FC_BACK_XGRAD], p)
+
+
+def connected_backward_step(x, weights, delta, weight_grad, x_grad) -> NativeStep:
+    """Connected layer backward (backward_connected_layer after its activation derivative
+    and batch norm): ``weight_grad += delta^T @ x`` and ``x_grad += delta @ weights``.
+
+    x: (N, inputs), the layer's input; weights: (outputs, inputs); delta: (N, outputs), the
+    gradient with respect to the pre-activation output (after batch norm, if any);
+    weight_grad: (outputs, inputs), added to; x_grad: (N, inputs), the input's delta, added
+    to, or None when the input has no delta (the network's input). All C-contiguous, of one
+    dtype (float32 or float64). The bias gradient is ``bias_grad_step``.
+    """
+    check_input("x", x, (2,), layout="(N, inputs)")
+    check_input("weights", weights, (2,), x, layout="(outputs, inputs)")
+    check_input("delta", delta, (2,), x, layout="(N, outputs)")
+    check_input("weight_grad", weight_grad, (2,), x, layout="(outputs, inputs)",
+                writable=True)
+    cdef Py_ssize_t batch = x.shape[0], inputs = x.shape[1], outputs = weights.shape[0]
+    if weights.shape[1] != inputs or batch < 1 or inputs < 1 or outputs < 1:
+        raise ArgumentError(f"connected_backward: weights shape {weights.shape} does not "
+                            f"match x {x.shape} (each dimension at least 1)")
+    if delta.shape[0] != batch or delta.shape[1] != outputs:
+        raise ArgumentError(f"connected_backward: delta shape {delta.shape}, expected "
+                            f"{(batch, outputs)}")
+    if weight_grad.shape != weights.shape:
+        raise ArgumentError(f"connected_backward: weight_grad shape {weight_grad.shape}, "
+                            f"expected {weights.shape}")
+    if x_grad is not None:
+        check_input("x_grad", x_grad, (2,), x, layout="(N, inputs)", writable=True)
+        if x_grad.shape != x.shape:
+            raise ArgumentError(f"connected_backward: x_grad shape {x_grad.shape}, expected "
+                                f"{x.shape}")
+    cdef NativeStep step = new_step(_connected_backward_step, "connected_backward",
+                                    (x, weights, delta, weight_grad, x_grad),
+                                    x.dtype == np.float32, sizeof(ConnectedParams))
+    cdef ConnectedParams* p = <ConnectedParams*>step.data.params
+    p.batch, p.inputs, p.outputs, p.act = batch, inputs, outputs, 0
+    return step
+
+
+def connected_backward(x, weights, delta, weight_grad, x_grad) -> None:
+    """``connected_backward_step(x, weights, delta, weight_grad, x_grad)`` run once."""
+    connected_backward_step(x, weights, delta, weight_grad, x_grad).run()
