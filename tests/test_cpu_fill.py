@@ -1,4 +1,4 @@
-"""fill_step: what a training program clears its deltas with."""
+"""fill_step and copy_step: what a training program clears its deltas and keeps values with."""
 
 import numpy as np
 import pytest
@@ -34,3 +34,21 @@ def test_bad_arguments():
         fill.fill_step(np.zeros(3, np.float32), np.inf)
     with pytest.raises(ArgumentError, match="C-contiguous"):
         fill.fill_step(np.zeros((4, 4), np.float32)[:, ::2])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_copy(dtype):
+    src = np.random.default_rng(1).standard_normal((2, 3, 4)).astype(dtype)
+    dst = np.full_like(src, np.nan)
+    executor.StepList([fill.copy_step(src, dst)], None).run()
+    np.testing.assert_array_equal(dst, src)
+
+
+def test_copy_bad_arguments():
+    a = np.zeros((2, 3), np.float32)
+    with pytest.raises(ArgumentError, match="dst"):
+        fill.copy_step(a, np.zeros((3, 2), np.float32))
+    with pytest.raises(ArgumentError, match="dst"):
+        fill.copy_step(a, np.zeros((2, 3), np.float64))
+    with pytest.raises(ArgumentError, match="overlap"):
+        fill.copy_step(a, a)

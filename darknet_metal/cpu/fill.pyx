@@ -1,20 +1,21 @@
 # cython: language_level=3
-"""Filling an array with one value: a training program clears each delta before the first
-of its layer's consumers adds its gradient into it.
+"""Filling and copying whole arrays: a training program clears each delta before the first
+of its layer's consumers adds its gradient into it, and keeps copies of values a later step
+overwrites in place (an activation's input).
 
-Contract: the package's (``darknet_metal.cpu``): a C-contiguous float32 or float64 array,
-checked by ``checks``; ``fill_step`` returns the ``NativeStep`` that writes it without the
-GIL.
+Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64 arrays,
+checked by ``checks``; ``fill_step`` and ``copy_step`` return the ``NativeStep`` that writes
+without the GIL.
 """
 
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
 
 from darknet_metal.errors import ArgumentError
-from darknet_metal.cpu.checks import check_input
+from darknet_metal.cpu.checks import check_input, check_like
 
 cdef enum:  # buffer roles
     FILL_X
@@ -58,3 +59,29 @@ def fill_step(x, double value=0.0) -> NativeStep:
 def fill(x, double value=0.0) -> None:
     """``fill_step(x, value)`` run once."""
     fill_step(x, value).run()
+
+
+cdef enum:  # buffer roles
+    COPY_SRC, COPY_DST
+
+cdef struct CopyParams:
+    Py_ssize_t nbytes
+
+
+cdef void _copy_step(const StepData* d) noexcept nogil:
+    cdef const CopyParams* p = <const CopyParams*>d.params
+    memcpy(d.buf[COPY_DST], d.buf[COPY_SRC], p.nbytes)
+
+
+def copy_step(src, dst) -> NativeStep:
+    """``dst[...] = src``: two C-contiguous arrays of one shape and dtype (float32 or
+    float64) that do not overlap."""
+    check_input("src", src, tuple(range(1, 9)), layout="any shape")
+    check_input("dst", dst, tuple(range(1, 9)), layout="any shape", writable=True)
+    check_like("dst", dst, src, "src")
+    if np.shares_memory(src, dst):
+        raise ArgumentError("copy_step: src and dst must not overlap")
+    cdef NativeStep step = new_step(_copy_step, "copy", (src, dst), src.dtype == np.float32,
+                                    sizeof(CopyParams))
+    (<CopyParams*>step.data.params).nbytes = src.nbytes
+    return step
