@@ -47,7 +47,8 @@ class _LoadedProgram:
                 self.views[t] = self.input_standin.reshape(spec.shape)
             elif owner in memory.slot_of:
                 slot = slots[memory.slot_of[owner]]
-                self.views[t] = slot[: spec.nbytes].view(dtype).reshape(spec.shape)
+                view_dtype = dtype if spec.dtype is None else np.dtype(spec.dtype)
+                self.views[t] = slot[: spec.nbytes].view(view_dtype).reshape(spec.shape)
         native = []
         #: Per layer: the index in ``steps`` after its last native step.
         self.layer_ends: list[int] = []

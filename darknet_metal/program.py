@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from darknet_metal.errors import ArgumentError, BindingError
 
 if TYPE_CHECKING:
@@ -55,12 +57,15 @@ INPUT = Tensor(-1, "output")
 class TensorSpec:
     """A tensor's full shape (batch axis first for activations) and element size in bytes.
 
-    ``alias_of``: the tensor whose memory this one is (an identity layer's output)."""
+    ``alias_of``: the tensor whose memory this one is (an identity layer's output);
+    ``dtype``: a NumPy dtype name for a tensor not of the program's element type (maxpool's
+    "int32" argmax indexes), else None."""
 
     id: Tensor
     shape: tuple[int, ...]
     itemsize: int
     alias_of: Tensor | None = None
+    dtype: str | None = None
 
     @property
     def size(self) -> int:
@@ -163,9 +168,10 @@ class LayerEmitter:
         """Full shape of a declared tensor."""
         return self._builder.tensors[t].shape
 
-    def tensor(self, role: str, shape: Sequence[int]) -> Tensor:
-        """Declares tensor ``(layer, role)`` of ``shape`` (full shape, elements)."""
-        return self._builder.declare(Tensor(self.spec.index, role), tuple(shape))
+    def tensor(self, role: str, shape: Sequence[int], dtype: str | None = None) -> Tensor:
+        """Declares tensor ``(layer, role)`` of ``shape`` (full shape, elements), of the
+        program's element type or of NumPy dtype ``dtype`` ("int32")."""
+        return self._builder.declare(Tensor(self.spec.index, role), tuple(shape), dtype=dtype)
 
     def kernel(
         self,
@@ -253,10 +259,12 @@ class _Builder:
                 raise BindingError(f"layer {layer}: clearing its delta wrote nothing")
         return t
 
-    def declare(self, t: Tensor, shape: tuple[int, ...], alias_of: Tensor | None = None) -> Tensor:
+    def declare(self, t: Tensor, shape: tuple[int, ...], alias_of: Tensor | None = None,
+                dtype: str | None = None) -> Tensor:
         if t in self.tensors:
             raise BindingError(f"layer {t.layer} declares tensor {t.role!r} twice")
-        self.tensors[t] = TensorSpec(t, shape, self.itemsize, alias_of)
+        itemsize = self.itemsize if dtype is None else np.dtype(dtype).itemsize
+        self.tensors[t] = TensorSpec(t, shape, itemsize, alias_of, dtype)
         self.owner[t] = t if alias_of is None else self.owner[alias_of]
         return t
 

@@ -1,4 +1,4 @@
-"""fill_step and copy_step: what a training program clears its deltas and keeps values with."""
+"""fill_step, copy_step and add_step: the whole-array steps of training programs."""
 
 import numpy as np
 import pytest
@@ -52,3 +52,16 @@ def test_copy_bad_arguments():
         fill.copy_step(a, np.zeros((2, 3), np.float64))
     with pytest.raises(ArgumentError, match="overlap"):
         fill.copy_step(a, a)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_add(dtype, scale):
+    rng = np.random.default_rng(2)
+    src = rng.standard_normal((3, 7)).astype(dtype)
+    dst = rng.standard_normal((3, 7)).astype(dtype)
+    want = dst + dtype(scale) * src
+    fill.add_step(src, dst, scale).run()
+    np.testing.assert_array_equal(dst, want)
+    with pytest.raises(ArgumentError, match="overlap"):
+        fill.add_step(dst, dst)

@@ -1,13 +1,15 @@
 # cython: language_level=3
-"""Filling and copying whole arrays: a training program clears each delta before the first
-of its layer's consumers adds its gradient into it, and keeps copies of values a later step
-overwrites in place (an activation's input).
+"""Whole-array steps: filling, copying and adding. A training program clears each delta
+before the first of its layer's consumers adds its gradient into it, keeps copies of values a
+later step overwrites in place (an activation's input), and adds a loss layer's delta into
+its input's.
 
 Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64 arrays,
-checked by ``checks``; ``fill_step`` and ``copy_step`` return the ``NativeStep`` that writes
-without the GIL.
+checked by ``checks``; ``fill_step``, ``copy_step`` and ``add_step`` return the
+``NativeStep`` that writes without the GIL.
 """
 
+from cython cimport floating
 from libc.string cimport memcpy, memset
 
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
@@ -84,4 +86,49 @@ def copy_step(src, dst) -> NativeStep:
     cdef NativeStep step = new_step(_copy_step, "copy", (src, dst), src.dtype == np.float32,
                                     sizeof(CopyParams))
     (<CopyParams*>step.data.params).nbytes = src.nbytes
+    return step
+
+
+cdef enum:  # buffer roles
+    ADD_SRC, ADD_DST
+
+cdef struct AddParams:
+    Py_ssize_t n
+    double scale
+
+
+cdef void _add(const floating* src, floating* dst, const AddParams* p) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef floating scale = <floating>p.scale
+    if p.scale == 1.0:
+        for i in range(p.n):
+            dst[i] = dst[i] + src[i]
+    else:
+        for i in range(p.n):
+            dst[i] = dst[i] + scale * src[i]
+
+
+cdef void _add_step(const StepData* d) noexcept nogil:
+    cdef const AddParams* p = <const AddParams*>d.params
+    if d.f32:
+        _add(<const float*>d.buf[ADD_SRC], <float*>d.buf[ADD_DST], p)
+    else:
+        _add(<const double*>d.buf[ADD_SRC], <double*>d.buf[ADD_DST], p)
+
+
+def add_step(src, dst, double scale=1.0) -> NativeStep:
+    """``dst += scale*src`` (``dst += src`` exactly when scale is 1): two C-contiguous arrays
+    of one shape and dtype (float32 or float64) that do not overlap."""
+    check_input("src", src, tuple(range(1, 9)), layout="any shape")
+    check_input("dst", dst, tuple(range(1, 9)), layout="any shape", writable=True)
+    check_like("dst", dst, src, "src")
+    if np.shares_memory(src, dst):
+        raise ArgumentError("add_step: src and dst must not overlap")
+    if not np.isfinite(scale):
+        raise ArgumentError(f"add_step: scale must be finite, not {scale}")
+    cdef NativeStep step = new_step(_add_step, "add", (src, dst), src.dtype == np.float32,
+                                    sizeof(AddParams))
+    cdef AddParams* p = <AddParams*>step.data.params
+    p.n = src.size
+    p.scale = scale
     return step
