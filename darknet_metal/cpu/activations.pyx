@@ -53,7 +53,7 @@ from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
 
-from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
+from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 from darknet_metal.cpu.checks import check_input, check_like
 
@@ -363,21 +363,6 @@ cdef void gradient_channels(const floating* y, Py_ssize_t batch, Py_ssize_t chan
 # ----------------------------------------------------------------------------------------
 # Python entry points.
 
-def _gradient_flat(const floating[::1] y, floating[::1] delta, int act):
-    if y.shape[0] == 0:
-        return
-    with nogil:
-        gradient_array(&y[0], y.shape[0], act, &delta[0])
-
-
-def _gradient_channels_flat(const floating[::1] y, floating[::1] delta, Py_ssize_t batch,
-                            Py_ssize_t channels, Py_ssize_t spatial, int act):
-    if y.shape[0] == 0:
-        return
-    with nogil:
-        gradient_channels(&y[0], batch, channels, spatial, act, &delta[0])
-
-
 def _activate_fused_flat(float[::1] flat, int act):
     if flat.shape[0] == 0:
         return
@@ -480,20 +465,55 @@ def activate(x, act) -> None:
     activate_step(x, act).run()
 
 
-def gradient(y_or_x, act, delta) -> None:
-    """Multiply ``delta`` in place by the derivative of ``act``, as Darknet's gradient_array.
+cdef enum:  # buffer roles
+    ACTGRAD_Y, ACTGRAD_DELTA
+
+
+cdef void _activation_gradient_step(const StepData* d) noexcept nogil:
+    cdef const ActivateParams* p = <const ActivateParams*>d.params
+    cdef Py_ssize_t n = p.batch * p.channels * p.spatial
+    if p.act >= ACT_NORM_CHAN:
+        if d.f32:
+            gradient_channels(<const float*>d.buf[ACTGRAD_Y], p.batch, p.channels, p.spatial,
+                              p.act, <float*>d.buf[ACTGRAD_DELTA])
+        else:
+            gradient_channels(<const double*>d.buf[ACTGRAD_Y], p.batch, p.channels,
+                              p.spatial, p.act, <double*>d.buf[ACTGRAD_DELTA])
+    elif d.f32:
+        gradient_array(<const float*>d.buf[ACTGRAD_Y], n, p.act, <float*>d.buf[ACTGRAD_DELTA])
+    else:
+        gradient_array(<const double*>d.buf[ACTGRAD_Y], n, p.act,
+                       <double*>d.buf[ACTGRAD_DELTA])
+
+
+def activation_gradient_step(y_or_x, delta, act) -> NativeStep:
+    """Darknet's gradient_array as a step: ``delta *= act'`` in place, elementwise (the
+    channel activations: Darknet's per-pixel rule, see ``gradient_channels``).
 
     y_or_x: the activation's output for most activations; its input for ``gelu``, ``mish``,
-    ``swish`` and ``hard_mish`` (see the module docstring). delta: same shape and dtype,
-    modified in place. Shapes as for ``activate``.
+    ``swish`` and ``hard_mish`` (see the module docstring). delta: the layer's own delta,
+    same shape and dtype, multiplied in place (it is the layer's, so nothing else has added
+    into it that must be kept). Shapes as for ``activate_step``.
     """
     a = activation_id(act)
     check_input("y_or_x", y_or_x, _NDIMS)
     check_input("delta", delta, _NDIMS, writable=True)
     check_like("delta", delta, y_or_x, "y_or_x")
-    if ACTIVATIONS[a] in CHANNEL_ACTIVATIONS:
-        batch, channels, spatial = _layout(delta)
-        _gradient_channels_flat(y_or_x.reshape(-1), delta.reshape(-1), batch, channels,
-                                spatial, a)
-    else:
-        _gradient_flat(y_or_x.reshape(-1), delta.reshape(-1), a)
+    cdef NativeStep step = new_step(_activation_gradient_step,
+                                    f"activation_gradient_{ACTIVATIONS[a]}", (y_or_x, delta),
+                                    delta.dtype == np.float32, sizeof(ActivateParams))
+    cdef ActivateParams* p = <ActivateParams*>step.data.params
+    p.batch, p.channels, p.spatial = _layout(delta)
+    p.act = a
+    return step
+
+
+def gradient(y_or_x, act, delta) -> None:
+    """Multiply ``delta`` in place by the derivative of ``act``, as Darknet's gradient_array:
+    ``activation_gradient_step(y_or_x, delta, act)`` run once.
+
+    y_or_x: the activation's output for most activations; its input for ``gelu``, ``mish``,
+    ``swish`` and ``hard_mish`` (see the module docstring). delta: same shape and dtype,
+    modified in place. Shapes as for ``activate``.
+    """
+    activation_gradient_step(y_or_x, delta, act).run()

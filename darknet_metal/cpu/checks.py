@@ -59,6 +59,14 @@ def check_like(name: str, a: np.ndarray, like: np.ndarray, like_name: str) -> No
                          f"{like.dtype}, not {a.shape} {a.dtype}")
 
 
+def check_shaped_like(name: str, a: object, like: np.ndarray, like_name: str, *,
+                      writable: bool = False) -> None:
+    """Raise unless ``a`` is a C-contiguous array with the shape and dtype of ``like`` (and
+    writable when ``writable``); messages name ``a`` as ``name``, like as ``like_name``."""
+    check_input(name, a, (like.ndim,), writable=writable)
+    check_like(name, a, like, like_name)
+
+
 def check_workspace(workspace: object, like: np.ndarray, needed: int, where: str) -> None:
     """Raise unless ``workspace`` is a writable 1-D array of like's dtype with at least
     ``needed`` elements; ``where`` (the caller's name) starts the size message."""
@@ -66,3 +74,13 @@ def check_workspace(workspace: object, like: np.ndarray, needed: int, where: str
     if workspace.shape[0] < needed:
         raise ArgumentError(f"{where}: workspace has {workspace.shape[0]} elements, "
                          f"needs {needed}")
+
+
+def check_disjoint(written: dict, read: dict) -> None:
+    """Raise unless no array of ``written`` shares memory with one of ``read`` (each a dict
+    name -> array or None): a kernel reading one while adding into the other would read its
+    own partial results. Arrays of ``written`` may share memory with each other."""
+    for out_name, out in written.items():
+        for in_name, a in read.items():
+            if out is not None and a is not None and np.shares_memory(out, a):
+                raise ArgumentError(f"{out_name} must not share memory with {in_name}")

@@ -8,6 +8,16 @@ i*stride_y - padding/2)``, and positions outside the image are ignored. So ``siz
 stride=1`` keeps a 13x13 map 13x13, the extra row and column being on the bottom/right.
 A window that lies entirely outside the image yields Darknet's ``-FLT_MAX``.
 
+Training (``*_forward_train_step``) also records, per output, the flat index into x (over
+the whole batch: ``((n*C + c)*H + y)*W + x``) of the element it took, Darknet's
+``l.indexes``; ``maxpool_backward_step`` sends each output's delta there. Indexes are
+int32, Darknet's ``int`` (so x must have fewer than 2**31 elements); an output with no
+element (a window wholly outside the image, or holding only values not greater than
+``-FLT_MAX``) gets index -1 and passes no gradient, where Darknet would write before its
+buffer. Backward visits the outputs in order, one thread, so an input that is the maximum
+of several overlapping windows gets their deltas summed in Darknet's order (Darknet's own
+loop runs them on OpenMP threads without synchronisation).
+
 Contract: the package's (``darknet_metal.cpu``): C-contiguous float32 or float64
 (N, C, H, W) arrays of one dtype, checked by ``checks``. Each ``*_step`` checks its
 arguments and returns a ``NativeStep`` (``step.pyx``) that runs the loop without the GIL
@@ -18,14 +28,15 @@ it once.
 cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
+from libc.stdint cimport int32_t
 
 from darknet_metal.cpu.kernels cimport dm_maxpool2x2s2_f32
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
 
-from darknet_metal.errors import ArgumentError
-from darknet_metal.cpu.checks import check_input, check_out
+from darknet_metal.errors import ArgumentError, ArgumentTypeError
+from darknet_metal.cpu.checks import check_disjoint, check_input, check_out
 
 
 def _c_div(int a, int b) -> int:
@@ -57,7 +68,7 @@ def pool_output_hw(int h, int w, int size, int stride_x, int stride_y, int paddi
 # maxpool
 
 cdef enum:  # buffer roles
-    MAXPOOL_X, MAXPOOL_OUT
+    MAXPOOL_X, MAXPOOL_OUT, MAXPOOL_INDEXES  # indexes: training only
 
 cdef struct MaxpoolParams:
     Py_ssize_t planes  # N * C
@@ -163,11 +174,93 @@ def maxpool_forward(x, out, int size, int stride_x, int stride_y, int padding) -
     maxpool_step(x, out, size, stride_x, stride_y, padding).run()
 
 
+cdef void _maxpool_train(const floating* src, floating* dst, int32_t* indexes,
+                         const MaxpoolParams* p) noexcept nogil:
+    # Darknet's training loop: every window position in row-major order, the first strictly
+    # greater value kept (so the output equals the inference kernels').
+    cdef Py_ssize_t h = p.h, w = p.w, out_h = p.out_h, out_w = p.out_w, offset = p.offset
+    cdef Py_ssize_t plane, i, j, n, m, y, x, base, at, best_at
+    cdef floating best, val
+    for plane in range(p.planes):
+        base = plane * h * w
+        for i in range(out_h):
+            for j in range(out_w):
+                best = -FLT_MAX
+                best_at = -1
+                for n in range(p.size):
+                    y = i * p.stride_y + n - offset
+                    if y < 0 or y >= h:
+                        continue
+                    for m in range(p.size):
+                        x = j * p.stride_x + m - offset
+                        if x < 0 or x >= w:
+                            continue
+                        at = base + y * w + x
+                        val = src[at]
+                        if val > best:
+                            best = val
+                            best_at = at
+                at = (plane * out_h + i) * out_w + j
+                dst[at] = best
+                indexes[at] = <int32_t>best_at
+
+
+cdef void _maxpool_train_step(const StepData* d) noexcept nogil:
+    cdef const MaxpoolParams* p = <const MaxpoolParams*>d.params
+    if d.f32:
+        _maxpool_train(<const float*>d.buf[MAXPOOL_X], <float*>d.buf[MAXPOOL_OUT],
+                       <int32_t*>d.buf[MAXPOOL_INDEXES], p)
+    else:
+        _maxpool_train(<const double*>d.buf[MAXPOOL_X], <double*>d.buf[MAXPOOL_OUT],
+                       <int32_t*>d.buf[MAXPOOL_INDEXES], p)
+
+
+def _check_indexes(indexes, out, x, str out_name="out") -> None:
+    """Raise unless ``indexes`` is a writable C-contiguous int32 array shaped like ``out``
+    (called ``out_name``) and x has fewer elements than int32 can address."""
+    if not isinstance(indexes, np.ndarray):
+        raise ArgumentTypeError(f"indexes must be a numpy array, not {type(indexes).__name__}")
+    if indexes.dtype != np.int32:
+        raise ArgumentError(f"indexes must be int32 (Darknet's l.indexes), not {indexes.dtype}")
+    if indexes.shape != out.shape:
+        raise ArgumentError(f"indexes must have the shape of {out_name} {out.shape}, not "
+                            f"{indexes.shape}")
+    if not indexes.flags.c_contiguous or not indexes.flags.writeable:
+        raise ArgumentError("indexes must be C-contiguous and writable (it is written to)")
+    if x.size > np.iinfo(np.int32).max:
+        raise ArgumentError(f"int32 indexes cannot address the {x.size} elements of x")
+
+
+def maxpool_forward_train_step(x, out, indexes, int size, int stride_x, int stride_y,
+                               int padding) -> NativeStep:
+    """Darknet ``[maxpool]`` forward in training: ``maxpool_step``'s output, and in
+    ``indexes`` (int32, shaped like out) the flat index into x of each output's maximum,
+    the first in window order (rows, then columns) on ties; -1 for an output with no
+    element (see the module docstring). What ``maxpool_backward_step`` reads.
+    """
+    # The inference step checks x, out and the geometry and works out the parameters.
+    cdef NativeStep inference = maxpool_step(x, out, size, stride_x, stride_y, padding)
+    _check_indexes(indexes, out, x)
+    check_disjoint({"indexes": indexes}, {"x": x, "out": out})
+    cdef NativeStep step = new_step(_maxpool_train_step, "maxpool_train", (x, out, indexes),
+                                    x.dtype == np.float32, sizeof(MaxpoolParams))
+    cdef MaxpoolParams* p = <MaxpoolParams*>step.data.params
+    p[0] = (<MaxpoolParams*>inference.data.params)[0]
+    return step
+
+
+def maxpool_forward_train(x, out, indexes, int size, int stride_x, int stride_y,
+                          int padding) -> None:
+    """``maxpool_forward_train_step(x, out, indexes, size, stride_x, stride_y, padding)``
+    run once."""
+    maxpool_forward_train_step(x, out, indexes, size, stride_x, stride_y, padding).run()
+
+
 # ----------------------------------------------------------------------------------------
 # maxpool_depth
 
 cdef enum:  # buffer roles
-    MAXPOOL_DEPTH_X, MAXPOOL_DEPTH_OUT
+    MAXPOOL_DEPTH_X, MAXPOOL_DEPTH_OUT, MAXPOOL_DEPTH_INDEXES  # indexes: training only
 
 cdef struct MaxpoolDepthParams:
     Py_ssize_t batch, c, out_c
@@ -229,6 +322,125 @@ def maxpool_depth_forward(x, out) -> None:
     maxpool_depth_step(x, out).run()
 
 
+@cython.cdivision(True)
+cdef void _maxpool_depth_train(const floating* src, floating* dst, int32_t* indexes,
+                               const MaxpoolDepthParams* p) noexcept nogil:
+    cdef Py_ssize_t c = p.c, out_c = p.out_c, spatial = p.spatial
+    cdef Py_ssize_t task, b, g, k, i, at, best_at
+    cdef floating best, val
+    for task in range(p.batch * out_c):
+        b = task // out_c
+        g = task % out_c
+        for i in range(spatial):
+            best = -FLT_MAX
+            best_at = -1
+            k = g
+            while k < c:
+                at = (b * c + k) * spatial + i
+                val = src[at]
+                if val > best:
+                    best = val
+                    best_at = at
+                k = k + out_c
+            dst[task * spatial + i] = best
+            indexes[task * spatial + i] = <int32_t>best_at
+
+
+cdef void _maxpool_depth_train_step(const StepData* d) noexcept nogil:
+    cdef const MaxpoolDepthParams* p = <const MaxpoolDepthParams*>d.params
+    if d.f32:
+        _maxpool_depth_train(<const float*>d.buf[MAXPOOL_DEPTH_X],
+                             <float*>d.buf[MAXPOOL_DEPTH_OUT],
+                             <int32_t*>d.buf[MAXPOOL_DEPTH_INDEXES], p)
+    else:
+        _maxpool_depth_train(<const double*>d.buf[MAXPOOL_DEPTH_X],
+                             <double*>d.buf[MAXPOOL_DEPTH_OUT],
+                             <int32_t*>d.buf[MAXPOOL_DEPTH_INDEXES], p)
+
+
+def maxpool_depth_forward_train_step(x, out, indexes) -> NativeStep:
+    """Darknet ``[maxpool] maxpool_depth=1`` forward in training: ``maxpool_depth_step``'s
+    output, and in ``indexes`` (int32, shaped like out) the flat index into x of each
+    output's maximum (the lowest channel on ties), for ``maxpool_backward_step``.
+    """
+    cdef NativeStep inference = maxpool_depth_step(x, out)
+    _check_indexes(indexes, out, x)
+    check_disjoint({"indexes": indexes}, {"x": x, "out": out})
+    cdef NativeStep step = new_step(_maxpool_depth_train_step, "maxpool_depth_train",
+                                    (x, out, indexes), x.dtype == np.float32,
+                                    sizeof(MaxpoolDepthParams))
+    cdef MaxpoolDepthParams* p = <MaxpoolDepthParams*>step.data.params
+    p[0] = (<MaxpoolDepthParams*>inference.data.params)[0]
+    return step
+
+
+def maxpool_depth_forward_train(x, out, indexes) -> None:
+    """``maxpool_depth_forward_train_step(x, out, indexes)`` run once."""
+    maxpool_depth_forward_train_step(x, out, indexes).run()
+
+
+# ----------------------------------------------------------------------------------------
+# maxpool backward (both kinds)
+
+cdef enum:  # buffer roles
+    MAXPOOL_BACK_DELTA, MAXPOOL_BACK_INDEXES, MAXPOOL_BACK_X_GRAD
+
+cdef struct MaxpoolBackwardParams:
+    Py_ssize_t n       # outputs (elements of delta and indexes)
+    Py_ssize_t x_size  # elements of x_grad
+
+
+cdef void _maxpool_backward(const floating* delta, const int32_t* indexes, floating* x_grad,
+                            const MaxpoolBackwardParams* p) noexcept nogil:
+    # In output order, as Darknet's loop: where windows overlap, one input's sum is formed
+    # in that order. The range test keeps a stale or foreign index array from writing
+    # outside x_grad (and skips the -1 of an empty window).
+    cdef Py_ssize_t i, at
+    for i in range(p.n):
+        at = <Py_ssize_t>indexes[i]
+        if 0 <= at < p.x_size:
+            x_grad[at] = x_grad[at] + delta[i]
+
+
+cdef void _maxpool_backward_step(const StepData* d) noexcept nogil:
+    cdef const MaxpoolBackwardParams* p = <const MaxpoolBackwardParams*>d.params
+    if d.f32:
+        _maxpool_backward(<const float*>d.buf[MAXPOOL_BACK_DELTA],
+                          <const int32_t*>d.buf[MAXPOOL_BACK_INDEXES],
+                          <float*>d.buf[MAXPOOL_BACK_X_GRAD], p)
+    else:
+        _maxpool_backward(<const double*>d.buf[MAXPOOL_BACK_DELTA],
+                          <const int32_t*>d.buf[MAXPOOL_BACK_INDEXES],
+                          <double*>d.buf[MAXPOOL_BACK_X_GRAD], p)
+
+
+def maxpool_backward_step(delta, indexes, x_grad) -> NativeStep:
+    """Darknet's backward_maxpool_layer (plain and ``maxpool_depth``):
+    ``x_grad.flat[indexes[i]] += delta.flat[i]`` for every output i.
+
+    delta: (N, C, out_h, out_w), the layer's delta; indexes: int32 shaped like delta, as a
+    ``*_forward_train_step`` fills it (read when the step runs; entries outside
+    ``[0, x_grad.size)``, such as -1, are skipped); x_grad: (N, C_in, H, W), the delta of
+    the layer's input, same dtype as delta, accumulated into (never assigned).
+    """
+    check_input("delta", delta)
+    check_input("x_grad", x_grad, like=delta, like_name="delta", writable=True)
+    _check_indexes(indexes, delta, x_grad, "delta")
+    check_disjoint({"x_grad": x_grad}, {"delta": delta, "indexes": indexes})
+    cdef NativeStep step = new_step(_maxpool_backward_step, "maxpool_backward",
+                                    (delta, indexes, x_grad), delta.dtype == np.float32,
+                                    sizeof(MaxpoolBackwardParams))
+    cdef MaxpoolBackwardParams* p = <MaxpoolBackwardParams*>step.data.params
+    p.n = delta.size
+    p.x_size = x_grad.size
+    return step
+
+
+def maxpool_backward(delta, indexes, x_grad) -> None:
+    """``maxpool_backward_step(delta, indexes, x_grad)`` run once."""
+    maxpool_backward_step(delta, indexes, x_grad).run()
+
+
 # ----------------------------------------------------------------------------------------
 # avgpool
 
@@ -280,3 +492,58 @@ def avgpool_step(x, out) -> NativeStep:
 def avgpool_forward(x, out) -> None:
     """``avgpool_step(x, out)`` run once."""
     avgpool_step(x, out).run()
+
+
+cdef enum:  # buffer roles
+    AVGPOOL_BACK_DELTA, AVGPOOL_BACK_X_GRAD
+
+
+@cython.cdivision(True)
+cdef void _avgpool_backward(const floating* delta, floating* x_grad,
+                            const AvgpoolParams* p) noexcept nogil:
+    cdef Py_ssize_t spatial = p.spatial, plane, i
+    cdef floating share
+    for plane in range(p.planes):
+        # Darknet divides the float delta by the int count h*w, the same for every pixel.
+        share = delta[plane] / <floating>spatial
+        for i in range(spatial):
+            x_grad[plane * spatial + i] = x_grad[plane * spatial + i] + share
+
+
+cdef void _avgpool_backward_step(const StepData* d) noexcept nogil:
+    cdef const AvgpoolParams* p = <const AvgpoolParams*>d.params
+    if d.f32:
+        _avgpool_backward(<const float*>d.buf[AVGPOOL_BACK_DELTA],
+                          <float*>d.buf[AVGPOOL_BACK_X_GRAD], p)
+    else:
+        _avgpool_backward(<const double*>d.buf[AVGPOOL_BACK_DELTA],
+                          <double*>d.buf[AVGPOOL_BACK_X_GRAD], p)
+
+
+def avgpool_backward_step(delta, x_grad) -> NativeStep:
+    """Darknet's backward_avgpool_layer: ``x_grad[n, c, :, :] += delta[n, c] / (H*W)``.
+
+    delta: (N, C, 1, 1), the layer's delta; x_grad: (N, C, H, W) with H*W >= 1, the delta of
+    the layer's input, same dtype, accumulated into.
+    """
+    check_input("x_grad", x_grad, writable=True)
+    check_input("delta", delta, like=x_grad, like_name="x_grad")
+    n, c, h, w = x_grad.shape
+    if delta.shape != (n, c, 1, 1):
+        raise ArgumentError(f"delta must have shape {(n, c, 1, 1)} for x_grad {x_grad.shape}, "
+                            f"not {delta.shape}")
+    if h * w == 0:
+        raise ArgumentError(f"avgpool needs a non-empty input, got x_grad {x_grad.shape}")
+    check_disjoint({"x_grad": x_grad}, {"delta": delta})
+    cdef NativeStep step = new_step(_avgpool_backward_step, "avgpool_backward",
+                                    (delta, x_grad), x_grad.dtype == np.float32,
+                                    sizeof(AvgpoolParams))
+    cdef AvgpoolParams* p = <AvgpoolParams*>step.data.params
+    p.planes = n * c
+    p.spatial = h * w
+    return step
+
+
+def avgpool_backward(delta, x_grad) -> None:
+    """``avgpool_backward_step(delta, x_grad)`` run once."""
+    avgpool_backward_step(delta, x_grad).run()
