@@ -5,11 +5,12 @@
 (hank-ai/darknet V5, ``yolo_layer.cpp``; box maths from ``box.cpp``) computes when training:
 
 * ``output``: the layer's forward output (N, n*(5+classes), H, W), as ``heads.yolo_step``
-  leaves it: per anchor of the mask the channels x, y, w, h, objectness, classes, with the
-  logistic on x, y, objectness and classes and ``scale_x_y`` already applied to x, y (unless
-  new_coords). The loss reads these values as they are: Darknet applies no derivative of the
-  logistic or of ``scale_x_y`` to the delta, which is the BCE gradient w.r.t. the logits for
-  objectness and classes and the gradient w.r.t. the stored x, y for the box.
+  leaves it: per anchor of the mask the channels x, y, w, h, objectness, classes; the
+  logistic applied to x, y, objectness and classes (but with new_coords) and ``scale_x_y``
+  to x, y. The loss reads these values as they are, so it takes no ``scale_x_y``: Darknet
+  applies no derivative of the logistic or of the scaling to the delta, which is the BCE
+  gradient w.r.t. the logits for objectness and classes and the gradient w.r.t. the stored
+  x, y for the box.
 * ``delta`` (same shape and dtype) is ASSIGNED Darknet's ``l.delta``, Darknet-signed
   (target - prediction, a negative gradient), what ``backward_yolo_layer`` adds into the
   previous layer's delta.
@@ -68,13 +69,19 @@ images:
   net-wide counters, which its threads update without synchronisation), ``iou_sum``,
   ``iou_loss_sum`` (sum of 1 - IoU), ``giou_loss_sum`` (sum of 1 - GIoU).
 
-Rounding follows Darknet's float32 code for float32 arrays (float arithmetic, the double
-libm calls Darknet makes on float arguments, the sums in its order); float64 arrays are the
-same formulas in double. Two departures keep everything finite for finite inputs: a
-non-finite IoU (an infinite predicted size, exp of a huge raw w or h) counts as 0 and a
-non-finite GIoU as -1, where Darknet's statistics and cost would turn NaN. Darknet's net-wide
-options (adversarial, bad-label rejection, equidistant point) and the class ``map=`` file are
-not part of this loss; remap classes before.
+Rounding follows Darknet's float32 code for float32 arrays: float arithmetic, the float libm
+(expf, logf, atanf: the C++ overloads its float arguments select), double only where its
+expressions promote (the CIoU aspect term, DIoU's pow, the cost's pow), the per-image sums in
+its order; float64 arrays are the same formulas in double. Darknet's own build (g++ -Ofast,
+FMA contraction and reassociation) rounds dx_box_iou differently: its IoU-family box deltas
+differ from these by a few float32 ulps (MSE box deltas, objectness and classes are
+bit-exact).
+
+Two departures keep everything finite for finite inputs: a non-finite IoU (an infinite
+predicted size, exp of a huge raw w or h) counts as 0 and a non-finite GIoU as -1, where
+Darknet's statistics and cost would turn NaN. Darknet's net-wide options (adversarial,
+bad-label rejection, equidistant point) and the class ``map=`` file are not part of this
+loss; remap classes before.
 
 Contract: the package's (``darknet_metal.cpu``). ``yolo_loss_step`` checks every argument and
 the truths it is given; a step re-run after the caller refilled ``truths`` in place skips
@@ -85,10 +92,10 @@ rows it cannot use (a class outside [0, classes), a non-finite value, a centre o
 cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
-from libc.math cimport M_PI, atan, exp, fmax, fmin, isfinite, log, pow, sqrt
+from libc.math cimport M_PI, atan, atanf, fmax, fmin, isfinite, pow, sqrt, sqrtf
 
 from darknet_metal.cpu.blas cimport run_parts
-from darknet_metal.cpu.fmath cimport flog
+from darknet_metal.cpu.fmath cimport fexp, flog
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
@@ -199,10 +206,24 @@ cdef inline floating _distance2(const floating* a, const floating* b) noexcept n
     return (a[0] - b[0]) * (a[0] - b[0]) + (a[1] - b[1]) * (a[1] - b[1])
 
 
+cdef inline floating _atan(floating x) noexcept nogil:
+    if floating is float:
+        return atanf(x)
+    else:
+        return atan(x)
+
+
+cdef inline floating _sqrt(floating x) noexcept nogil:
+    if floating is float:
+        return sqrtf(x)
+    else:
+        return sqrt(x)
+
+
 @cython.cdivision(True)
-cdef inline double _atan_gap(const floating* truth, const floating* pred) noexcept nogil:
-    # The aspect ratios divide in float; Darknet's atan is the double one.
-    return atan(<double>(truth[2] / truth[3])) - atan(<double>(pred[2] / pred[3]))
+cdef inline floating _atan_gap(const floating* truth, const floating* pred) noexcept nogil:
+    """The aspect-ratio angle gap of CIoU (Darknet squares it in double)."""
+    return _atan(truth[2] / truth[3]) - _atan(pred[2] / pred[3])
 
 
 @cython.cdivision(True)
@@ -270,20 +291,21 @@ cdef void _dx_box_iou(const floating* pred, const floating* truth, int kind,
 
     # Derivatives by the edges top, bottom, left, right of the prediction's area, of the
     # intersection, of the union and of the enclosing box.
-    cdef floating dx_t = -1 * (pr - pl), dx_b = pr - pl
-    cdef floating dx_l = -1 * (pb - pt), dx_r = pb - pt
-    cdef floating di_t = (-1 * iw) if pt > tt else 0
-    cdef floating di_b = iw if pb < tb else 0
-    cdef floating di_l = (-1 * ih) if pl > tl else 0
-    cdef floating di_r = ih if pr < tr else 0
+    cdef floating zero = 0
+    cdef floating dx_t = -(pr - pl), dx_b = pr - pl
+    cdef floating dx_l = -(pb - pt), dx_r = pb - pt
+    cdef floating di_t = -iw if pt > tt else zero
+    cdef floating di_b = iw if pb < tb else zero
+    cdef floating di_l = -ih if pl > tl else zero
+    cdef floating di_r = ih if pr < tr else zero
     cdef floating du_t = dx_t - di_t, du_b = dx_b - di_b
     cdef floating du_l = dx_l - di_l, du_r = dx_r - di_r
-    cdef floating dc_t = (-1 * gcw) if pt < tt else 0
-    cdef floating dc_b = gcw if pb > tb else 0
-    cdef floating dc_l = (-1 * gch) if pl < tl else 0
-    cdef floating dc_r = gch if pr > tr else 0
+    cdef floating dc_t = -gcw if pt < tt else zero
+    cdef floating dc_b = gcw if pb > tb else zero
+    cdef floating dc_l = -gch if pl < tl else zero
+    cdef floating dc_r = gch if pr > tr else zero
 
-    cdef floating g_t = 0, g_b = 0, g_l = 0, g_r = 0
+    cdef floating g_t = zero, g_b = zero, g_l = zero, g_r = zero
     if union > 0:
         g_t = _quotient_gradient(union, di_t, inter, du_t)
         g_b = _quotient_gradient(union, di_b, inter, du_b)
@@ -317,30 +339,29 @@ cdef void _dx_box_iou(const floating* pred, const floating* truth, int kind,
 
     # The centre-distance term over the enclosing box's squared diagonal (from the
     # unordered edges, as Darknet takes them).
-    cdef floating ct = <floating>fmin(pred[1] - pred[3] / 2, truth[1] - truth[3] / 2)
-    cdef floating cb = <floating>fmax(pred[1] + pred[3] / 2, truth[1] + truth[3] / 2)
-    cdef floating cl = <floating>fmin(pred[0] - pred[2] / 2, truth[0] - truth[2] / 2)
-    cdef floating cr = <floating>fmax(pred[0] + pred[2] / 2, truth[0] + truth[2] / 2)
+    cdef floating ct = <floating>fmin(pred[1] - pred[3] / two, truth[1] - truth[3] / two)
+    cdef floating cb = <floating>fmax(pred[1] + pred[3] / two, truth[1] + truth[3] / two)
+    cdef floating cl = <floating>fmin(pred[0] - pred[2] / two, truth[0] - truth[2] / two)
+    cdef floating cr = <floating>fmax(pred[0] + pred[2] / two, truth[0] + truth[2] / two)
     cdef floating cw = cr - cl, ch = cb - ct
     cdef floating c = cw * cw + ch * ch
-    cdef floating zero = 0
     cdef floating dcw_dx = (one if pr > tr else zero) - (one if pl < tl else zero)
     cdef floating dcw_dw = (half if pr > tr else zero) - (-half if pl < tl else zero)
     cdef floating dch_dy = (one if pb > tb else zero) - (one if pt < tt else zero)
     cdef floating dch_dh = (half if pb > tb else zero) - (-half if pt < tt else zero)
     # dC by x, y, w, h; the products with a zero are kept (an infinite side makes them NaN,
     # as in Darknet, whose caller then zeroes that delta).
-    cdef floating dc_x = 2 * cw * dcw_dx + 2 * ch * zero
-    cdef floating dc_y = 2 * cw * zero + 2 * ch * dch_dy
-    cdef floating dc_w = 2 * cw * dcw_dw + 2 * ch * zero
-    cdef floating dc_h = 2 * cw * zero + 2 * ch * dch_dh
+    cdef floating dc_x = two * cw * dcw_dx + two * ch * zero
+    cdef floating dc_y = two * cw * zero + two * ch * dch_dy
+    cdef floating dc_w = two * cw * dcw_dw + two * ch * zero
+    cdef floating dc_h = two * cw * zero + two * ch * dch_dh
     # Darknet's terms: x and y take -S*dC where the derivative of -S/C has +S*dC.
-    cdef floating ex = (2 * (truth[0] - pred[0]) * c - dc_x * s) / (c * c)
-    cdef floating ey = (2 * (truth[1] - pred[1]) * c - dc_y * s) / (c * c)
+    cdef floating ex = (two * (truth[0] - pred[0]) * c - dc_x * s) / (c * c)
+    cdef floating ey = (two * (truth[1] - pred[1]) * c - dc_y * s) / (c * c)
     cdef floating ew = dc_w * s / (c * c)
     cdef floating eh = dc_h * s / (c * c)
     cdef double gap
-    cdef floating ar_loss, alpha, ar_dw = 0, ar_dh = 0
+    cdef floating ar_loss, alpha, ar_dw = zero, ar_dh = zero
     if kind == KIND_CIOU:
         gap = _atan_gap(truth, pred)
         ar_loss = <floating>(AR_SCALE * gap * gap)
@@ -388,15 +409,15 @@ cdef inline void _pred_box(const floating* out, const floating* anchor, Py_ssize
     """get_yolo_box: the predicted box of the cell (i, j) whose x channel is at ``index``,
     normalised to the network size."""
     cdef Py_ssize_t stride = p.h * p.w
-    cdef floating tw = out[index + 2 * stride], th = out[index + 3 * stride]
+    cdef floating tw = out[index + 2 * stride], th = out[index + 3 * stride], four = 4
     box[0] = (i + out[index]) / p.w
     box[1] = (j + out[index + stride]) / p.h
     if p.new_coords:
-        box[2] = tw * tw * 4 * anchor[0] / p.net_w
-        box[3] = th * th * 4 * anchor[1] / p.net_h
+        box[2] = tw * tw * four * anchor[0] / p.net_w
+        box[3] = th * th * four * anchor[1] / p.net_h
     else:
-        box[2] = <floating>(exp(<double>tw) * anchor[0] / p.net_w)
-        box[3] = <floating>(exp(<double>th) * anchor[1] / p.net_h)
+        box[2] = fexp(tw) * anchor[0] / p.net_w
+        box[3] = fexp(th) * anchor[1] / p.net_h
 
 
 cdef inline void _anchor_box(const floating* anchors, Py_ssize_t k, const YoloLossParams* p,
@@ -419,7 +440,7 @@ cdef void _delta_box(const floating* truth, const floating* out, const floating*
     cdef Py_ssize_t stride = p.h * p.w, k
     cdef floating pred[4]
     cdef floating grad[4]
-    cdef floating one = 1, limit = <floating>p.max_delta, weight
+    cdef floating one = 1, four = 4, limit = <floating>p.max_delta, weight
     for k in range(4):
         if delta[index + k * stride] != 0:
             acc[IMG_REWRITTEN] += 1
@@ -436,11 +457,11 @@ cdef void _delta_box(const floating* truth, const floating* out, const floating*
         grad[0] = truth[0] * p.w - i
         grad[1] = truth[1] * p.h - j
         if p.new_coords:
-            grad[2] = <floating>sqrt(<double>(truth[2] * p.net_w / (4 * anchor[0])))
-            grad[3] = <floating>sqrt(<double>(truth[3] * p.net_h / (4 * anchor[1])))
+            grad[2] = _sqrt(truth[2] * p.net_w / (four * anchor[0]))
+            grad[3] = _sqrt(truth[3] * p.net_h / (four * anchor[1]))
         else:
-            grad[2] = <floating>log(<double>(truth[2] * p.net_w / anchor[0]))
-            grad[3] = <floating>log(<double>(truth[3] * p.net_h / anchor[1]))
+            grad[2] = flog(truth[2] * p.net_w / anchor[0])
+            grad[3] = flog(truth[3] * p.net_h / anchor[1])
         # Darknet's build (-Ofast) multiplies scale by iou_normalizer first: this order
         # reproduces its deltas bit for bit.
         weight = scale * iou_normalizer
@@ -450,8 +471,8 @@ cdef void _delta_box(const floating* truth, const floating* out, const floating*
     _dx_box_iou(pred, truth, p.iou_loss, grad)
     if not p.new_coords:
         # The size is exp(raw): its chain-rule factor (none for new_coords' squares).
-        grad[2] = <floating>(grad[2] * exp(<double>out[index + 2 * stride]))
-        grad[3] = <floating>(grad[3] * exp(<double>out[index + 3 * stride]))
+        grad[2] = grad[2] * fexp(out[index + 2 * stride])
+        grad[3] = grad[3] * fexp(out[index + 3 * stride])
     for k in range(4):
         grad[k] = grad[k] * iou_normalizer
         if not isfinite(grad[k]):
@@ -473,7 +494,7 @@ cdef void _delta_class(const floating* out, floating* delta, Py_ssize_t index,
     ``class_prob`` (if not NULL)."""
     cdef Py_ssize_t stride = p.h * p.w, c
     cdef Py_ssize_t at = index + stride * class_id
-    cdef floating one = 1, zero = 0, half = 0.5, y, r, pt, scale
+    cdef floating one = 1, zero = 0, half = 0.5, two = 2, y, r, pt, scale
     cdef floating eps = <floating>p.label_smooth_eps
     if delta[at] != 0:
         # A second truth of the same class on this cell: only that class is redone.
@@ -490,7 +511,7 @@ cdef void _delta_class(const floating* out, floating* delta, Py_ssize_t index,
         return
     if p.focal_loss:
         pt = out[at] + <floating>1e-15
-        scale = half * (-(one - pt) * (2 * pt * flog(pt) + pt - one))
+        scale = half * (-(one - pt) * (two * pt * flog(pt) + pt - one))
         for c in range(p.classes):
             delta[index + stride * c] = ((one if c == class_id else zero)
                                          - out[index + stride * c]) * scale
@@ -520,9 +541,9 @@ cdef void _responsible(const floating* out, floating* delta, const floating* row
     cdef Py_ssize_t obj_index = cell + 4 * stride
     cdef Py_ssize_t class_id = <Py_ssize_t>row[0]
     cdef floating ious[2]
-    cdef floating one = 1, obj, weight
+    cdef floating one = 1, two = 2, obj, weight
     cdef floating multiplier = mult[class_id] if mult != NULL else one
-    _delta_box(row + 1, out, anchors + 2 * anchor, cell, i, j, 2 - row[3] * row[4],
+    _delta_box(row + 1, out, anchors + 2 * anchor, cell, i, j, two - row[3] * row[4],
                <floating>p.iou_normalizer * multiplier, delta, p, ious, acc)
     acc[IMG_TOTAL_BBOX] += 1
     # Only an infinite predicted size makes these non-finite (Darknet's sums turn NaN).
@@ -571,7 +592,7 @@ cdef void _image(const floating* out, floating* delta, const floating* truths,
     cdef floating anchor[4]
     cdef floating sums[3]
     cdef floating ious[2]
-    cdef floating zero = 0, one = 1, iou, best_iou, best_match, obj, multiplier
+    cdef floating zero = 0, one = 1, two = 2, iou, best_iou, best_match, obj, multiplier
     cdef floating obj_norm = <floating>p.obj_normalizer
     cdef const floating* row
     cdef bint class_match, fix_obj = False
@@ -615,7 +636,7 @@ cdef void _image(const floating* out, floating* delta, const floating* truths,
                     if iou > best_iou:
                         best_iou = iou
                         best_t = t
-                delta[obj_index] = obj_norm * (0 - obj)
+                delta[obj_index] = obj_norm * (zero - obj)
                 if best_match > <floating>p.ignore_thresh:
                     if p.objectness_smooth:
                         delta[obj_index] = _larger(delta[obj_index],
@@ -635,7 +656,7 @@ cdef void _image(const floating* out, floating* delta, const floating* truths,
                         delta[class_index + stride * class_id] = multiplier * (
                             best_iou * best_iou - out[class_index + stride * class_id])
                     _delta_box(row + 1, out, anchors + 2 * mask[a], cell, i, j,
-                               2 - row[3] * row[4], <floating>p.iou_normalizer * multiplier,
+                               two - row[3] * row[4], <floating>p.iou_normalizer * multiplier,
                                delta, p, ious, acc)
                     acc[IMG_TOTAL_BBOX] += 1
 
@@ -753,9 +774,9 @@ cdef void _finish(const floating* delta, const double* images, double* stats,
                         nobox_sq += square
                 base += stride
     # mag_array's sqrt of the float sum, squared by the double pow.
-    v = <floating>sqrt(<double><floating>all_sq)
+    v = _sqrt(<floating>all_sq)
     total = <floating>(<double>v * <double>v)
-    v = <floating>sqrt(<double><floating>nobox_sq)
+    v = _sqrt(<floating>nobox_sq)
     nobox = <floating>(<double><floating>p.obj_normalizer * (<double>v * <double>v))
     if p.iou_loss == KIND_MSE:
         cost = total
