@@ -92,10 +92,10 @@ rows it cannot use (a class outside [0, classes), a non-finite value, a centre o
 cimport cython
 from cython cimport floating
 from libc.float cimport FLT_MAX
-from libc.math cimport M_PI, atan, atanf, fmax, fmin, isfinite, pow, sqrt, sqrtf
+from libc.math cimport M_PI, fmax, fmin, isfinite, pow
 
 from darknet_metal.cpu.blas cimport run_parts
-from darknet_metal.cpu.fmath cimport fexp, flog
+from darknet_metal.cpu.fmath cimport fatan, fexp, flog, fsqrt
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
@@ -117,9 +117,11 @@ cdef enum:  # stats entries, in YOLO_STAT_NAMES order
     ST_AVG_NOOBJ, ST_AVG_CLASS_PROB, ST_RECALL50, ST_RECALL75, ST_RESPONSIBLE, ST_TOTAL_BBOX,
     ST_REWRITTEN_BBOX, ST_IOU_SUM, ST_IOU_LOSS_SUM, ST_GIOU_LOSS_SUM, YOLO_STATS
 
-cdef enum:  # one image's sums, a row of the step's own (N, IMG_SLOTS) float64 array
+cdef enum:  # one image's sums: the first entries of its row of the step's own float64
+            # (N, IMG_SLOTS + boxes) array, whose other entries list its usable truth rows
     IMG_IOU, IMG_IOU_LOSS, IMG_GIOU_LOSS, IMG_COUNT, IMG_OBJ, IMG_ANYOBJ,
-    IMG_CLASS_PROB, IMG_RECALL50, IMG_RECALL75, IMG_TOTAL_BBOX, IMG_REWRITTEN, IMG_SLOTS
+    IMG_CLASS_PROB, IMG_RECALL50, IMG_RECALL75, IMG_TOTAL_BBOX, IMG_REWRITTEN, IMG_SQUARES,
+    IMG_NOBOX_SQUARES, IMG_SLOTS
 
 #: The entries of a stats array, by index (see the module docstring).
 YOLO_STAT_NAMES = (
@@ -206,24 +208,10 @@ cdef inline floating _distance2(const floating* a, const floating* b) noexcept n
     return (a[0] - b[0]) * (a[0] - b[0]) + (a[1] - b[1]) * (a[1] - b[1])
 
 
-cdef inline floating _atan(floating x) noexcept nogil:
-    if floating is float:
-        return atanf(x)
-    else:
-        return atan(x)
-
-
-cdef inline floating _sqrt(floating x) noexcept nogil:
-    if floating is float:
-        return sqrtf(x)
-    else:
-        return sqrt(x)
-
-
 @cython.cdivision(True)
 cdef inline floating _atan_gap(const floating* truth, const floating* pred) noexcept nogil:
     """The aspect-ratio angle gap of CIoU (Darknet squares it in double)."""
-    return _atan(truth[2] / truth[3]) - _atan(pred[2] / pred[3])
+    return fatan(truth[2] / truth[3]) - fatan(pred[2] / pred[3])
 
 
 @cython.cdivision(True)
@@ -457,8 +445,8 @@ cdef void _delta_box(const floating* truth, const floating* out, const floating*
         grad[0] = truth[0] * p.w - i
         grad[1] = truth[1] * p.h - j
         if p.new_coords:
-            grad[2] = _sqrt(truth[2] * p.net_w / (four * anchor[0]))
-            grad[3] = _sqrt(truth[3] * p.net_h / (four * anchor[1]))
+            grad[2] = fsqrt(truth[2] * p.net_w / (four * anchor[0]))
+            grad[3] = fsqrt(truth[3] * p.net_h / (four * anchor[1]))
         else:
             grad[2] = flog(truth[2] * p.net_w / anchor[0])
             grad[3] = flog(truth[3] * p.net_h / anchor[1])
@@ -582,34 +570,40 @@ cdef inline bint _any_class_above(const floating* out, Py_ssize_t index, Py_ssiz
 cdef void _image(const floating* out, floating* delta, const floating* truths,
                  const floating* anchors, const Py_ssize_t* mask, const floating* mult,
                  double* acc, const YoloLossParams* p, Py_ssize_t b) noexcept nogil:
-    """process_batch for image b: its delta (assigned) and its row of sums in ``acc``."""
+    """process_batch for image b: its delta (assigned) and its row of ``acc``."""
     cdef Py_ssize_t stride = p.h * p.w, entries = 5 + p.classes
     cdef Py_ssize_t outputs = p.n * entries * stride
     cdef Py_ssize_t i, j, a, t, k, cell, obj_index, class_index, class_id, best_t, best_n
-    cdef Py_ssize_t position, positives
+    cdef Py_ssize_t position, positives, u, used = 0
+    cdef double* rows
     cdef floating pred[4]
     cdef floating shape[4]
     cdef floating anchor[4]
     cdef floating sums[3]
     cdef floating ious[2]
-    cdef floating zero = 0, one = 1, two = 2, iou, best_iou, best_match, obj, multiplier
+    cdef floating zero = 0, one = 1, two = 2, iou, best_iou, best_match, obj, multiplier, square
+    cdef double square_sum
     cdef floating obj_norm = <floating>p.obj_normalizer
     cdef const floating* row
-    cdef bint class_match, fix_obj = False
+    cdef bint class_match, fix_obj
     out += b * outputs
     delta += b * outputs
     truths += b * p.boxes * TRUTH_COLUMNS
-    acc += b * IMG_SLOTS
+    acc += b * (IMG_SLOTS + p.boxes)
+    rows = acc + IMG_SLOTS
     for k in range(IMG_SLOTS):
         acc[k] = 0
     for k in range(outputs):
         delta[k] = 0
     sums[0] = sums[1] = sums[2] = 0
+    # The usable rows, in order, so that the cells do not scan the padding (Darknet's list
+    # ends at its first empty row).
     for t in range(p.boxes):
         if _usable(truths + t * TRUTH_COLUMNS, p.classes):
-            # Darknet zeroes a non-finite objectness in place, but only when it has truths.
-            fix_obj = True
-            break
+            rows[used] = t
+            used += 1
+    # Darknet zeroes a non-finite objectness in place, but only when it has truths.
+    fix_obj = used > 0
 
     # Every cell: objectness towards 0 unless it already overlaps a truth well.
     for j in range(p.h):
@@ -626,11 +620,9 @@ cdef void _image(const floating* out, floating* delta, const floating* truths,
                 class_match = _any_class_above(out, class_index, stride, p.classes)
                 best_match = best_iou = 0
                 best_t = 0
-                for t in range(p.boxes):
-                    row = truths + t * TRUTH_COLUMNS
-                    if not _usable(row, p.classes):
-                        continue
-                    iou = _iou(pred, row + 1)
+                for u in range(used):
+                    t = <Py_ssize_t>rows[u]
+                    iou = _iou(pred, truths + t * TRUTH_COLUMNS + 1)
                     if iou > best_match and class_match:
                         best_match = iou
                     if iou > best_iou:
@@ -662,10 +654,8 @@ cdef void _image(const floating* out, floating* delta, const floating* truths,
 
     # Every truth, in order: its cell and best-shaped anchor, plus (iou_thresh) the
     # mask's other anchors of a close enough shape.
-    for t in range(p.boxes):
-        row = truths + t * TRUTH_COLUMNS
-        if not _usable(row, p.classes):
-            continue
+    for u in range(used):
+        row = truths + <Py_ssize_t>rows[u] * TRUTH_COLUMNS
         i = min(<Py_ssize_t>(row[1] * p.w), p.w - 1)
         j = min(<Py_ssize_t>(row[2] * p.h), p.h - 1)
         shape[0] = shape[1] = 0
@@ -708,6 +698,19 @@ cdef void _image(const floating* out, floating* delta, const floating* truths,
                     if positives > 0:
                         for k in range(4):
                             delta[cell + k * stride] = delta[cell + k * stride] / positives
+
+    # Darknet's mag_array adds float squares in a float sum that its compiler vectorises, in
+    # an order that depends on the buffers' alignment; double sums of the float squares,
+    # rounded once in _finish, are the closest to it (bit-exact for most golden costs).
+    for a in range(p.n):
+        for k in range(entries):
+            square_sum = 0
+            for i in range(stride):
+                square = delta[(a * entries + k) * stride + i]
+                square_sum += square * square
+            acc[IMG_SQUARES] += square_sum
+            if k >= 4:
+                acc[IMG_NOBOX_SQUARES] += square_sum
     acc[IMG_IOU] = sums[0]
     acc[IMG_IOU_LOSS] = sums[1]
     acc[IMG_GIOU_LOSS] = sums[2]
@@ -740,43 +743,28 @@ cdef void _image_part_f64(void* ctx, int b) noexcept nogil:
 
 
 @cython.cdivision(True)
-cdef void _finish(const floating* delta, const double* images, double* stats,
+cdef void _finish(floating precision, const double* images, double* stats,
                   const YoloLossParams* p) noexcept nogil:
-    """The cost and statistics from the delta and the images' sums (added in image order, as
-    Darknet adds its threads' float sums)."""
-    cdef Py_ssize_t stride = p.h * p.w, entries = 5 + p.classes, b, a, e, k, base
+    """The cost and statistics from the images' sums, added in image order (as Darknet adds
+    its threads' float sums), rounded as the type of ``precision`` (its only use)."""
+    cdef Py_ssize_t image_row = IMG_SLOTS + p.boxes, b, k
     cdef floating iou_sum = 0, iou_loss_sum = 0, giou_loss_sum = 0
-    cdef floating v, square, total, nobox, loss_sum, cost
-    cdef double all_sq = 0, nobox_sq = 0
+    cdef floating v, total, nobox, loss_sum, cost
     cdef double tallies[IMG_SLOTS]
     cdef double count
     for k in range(IMG_SLOTS):
         tallies[k] = 0
     for b in range(p.batch):
-        iou_sum = iou_sum + <floating>images[b * IMG_SLOTS + IMG_IOU]
-        iou_loss_sum = iou_loss_sum + <floating>images[b * IMG_SLOTS + IMG_IOU_LOSS]
-        giou_loss_sum = giou_loss_sum + <floating>images[b * IMG_SLOTS + IMG_GIOU_LOSS]
+        iou_sum = iou_sum + <floating>images[b * image_row + IMG_IOU]
+        iou_loss_sum = iou_loss_sum + <floating>images[b * image_row + IMG_IOU_LOSS]
+        giou_loss_sum = giou_loss_sum + <floating>images[b * image_row + IMG_GIOU_LOSS]
         for k in range(IMG_SLOTS):
-            tallies[k] += images[b * IMG_SLOTS + k]
+            tallies[k] += images[b * image_row + k]
     count = max(tallies[IMG_COUNT], 1.0)
-
-    # Darknet's mag_array adds float squares in a float sum that its compiler vectorises, in
-    # an order that depends on the buffers' alignment; a double sum of the float squares,
-    # rounded once, is the closest to it (bit-exact for most of the golden costs).
-    base = 0
-    for b in range(p.batch):
-        for a in range(p.n):
-            for e in range(entries):
-                for k in range(stride):
-                    square = delta[base + k] * delta[base + k]
-                    all_sq += square
-                    if e >= 4:
-                        nobox_sq += square
-                base += stride
     # mag_array's sqrt of the float sum, squared by the double pow.
-    v = _sqrt(<floating>all_sq)
+    v = fsqrt(<floating>tallies[IMG_SQUARES])
     total = <floating>(<double>v * <double>v)
-    v = _sqrt(<floating>nobox_sq)
+    v = fsqrt(<floating>tallies[IMG_NOBOX_SQUARES])
     nobox = <floating>(<double><floating>p.obj_normalizer * (<double>v * <double>v))
     if p.iou_loss == KIND_MSE:
         cost = total
@@ -814,9 +802,9 @@ cdef void _yolo_loss_step(const StepData* d) noexcept nogil:
     # thread per image; the sums are combined afterwards in image order.
     run_parts(_image_part_f32 if d.f32 else _image_part_f64, &job, <int>p.batch)
     if d.f32:
-        _finish(<const float*>job.delta, job.images, <double*>d.buf[LOSS_STATS], p)
+        _finish(<float>0, job.images, <double*>d.buf[LOSS_STATS], p)
     else:
-        _finish(<const double*>job.delta, job.images, <double*>d.buf[LOSS_STATS], p)
+        _finish(<double>0, job.images, <double*>d.buf[LOSS_STATS], p)
 
 
 # ----------------------------------------------------------------------------------------
@@ -972,7 +960,7 @@ def yolo_loss_step(output, delta, truths, stats, *, anchors, mask, classes, net_
     if max_delta <= 0:
         raise ArgumentError(f"max_delta must be > 0, not {max_delta!r}")
     multipliers = _class_multipliers(counters_per_class, classes, max_delta, dtype)
-    images = np.zeros((output.shape[0], IMG_SLOTS), dtype=np.float64)
+    images = np.zeros((output.shape[0], IMG_SLOTS + truths.shape[1]), dtype=np.float64)
 
     cdef NativeStep step = new_step(
         _yolo_loss_step, "yolo_loss",
