@@ -7,7 +7,7 @@
 
 cimport cython
 from cython cimport floating
-from libc.math cimport exp, expf, floor, floorf, log, logf, pow, powf
+from libc.math cimport atan, atanf, exp, expf, floor, floorf, log, logf, pow, powf, sqrt, sqrtf
 
 
 cdef inline floating fexp(floating x) noexcept nogil:
@@ -22,6 +22,20 @@ cdef inline floating flog(floating x) noexcept nogil:
         return logf(x)
     else:
         return log(x)
+
+
+cdef inline floating fatan(floating x) noexcept nogil:
+    if floating is float:
+        return atanf(x)
+    else:
+        return atan(x)
+
+
+cdef inline floating fsqrt(floating x) noexcept nogil:
+    if floating is float:
+        return sqrtf(x)
+    else:
+        return sqrt(x)
 
 
 cdef inline floating ffloor(floating x) noexcept nogil:
