@@ -72,7 +72,8 @@ def test_defaults_and_implemented_keys_pass():
     ("conv", "batch_normalize=2", "batch_normalize"),
     ("conv", "clip=1", "clip"),
     ("conv", "grad_centr=1", "grad_centr"),
-    ("yolo", "objectness_smooth=1", "objectness_smooth"),
+    ("yolo", "delta_normalizer=2", "delta_normalizer"),
+    ("net", "batch=2\ntrack=1", "track"),
 ])
 def test_refused_keys_name_file_line_and_key(where, text, key):
     config = _cfg(**{where: text})

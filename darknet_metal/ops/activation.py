@@ -12,8 +12,9 @@ import numpy as np
 
 from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
 from darknet_metal.cpu import activations as cpu_activations
+from darknet_metal.cpu import fill as cpu_fill
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.program import LayerEmitter
+from darknet_metal.program import LayerEmitter, Tensor
 
 LINEAR = ACTIVATION_ID["linear"]
 
@@ -56,3 +57,35 @@ def emit_activation_after(e: LayerEmitter, act: int, fused: bool) -> None:
     else:
         total = n * c * h * w
         e.kernel("activation_fwd_f32", {"x": out, "y": out}, {"n": total}, n=total, act=act)
+
+
+#: Activations whose derivative Darknet takes from the activation's input (it keeps
+#: ``activation_input`` for them); the others take it from the output.
+INPUT_GRADIENT = frozenset(ACTIVATION_ID[n] for n in ("gelu", "mish", "swish", "hard_mish"))
+
+
+def activation_input(e: LayerEmitter, act: int) -> Tensor:
+    """Training forward: where a layer's kernel writes its values before ``act``: a kept
+    copy for activations differentiated from their input, else the output itself."""
+    if act in INPUT_GRADIENT:
+        return e.tensor("activation_input", e.shape(e.output))
+    return e.output
+
+
+def emit_cpu_activation_train(e: LayerEmitter, act: int, pre: Tensor) -> None:
+    """Training forward: ``output = act(pre)`` with Darknet's scalar functions (``pre`` from
+    ``activation_input``)."""
+    if pre != e.output:
+        e.host([pre], [e.output], lambda r, w: [cpu_fill.copy_step(r[0], w[0]),
+                                                cpu_activations.activate_step(w[0], act)])
+    elif act != LINEAR:
+        e.host([e.output], [e.output], lambda r, w: [cpu_activations.activate_step(w[0], act)])
+
+
+def emit_cpu_activation_gradient(e: LayerEmitter, act: int, pre: Tensor) -> None:
+    """Backward: ``delta *= act'``, from ``pre`` or the output as Darknet takes it."""
+    if act == LINEAR:
+        return
+    source = pre if act in INPUT_GRADIENT else e.output
+    e.host([source, e.delta], [e.delta],
+           lambda r, w: [cpu_activations.activation_gradient_step(r[0], w[0], act)])

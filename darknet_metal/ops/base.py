@@ -20,7 +20,7 @@ the last two beside the first):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from darknet_metal.cfg import Section
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.params import Params
 from darknet_metal.program import LayerEmitter
+
+if TYPE_CHECKING:
+    from darknet_metal.training.state import LayerTrainState
 
 Shape = tuple[int, int, int]  # (C, H, W) of one image
 
@@ -168,6 +171,21 @@ class LayerSpec:
             return self.cpu_steps(state, reads, written[0], written[1] if size else None)
 
         e.host(e.inputs, writes, bind)
+
+    # -- CPU training ----------------------------------------------------------------------
+
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        """The CPU steps of this layer's training forward on one mini-batch, over the live
+        parameters ``ts.values``; a loss layer also writes its ``own_delta`` (Darknet's
+        delta, target minus prediction). By default the inference forward."""
+        self.emit_cpu_forward(e, self.prepare_cpu(ts.values, ts.dtype))
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        """The CPU steps of this layer's backward, run once ``e.delta`` holds the gradient of
+        its output: add its parameters' gradients into ``ts.grads`` and its inputs' into
+        ``e.input_delta(k)`` (None: not needed). Raises ``Unsupported`` for a kind that
+        cannot be trained."""
+        raise Unsupported(f"[{self.kind}] layers cannot be trained")
 
     # -- GPU -------------------------------------------------------------------------------
 

@@ -5,18 +5,34 @@ Their activation runs after the combination (no kernel of theirs fuses it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from darknet_metal.cfg import Section
 from darknet_metal.cpu import combine as cpu_combine
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.ops.activation import activation_steps_after, emit_activation_after
+from darknet_metal.ops.activation import (
+    activation_input,
+    activation_steps_after,
+    emit_activation_after,
+    emit_cpu_activation_gradient,
+    emit_cpu_activation_train,
+)
 from darknet_metal.ops.base import LayerSpec, Params, Shape
-from darknet_metal.program import LayerEmitter, Param
+from darknet_metal.program import LayerEmitter, Param, Tensor
+
+if TYPE_CHECKING:
+    from darknet_metal.training.state import LayerTrainState
 
 _NORMALIZATION = {"none": 0, "relu": 1, "softmax": 2}
+
+
+def _input_deltas(e: LayerEmitter) -> list[Tensor]:
+    """The deltas of the layer's inputs for its backward to add into; an input that gets no
+    gradient (the network input) gets a scratch tensor the step writes and nothing reads."""
+    return [e.input_delta(k) or e.tensor(f"unused_gradient_{k}", e.shape(source))
+            for k, source in enumerate(e.inputs)]
 
 
 def _describe_from(spec: LayerSpec) -> str:
@@ -89,6 +105,25 @@ class ShortcutOp(LayerSpec):
             normalization=_NORMALIZATION[v["weights_normalization"]],
         )
 
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        v = self.values
+        weights = ts.values.get("weights")
+        pre = activation_input(e, self.activation)
+        e.host(e.inputs, [pre], lambda r, w: cpu_combine.shortcut_step(
+            r[0], r[1:], weights, v["weights_type"], v["weights_normalization"], w[0]))
+        emit_cpu_activation_train(e, self.activation, pre)
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        v = self.values
+        emit_cpu_activation_gradient(e, self.activation,
+                                     Tensor(self.index, "activation_input"))
+        weights, weight_grad = ts.values.get("weights"), ts.grads.get("weights")
+        grads = _input_deltas(e)
+        n = len(e.inputs)
+        e.host([e.delta, *e.inputs, *grads], grads, lambda r, w: cpu_combine.shortcut_backward_step(
+            r[0], r[1], r[2:n + 1], weights, v["weights_type"], v["weights_normalization"],
+            w[0], w[1:], weight_grad))
+
     def emit_device_forward(self, e: LayerEmitter) -> None:
         oc, oh, ow = self.out_shape
         # Unweighted, the kernel never reads its table, but Metal needs every buffer it
@@ -136,6 +171,21 @@ class ScaleChannelsOp(LayerSpec):
                                                 self.values["scale_wh"]),
                 *activation_steps_after(out, self.activation, fused=False)]
 
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        scale_wh = self.values["scale_wh"]
+        pre = activation_input(e, self.activation)
+        e.host(e.inputs, [pre], lambda r, w: [cpu_combine.scale_channels_step(
+            r[1], r[0], w[0], scale_wh)])
+        emit_cpu_activation_train(e, self.activation, pre)
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        scale_wh = self.values["scale_wh"]
+        emit_cpu_activation_gradient(e, self.activation,
+                                     Tensor(self.index, "activation_input"))
+        grads = _input_deltas(e)
+        e.host([e.delta, *e.inputs, *grads], grads, lambda r, w: [
+            cpu_combine.scale_channels_backward_step(r[0], r[2], r[1], w[1], w[0], scale_wh)])
+
     def emit_device_forward(self, e: LayerEmitter) -> None:
         oc, oh, ow = self.out_shape
         e.kernel(
@@ -171,6 +221,18 @@ class SamOp(LayerSpec):
                   workspace: np.ndarray | None) -> list[NativeStep]:
         return [cpu_combine.sam_step(sources[1], sources[0], out),
                 *activation_steps_after(out, self.activation, fused=False)]
+
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        pre = activation_input(e, self.activation)
+        e.host(e.inputs, [pre], lambda r, w: [cpu_combine.sam_step(r[1], r[0], w[0])])
+        emit_cpu_activation_train(e, self.activation, pre)
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        emit_cpu_activation_gradient(e, self.activation,
+                                     Tensor(self.index, "activation_input"))
+        grads = _input_deltas(e)
+        e.host([e.delta, *e.inputs, *grads], grads, lambda r, w: [
+            cpu_combine.sam_backward_step(r[0], r[2], r[1], w[1], w[0])])
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         n = e.batch * self.out_size

@@ -10,24 +10,32 @@ batched, grouped GEMM with the bias and elementwise activation in its epilogue.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from darknet_metal.cfg import Section
+from darknet_metal.cpu import batchnorm as cpu_batchnorm
 from darknet_metal.cpu import conv as cpu_conv
 from darknet_metal.cpu import winograd
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.metal.dispatch import BIAS_COLS, BIAS_ROWS, gemm_kernel, gemm_step
 from darknet_metal.ops.activation import (
+    LINEAR,
+    activation_input,
     activation_steps_after,
     emit_activation_after,
+    emit_cpu_activation_gradient,
+    emit_cpu_activation_train,
     fused_activation,
 )
 from darknet_metal.ops.base import LayerSpec, Params, Shape, positive
 from darknet_metal.params import BATCHNORM_EPSILON
-from darknet_metal.program import LayerEmitter, Param
+from darknet_metal.program import LayerEmitter, Param, Tensor
 from darknet_metal.training.keys import INFERENCE_ONLY
+
+if TYPE_CHECKING:
+    from darknet_metal.training.state import LayerTrainState
 
 #: Input channels from which Winograd beats im2col + GEMM for a 3x3 convolution on the CPU:
 #: below it the 16 transformed GEMMs are too thin to pay for the transforms.
@@ -52,6 +60,45 @@ def fold_batchnorm(layer: Params) -> tuple[np.ndarray, np.ndarray]:
     factor = layer["scales"].astype(np.float64) / std
     return (weights * factor[:, None],
             biases - factor * layer["rolling_mean"].astype(np.float64))
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """An (N, C, 1, 1) connected layer tensor as the (N, C) its kernels take."""
+    return a.reshape(a.shape[0], -1)
+
+
+def emit_batchnorm_train(e: LayerEmitter, ts: LayerTrainState, raw: Tensor, out: Tensor,
+                         momentum: float, flat: bool = False) -> None:
+    """Training forward of a layer's batch norm: ``out = scales*x_norm(raw) + biases`` on
+    the mini-batch statistics, which (and x_norm) are kept for the backward; the rolling
+    averages move by ``1 - momentum``. ``flat``: a connected layer's, statistics over the
+    images only."""
+    shape = _rows if flat else np.asarray
+    values = ts.values
+    n = e.shape(raw)[1]
+    mean, variance = e.tensor("mean", (n,)), e.tensor("variance", (n,))
+    x_norm = e.tensor("x_norm", e.shape(raw))
+    e.host([raw], [mean, variance, x_norm, out],
+           lambda r, w: cpu_batchnorm.batchnorm_forward_train_step(
+               shape(r[0]), w[0], w[1], shape(w[2]), shape(w[3]), values["scales"],
+               values["biases"], values["rolling_mean"], values["rolling_variance"],
+               momentum))
+
+
+def emit_bias_gradient(e: LayerEmitter, ts: LayerTrainState, flat: bool = False) -> None:
+    """Backward of the bias (and batch norm): the bias (and scale) gradients from ``e.delta``,
+    which batch norm then turns into the gradient of its input in place. ``flat``: as for
+    ``emit_batchnorm_train``."""
+    shape = _rows if flat else np.asarray
+    bias_grad = ts.grads["biases"]
+    if "scales" not in ts.values:
+        e.host([e.delta], [], lambda r, w: [cpu_conv.bias_grad_step(shape(r[0]), bias_grad)])
+        return
+    layer = e.spec.index
+    saved = [Tensor(layer, role) for role in ("raw", "mean", "variance", "x_norm")]
+    scales, scale_grad = ts.values["scales"], ts.grads["scales"]
+    e.host([e.delta, *saved], [e.delta], lambda r, w: [cpu_batchnorm.batchnorm_backward_step(
+        shape(w[0]), shape(r[1]), r[2], r[3], shape(r[4]), scales, scale_grad, bias_grad)])
 
 
 class _Gemm(LayerSpec):
@@ -177,6 +224,51 @@ class ConvolutionalOp(_Gemm):
                                         v["dilation"], v["groups"], act)
         return [step, *activation_steps_after(out, self.activation, fused=True)]
 
+    # -- CPU training ------------------------------------------------------------------
+
+    def _geometry(self) -> tuple[int, ...]:
+        v = self.values
+        return (v["size"], v["stride_x"], v["stride_y"], v["padding"], v["dilation"],
+                v["groups"])
+
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # Darknet's training forward: the convolution (no bias with batch norm), batch norm
+        # on the mini-batch statistics (rolling averages updated), then the activation with
+        # Darknet's scalar functions, each result kept for the backward.
+        act = self.activation
+        geo = self._geometry()
+        weights, biases = ts.values["weights"], ts.values["biases"]
+        pre = activation_input(e, act)
+        workspace = e.tensor("workspace", (max(1, self.cpu_workspace(e.batch)),))
+        if "scales" not in ts.values:
+            e.host([e.inputs[0]], [pre, workspace], lambda r, w: [cpu_conv.conv2d_step(
+                r[0], weights, biases, w[0], w[1], *geo, LINEAR)])
+        else:
+            raw = e.tensor("raw", e.shape(e.output))
+            no_bias = np.zeros_like(biases)
+            e.host([e.inputs[0]], [raw, workspace], lambda r, w: [cpu_conv.conv2d_step(
+                r[0], weights, no_bias, w[0], w[1], *geo, LINEAR)])
+            emit_batchnorm_train(e, ts, raw, pre, cpu_batchnorm.MOMENTUM_CONV)
+        emit_cpu_activation_train(e, act, pre)
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        act = self.activation
+        geo = self._geometry()
+        emit_cpu_activation_gradient(e, act, Tensor(self.index, "activation_input"))
+        emit_bias_gradient(e, ts)
+        c, _, _ = self.in_shape
+        _, oh, ow = self.out_shape
+        workspace = e.tensor("backward_workspace", (max(1, cpu_conv.backward_workspace_size(
+            c, geo[0], geo[5], oh, ow)),))
+        weight_grad = ts.grads["weights"]
+        e.host([e.inputs[0], e.delta], [workspace], lambda r, w: [
+            cpu_conv.conv2d_backward_weights_step(r[0], r[1], weight_grad, w[0], *geo)])
+        into = e.input_delta(0)
+        if into is not None:
+            weights = ts.values["weights"]
+            e.host([e.delta, into, workspace], [into, workspace], lambda r, w: [
+                cpu_conv.conv2d_backward_input_step(weights, r[0], w[0], w[1], *geo)])
+
     # -- GPU -------------------------------------------------------------------------------
 
     @property
@@ -274,6 +366,33 @@ class ConnectedOp(_Gemm):
                                        out.reshape(out.shape[0], -1),
                                        fused_activation(self.activation))
         return [step, *activation_steps_after(out, self.activation, fused=True)]
+
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        act = self.activation
+        weights, biases = ts.values["weights"], ts.values["biases"]
+        pre = activation_input(e, act)
+        if "scales" not in ts.values:
+            e.host([e.inputs[0]], [pre], lambda r, w: [cpu_conv.connected_step(
+                _rows(r[0]), weights, biases, _rows(w[0]), LINEAR)])
+        else:
+            raw = e.tensor("raw", e.shape(e.output))
+            no_bias = np.zeros_like(biases)
+            e.host([e.inputs[0]], [raw], lambda r, w: [cpu_conv.connected_step(
+                _rows(r[0]), weights, no_bias, _rows(w[0]), LINEAR)])
+            emit_batchnorm_train(e, ts, raw, pre, cpu_batchnorm.MOMENTUM_CONNECTED,
+                                 flat=True)
+        emit_cpu_activation_train(e, act, pre)
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        emit_cpu_activation_gradient(e, self.activation,
+                                     Tensor(self.index, "activation_input"))
+        emit_bias_gradient(e, ts, flat=True)
+        weights, weight_grad = ts.values["weights"], ts.grads["weights"]
+        into = e.input_delta(0)
+        reads = [e.inputs[0], e.delta] + ([into] if into is not None else [])
+        e.host(reads, [into] if into is not None else [], lambda r, w: [
+            cpu_conv.connected_backward_step(_rows(r[0]), weights, _rows(r[1]), weight_grad,
+                                             _rows(w[0]) if w else None)])
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape

@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from darknet_metal.boxes import YoloHead
 from darknet_metal.cfg import Section
+from darknet_metal.cpu import fill as cpu_fill
 from darknet_metal.cpu import heads as cpu_heads
+from darknet_metal.cpu import yolo_loss
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.ops.base import LayerSpec, Shape
 from darknet_metal.program import LayerEmitter
 from darknet_metal.training.keys import DATA, IMPLEMENTED, INFERENCE_ONLY
+
+if TYPE_CHECKING:
+    from darknet_metal.training.state import LayerTrainState
+
+
+#: The [yolo] keys its training loss takes, by the loss step's keyword names.
+_LOSS_OPTIONS = ("ignore_thresh", "truth_thresh", "iou_thresh", "iou_thresh_kind", "iou_loss",
+                 "iou_normalizer", "obj_normalizer", "cls_normalizer", "max_delta",
+                 "label_smooth_eps", "counters_per_class", "new_coords", "focal_loss",
+                 "objectness_smooth")
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    return a.reshape(a.shape[0], -1)
 
 
 class SoftmaxOp(LayerSpec):
@@ -37,6 +53,23 @@ class SoftmaxOp(LayerSpec):
         return [cpu_heads.softmax_step(sources[0], out, self.values["groups"],
                                        self.values["temperature"])]
 
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # With a truth (and without noloss), Darknet's forward also computes the
+        # cross-entropy delta and the per-element loss (its cost is their sum).
+        super().emit_cpu_train(e, ts)
+        if self.values["noloss"]:
+            return
+        truth, loss = ts.extra["truth"], ts.extra.setdefault(
+            "loss", np.zeros((e.batch, self.out_size), ts.dtype))
+        e.host([e.output], [e.own_delta()], lambda r, w: [
+            cpu_heads.softmax_cross_entropy_step(_rows(r[0]), truth, _rows(w[0]), loss)])
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        into = e.input_delta(0)
+        if into is not None:
+            e.host([e.delta, into], [into], lambda r, w: [
+                cpu_heads.softmax_backward_step(r[0], w[0])])
+
     def emit_device_forward(self, e: LayerEmitter) -> None:
         groups = self.values["groups"]
         rows = e.batch * groups
@@ -52,11 +85,8 @@ class YoloOp(LayerSpec):
     short_name = "yolo"
     training_keys = {
         **dict.fromkeys(("jitter", "resize", "random"), DATA),
-        **dict.fromkeys(("max", "max_delta", "counters_per_class", "label_smooth_eps",
-                         "iou_normalizer", "obj_normalizer", "cls_normalizer", "iou_loss",
-                         "ignore_thresh", "truth_thresh", "iou_thresh"), IMPLEMENTED),
-        **dict.fromkeys(("objectness_smooth", "focal_loss", "delta_normalizer",
-                         "iou_thresh_kind"), "this [yolo] loss option is not supported"),
+        **dict.fromkeys(_LOSS_OPTIONS + ("max",), IMPLEMENTED),
+        "delta_normalizer": "delta_normalizer is not supported",
         **dict.fromkeys(("embedding_layer", "track_history_size", "sim_thresh",
                          "dets_for_track", "track_ciou_norm"),
                         "tracking embeddings are not supported"),
@@ -89,6 +119,24 @@ class YoloOp(LayerSpec):
         v = self.values
         return [cpu_heads.yolo_step(sources[0], out, len(v["mask"]), v["classes"],
                                     v["scale_x_y"], v["new_coords"])]
+
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        super().emit_cpu_train(e, ts)
+        v = self.values
+        truths = ts.extra["truth"]
+        stats = ts.extra.setdefault("stats", np.zeros(len(yolo_loss.YOLO_STAT_NAMES)))
+        net_w, net_h = ts.net_size
+        options = {key: v[key] for key in _LOSS_OPTIONS}
+        e.host([e.output], [e.own_delta()], lambda r, w: [yolo_loss.yolo_loss_step(
+            r[0], w[0], truths, stats, anchors=v["anchors"], mask=v["mask"],
+            classes=v["classes"], net_w=net_w, net_h=net_h, max_boxes=truths.shape[1],
+            **options)])
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # Darknet's backward_yolo_layer: the delta its forward computed goes to its input.
+        into = e.input_delta(0)
+        if into is not None:
+            e.host([e.delta, into], [into], lambda r, w: [cpu_fill.add_step(r[0], w[0])])
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         v = self.values

@@ -1,10 +1,26 @@
-"""[dropout] and [cost]: at inference their output is their input (no step, no memory)."""
+"""[dropout] and [cost]: at inference their output is their input (no step, no memory).
+
+In training, [dropout] zeroes and rescales its input in place (and its input's delta in the
+backward), and [cost] compares its input with the truth (a loss layer)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from darknet_metal.cpu import dropout
+from darknet_metal.cpu import heads as cpu_heads
 from darknet_metal.ops.base import LayerSpec
-from darknet_metal.program import LayerEmitter
+from darknet_metal.program import LayerEmitter, Tensor
 from darknet_metal.training.keys import IMPLEMENTED
+
+if TYPE_CHECKING:
+    from darknet_metal.training.state import LayerTrainState
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    return a.reshape(a.shape[0], -1)
 
 
 class _Identity(LayerSpec):
@@ -24,9 +40,37 @@ class DropoutOp(_Identity):
     training_keys = dict.fromkeys(("dropblock", "dropblock_size_rel", "dropblock_size_abs"),
                                   "DropBlock is not supported")
 
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # In place on the previous layer's output, as Darknet; the draws are kept for the
+        # backward, a fresh set per pass from the layer's seeded counter-based stream.
+        p = self.values["probability"]
+        counter = ts.extra.setdefault("draws", np.zeros(1, np.uint64))
+        rand = e.tensor("rand", e.shape(e.output))
+        e.host([e.output], [rand, e.output], lambda r, w: [
+            dropout.uniform_fill_step(w[0], ts.seed, counter),
+            dropout.dropout_forward_train_step(w[1], w[0], p)])
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        p = self.values["probability"]
+        e.host([e.delta, Tensor(self.index, "rand")], [e.delta], lambda r, w: [
+            dropout.dropout_backward_step(w[0], r[1], p)])
+
 
 class CostOp(_Identity):
     kind = "cost"
     short_name = "cost"
-    training_keys = {"type": IMPLEMENTED, "scale": IMPLEMENTED,
+    training_keys = {"type": "only type=sse is supported in training", "scale": IMPLEMENTED,
                      "ratio": "keeping only the largest deltas (ratio) is not supported"}
+
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        truth = ts.extra["truth"]
+        errors = ts.extra.setdefault("errors", np.zeros((e.batch, self.out_size), ts.dtype))
+        e.host([e.output], [e.own_delta()], lambda r, w: [
+            cpu_heads.cost_sse_step(_rows(r[0]), truth, _rows(w[0]), errors)])
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        into = e.input_delta(0)
+        if into is not None:
+            scale = self.values["scale"]
+            e.host([e.delta, into], [into], lambda r, w: [
+                cpu_heads.cost_backward_step(r[0], w[0], scale)])

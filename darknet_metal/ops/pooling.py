@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -10,7 +10,10 @@ from darknet_metal.cfg import Section
 from darknet_metal.cpu import pooling as cpu_pooling
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.ops.base import LayerSpec, Shape, positive
-from darknet_metal.program import LayerEmitter
+from darknet_metal.program import LayerEmitter, Tensor
+
+if TYPE_CHECKING:
+    from darknet_metal.training.state import LayerTrainState
 
 
 class MaxpoolOp(LayerSpec):
@@ -47,6 +50,26 @@ class MaxpoolOp(LayerSpec):
             return [cpu_pooling.maxpool_depth_step(sources[0], out)]
         return [cpu_pooling.maxpool_step(sources[0], out, v["size"], v["stride_x"],
                                          v["stride_y"], v["padding"])]
+
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # Darknet keeps the position of each window's maximum for the backward.
+        v = self.values
+        indexes = e.tensor("indexes", e.shape(e.output), dtype="int32")
+        if v["maxpool_depth"]:
+            e.host([e.inputs[0]], [e.output, indexes], lambda r, w: [
+                cpu_pooling.maxpool_depth_forward_train_step(r[0], w[0], w[1])])
+        else:
+            e.host([e.inputs[0]], [e.output, indexes], lambda r, w: [
+                cpu_pooling.maxpool_forward_train_step(r[0], w[0], w[1], v["size"],
+                                                       v["stride_x"], v["stride_y"],
+                                                       v["padding"])])
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        into = e.input_delta(0)
+        if into is not None:
+            indexes = Tensor(self.index, "indexes")
+            e.host([e.delta, indexes, into], [into], lambda r, w: [
+                cpu_pooling.maxpool_backward_step(r[0], r[1], w[0])])
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         v = self.values
@@ -96,6 +119,12 @@ class AvgpoolOp(LayerSpec):
     def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
                   workspace: np.ndarray | None) -> list[NativeStep]:
         return [cpu_pooling.avgpool_step(sources[0], out)]
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        into = e.input_delta(0)
+        if into is not None:
+            e.host([e.delta, into], [into], lambda r, w: [
+                cpu_pooling.avgpool_backward_step(r[0], w[0])])
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -11,6 +11,9 @@ from darknet_metal.cpu import resample as cpu_resample
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.ops.base import LayerSpec, Shape, positive
 from darknet_metal.program import LayerEmitter
+
+if TYPE_CHECKING:
+    from darknet_metal.training.state import LayerTrainState
 
 
 def _describe_stride(spec: LayerSpec) -> str:
@@ -37,6 +40,13 @@ class UpsampleOp(LayerSpec):
                   workspace: np.ndarray | None) -> list[NativeStep]:
         return [cpu_resample.upsample_step(sources[0], out, self.values["stride"],
                                            self.values["scale"])]
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        into = e.input_delta(0)
+        if into is not None:
+            v = self.values
+            e.host([e.delta, into], [into], lambda r, w: [
+                cpu_resample.upsample_backward_step(r[0], w[0], v["stride"], v["scale"])])
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape
@@ -86,6 +96,13 @@ class ReorgOp(LayerSpec):
                   workspace: np.ndarray | None) -> list[NativeStep]:
         return [cpu_resample.reorg_step(sources[0], out, self.values["stride"],
                                         self.values["reverse"])]
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        into = e.input_delta(0)
+        if into is not None:
+            v = self.values
+            e.host([e.delta, into], [into], lambda r, w: [
+                cpu_resample.reorg_backward_step(r[0], w[0], v["stride"], v["reverse"])])
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape

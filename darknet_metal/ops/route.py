@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from darknet_metal.cpu.step import NativeStep
 from darknet_metal.ops.base import LayerSpec, Shape
 from darknet_metal.program import LayerEmitter
 from darknet_metal.training.keys import INFERENCE_ONLY
+
+if TYPE_CHECKING:
+    from darknet_metal.training.state import LayerTrainState
 
 
 class RouteOp(LayerSpec):
@@ -52,6 +55,18 @@ class RouteOp(LayerSpec):
             steps.append(cpu_route.route_step(part, out, group_id * width, width, offset))
             offset += width
         return steps
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        groups, group_id = self.values["groups"], self.values["group_id"]
+        offset = 0
+        for k, source in enumerate(e.inputs):
+            width = e.shape(source)[1] // groups
+            into = e.input_delta(k)
+            if into is not None:
+                e.host([e.delta, into], [into], lambda r, w, start=group_id * width,
+                       width=width, offset=offset: [cpu_route.route_backward_step(
+                           r[0], w[0], start, width, offset)])
+            offset += width
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         groups, group_id = self.values["groups"], self.values["group_id"]

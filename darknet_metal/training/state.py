@@ -1,0 +1,110 @@
+"""What training changes, per layer: parameters, gradient accumulators, optimizer moments.
+
+Darknet keeps one accumulator per trainable array (``weight_updates``, ``bias_updates``,
+``scale_updates``): backward passes add the mini-batches' gradients into it, the update
+applies it and leaves ``momentum`` times it behind (SGD), or zeroes it (Adam, which keeps its
+moments apart). ``TrainState`` holds those arrays in the compute dtype, bound once by the
+training programs, so an iteration allocates nothing; ``snapshot``/``restore`` copy every
+array a step writes, for a step that must leave no trace (``Network.gradients``, a step
+refused for non-finite values).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from darknet_metal.params import Params
+
+#: The accumulator names Darknet gives each trainable array (for messages and summaries).
+ACCUMULATOR_NAMES = {"weights": "weight_updates", "biases": "bias_updates",
+                     "scales": "scale_updates"}
+
+
+@dataclass
+class LayerTrainState:
+    """One layer's training arrays. ``values``: every parameter array (trainable and
+    statistics), C-contiguous in ``dtype``, updated in place; ``grads``: an accumulator per
+    trainable array; ``adam_m``/``adam_v``: Adam's moments (empty without Adam);
+    ``extra``: arrays the layer's steps keep between passes (a loss layer's truths and
+    statistics, a dropout's draw counter); ``seed``: the layer's random stream;
+    ``net_size``: the network input's (width, height) in pixels."""
+
+    index: int
+    dtype: np.dtype
+    values: Params
+    grads: Params
+    adam_m: Params = field(default_factory=dict)
+    adam_v: Params = field(default_factory=dict)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    seed: int = 0
+    net_size: tuple[int, int] = (0, 0)
+
+    def arrays(self) -> list[np.ndarray]:
+        """Every array a training step may write."""
+        return [*self.values.values(), *self.grads.values(), *self.adam_m.values(),
+                *self.adam_v.values(), *self.extra.values()]
+
+
+class TrainState:
+    """The training arrays of every layer (``layers[index]``), in ``dtype``.
+
+    ``params``: the network's parameter arrays; for float32 they are used in place (the
+    network's own arrays are trained), for float64 they are copied, and ``write_back`` copies
+    the trained values into them. ``adam``: allocate Adam's moments."""
+
+    def __init__(self, specs: Sequence, params: Mapping[int, Params], dtype: np.dtype | type,
+                 *, adam: bool = False) -> None:
+        self.dtype = np.dtype(dtype)
+        self._params = params
+        self.layers: dict[int, LayerTrainState] = {}
+        for spec in specs:
+            layer = params.get(spec.index, {})
+            values: Params = {}
+            for name, array in layer.items():
+                if self.dtype == np.float32 and array.dtype == np.float32 and \
+                        array.flags.c_contiguous and array.flags.writeable:
+                    values[name] = array
+                else:
+                    values[name] = np.ascontiguousarray(array, self.dtype).copy()
+                    if self.dtype == np.float32:
+                        layer[name] = values[name]  # the network trains this array from now
+            trainable = [n for n in spec.trainable_params if n in values]
+            state = LayerTrainState(
+                spec.index, self.dtype, values,
+                {n: np.zeros_like(values[n]) for n in trainable},
+            )
+            if adam:
+                state.adam_m = {n: np.zeros_like(values[n]) for n in trainable}
+                state.adam_v = {n: np.zeros_like(values[n]) for n in trainable}
+            self.layers[spec.index] = state
+
+    def layer(self, index: int) -> LayerTrainState:
+        return self.layers[index]
+
+    def arrays(self) -> list[np.ndarray]:
+        return [a for state in self.layers.values() for a in state.arrays()]
+
+    def snapshot(self) -> list[np.ndarray]:
+        """Copies of every array a step may write (see ``restore``)."""
+        return [a.copy() for a in self.arrays()]
+
+    def restore(self, snapshot: list[np.ndarray]) -> None:
+        """Puts back the arrays of a ``snapshot`` bit for bit (in place: bound steps see it)."""
+        for array, saved in zip(self.arrays(), snapshot, strict=True):
+            np.copyto(array, saved)
+
+    def zero_grads(self) -> None:
+        for state in self.layers.values():
+            for g in state.grads.values():
+                g.fill(0)
+
+    def write_back(self) -> None:
+        """Copies trained float64 values into the network's float32 parameter arrays."""
+        if self.dtype == np.float32:
+            return
+        for index, state in self.layers.items():
+            for name, array in state.values.items():
+                np.copyto(self._params[index][name], array, casting="unsafe")
