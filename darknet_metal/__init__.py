@@ -19,6 +19,7 @@ from darknet_metal.errors import (
     LayerIndexError,
     MemoryLimitError,
     ModelNotFoundError,
+    NonFiniteError,
     WeightsError,
 )
 from darknet_metal.network import Network, load, load_model
@@ -38,6 +39,7 @@ __all__ = [
     "MemoryLimitError",
     "ModelNotFoundError",
     "Network",
+    "NonFiniteError",
     "WeightsError",
     "__version__",
     "load",

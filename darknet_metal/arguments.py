@@ -36,13 +36,22 @@ def number(name: str, value: Any, lo: float | None = None, hi: float | None = No
     return value
 
 
+def _int_at_least(name: str, value: Any, lo: int, what: str) -> int:
+    if not is_integer(value):
+        raise ArgumentTypeError(f"{name} must be a {what} integer, not {_given(value)}")
+    if value < lo:
+        raise ArgumentError(f"{name} must be a {what} integer, not {value!r}")
+    return int(value)
+
+
 def positive_int(name: str, value: Any) -> int:
     """``value`` as an int >= 1 (not a float, string or bool)."""
-    if not is_integer(value):
-        raise ArgumentTypeError(f"{name} must be a positive integer, not {_given(value)}")
-    if value < 1:
-        raise ArgumentError(f"{name} must be a positive integer, not {value!r}")
-    return int(value)
+    return _int_at_least(name, value, 1, "positive")
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    """``value`` as an int >= 0 (not a float, string or bool)."""
+    return _int_at_least(name, value, 0, "non-negative")
 
 
 def size_pair(name: str, value: Any) -> tuple[int, int]:

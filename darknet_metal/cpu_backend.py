@@ -13,16 +13,20 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from darknet_metal.cpu.executor import StepList
+from darknet_metal.cpu.fill import fill_step
 from darknet_metal.errors import ArgumentError
 from darknet_metal.layers import LayerSpec
 from darknet_metal.memory import plan_memory
 from darknet_metal.params import Params
-from darknet_metal.program import INPUT, Program, Tensor, build_program
+from darknet_metal.program import INPUT, LayerEmitter, Program, Tensor, build_program
+
+if TYPE_CHECKING:
+    from darknet_metal.training.state import TrainState
 
 #: Programs kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
 MAX_PROGRAMS = 4
@@ -147,6 +151,30 @@ class CpuBackend:
                 result.append(loaded.views[t])
         return result
 
+    def training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
+                         keep_deltas: bool = False) -> _LoadedProgram:
+        """One mini-batch of ``batch`` images of a training iteration, bound to ``state``'s
+        arrays and to planned memory: each op's training forward, then the backward from the
+        last layer to ``first_backward``. ``keep_deltas``: every layer's delta stays
+        readable after a run (``views[Tensor(i, "delta")]``)."""
+        program = build_program(
+            self.specs,
+            lambda spec, e: spec.emit_cpu_train(e, state.layer(spec.index)),
+            batch=batch,
+            keep=(),
+            mode="train",
+            itemsize=self.dtype.itemsize,
+            emit_backward=lambda spec, e: spec.emit_cpu_backward(e, state.layer(spec.index)),
+            clear=_clear,
+            first_backward=first_backward,
+            keep_deltas=keep_deltas,
+        )
+        return _LoadedProgram(program, self.dtype)
+
     def close(self) -> None:
         """Frees the planned memory."""
         self._programs.clear()
+
+
+def _clear(e: LayerEmitter, t: Tensor) -> None:
+    e.host([], [t], lambda reads, writes: [fill_step(writes[0])])

@@ -99,3 +99,13 @@ class BindingError(DeviceError):
     too small a buffer (see ``darknet_metal.metal.registry.Kernel.bind``), or a program step
     reading a tensor nothing has written yet (two roles swapped). Caught before anything is
     encoded, because a kernel given the wrong buffer reads or writes the wrong memory silently."""
+
+
+class NonFiniteError(DarknetMetalError, ArithmeticError):
+    """A training step produced NaN or infinity (``layer``: the first layer where it was
+    found, or None); the step was undone, leaving every parameter, statistic, optimizer
+    state and counter as it was before it."""
+
+    def __init__(self, message: str, *, layer: int | None = None) -> None:
+        super().__init__(message)
+        self.layer = layer

@@ -6,6 +6,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from darknet_metal.memory import format_bytes, pass_bytes, physical_memory
 from darknet_metal.params import Params, init_params
 from darknet_metal.summary import summary_table
 from darknet_metal.weights import WeightsHeader, read_weights, write_weights
+
+if TYPE_CHECKING:
+    from darknet_metal.training.trainer import Gradients, StepReport, Trainer
 
 #: Devices ``load`` accepts: the CPU reference, the Apple GPU, and the CPU emulator of the
 #: Metal compute model (the same kernels as "metal").
@@ -66,6 +70,8 @@ class Network:
         self.dtype = _check_dtype(dtype, device)
         _check_device(device)
         self._backend_instance: Backend | None = None
+        self._trainer_instance: Trainer | None = None
+        self._params_changed = False
         # A network's executor reuses its memory from pass to pass: one pass at a time.
         self._lock = threading.RLock()
         # Bytes a pass plans at batch 1 and 2: memory grows by their difference per image.
@@ -81,6 +87,11 @@ class Network:
         if self._backend_instance is None:
             self._backend_instance = _make_backend(self.device, self.layers, self.params,
                                                    self.dtype)
+            self._params_changed = False
+        elif self._params_changed:
+            # Inference works on prepared copies (batch norm folded): refresh them.
+            self._params_changed = False
+            self._backend_instance.load_params(self.params)
         return self._backend_instance
 
     @property
@@ -232,8 +243,84 @@ class Network:
                             names=self.names)
 
     def save_weights(self, path: str | os.PathLike[str]) -> None:
-        """Write the parameters as a Darknet ``.weights`` file (version 0.2.0), atomically."""
-        write_weights(path, self.layers, self.params, self.header)
+        """Write the parameters (the trained ones after training), the rolling statistics and
+        ``seen`` as a Darknet ``.weights`` file (version 0.2.0), atomically."""
+        with self._lock:
+            write_weights(path, self.layers, self.params, self.header)
+
+    # -- training -------------------------------------------------------------------------
+
+    def _trainer(self) -> Trainer:
+        if self._trainer_instance is None:
+            from darknet_metal.training.trainer import Trainer
+
+            self._trainer_instance = Trainer(self)
+        return self._trainer_instance
+
+    def train_step(self, x: np.ndarray, truths: Sequence[Any]) -> StepReport:
+        """One Darknet training iteration on ``x`` (batch, C, H, W) float32 at the network's
+        size, batch = the cfg's ``batch`` (split into ``subdivisions`` mini-batches).
+
+        ``truths``: per image a (k, 5) array of boxes (class, cx, cy, w, h), normalised to
+        [0, 1] (k may be 0), for networks with ``[yolo]`` heads; for networks ending in
+        ``[softmax]``/``[cost]``, per image a class id or a row of ``classes`` targets.
+        Returns the ``StepReport``. Raises ``ArgumentError`` naming the image and row of a bad
+        truth, ``CfgError`` at the line of a cfg key training does not support,
+        ``NonFiniteError`` (nothing changed) when the step produces NaN or infinity.
+        """
+        with self._running():
+            report = self._trainer().step(x, truths)
+            self._params_changed = True
+            return report
+
+    def accumulate(self, x: np.ndarray, truths: Sequence[Any]) -> float:
+        """The forward and backward of ``train_step`` without the update: adds the batch's
+        gradients into the accumulators (``gradient_buffers``) and advances ``seen``. Returns
+        the loss."""
+        with self._running():
+            return self._trainer().accumulate(x, truths)
+
+    def update(self, images: int | None = None) -> float:
+        """Darknet's update for accumulators summed over ``images`` images (default: the
+        cfg's batch; more when several processes summed theirs), advancing the iteration by
+        one; returns the learning rate it used."""
+        with self._running():
+            rate = self._trainer().update(images)
+            self._trainer().state.write_back()
+            self._params_changed = True
+            return rate
+
+    def gradient_buffers(self) -> dict[int, Params]:
+        """The gradient accumulators (Darknet's ``*_updates``), per layer and parameter name:
+        the arrays ``accumulate`` adds into and ``update`` reads, writable in place (to sum
+        them across processes)."""
+        return {i: layer.grads for i, layer in self._trainer().state.layers.items()
+                if layer.grads}
+
+    def gradients(self, x: np.ndarray, truths: Sequence[Any]) -> Gradients:
+        """Forward and backward over a batch without changing any state (parameters,
+        rolling statistics, optimizer state, iteration, random streams): the loss, each
+        trainable array's gradient summed over the batch in Darknet's sign, and each layer's
+        delta for the last mini-batch."""
+        with self._running():
+            return self._trainer().gradients(x, truths)
+
+    @property
+    def iteration(self) -> int:
+        """Training iterations done: ``seen // batch``."""
+        return self.header.seen // int(self.config.net.values["batch"])
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        value = arguments.non_negative_int("iteration", value)
+        self.header.seen = value * int(self.config.net.values["batch"])
+
+    def learning_rate(self, iteration: int) -> float:
+        """The learning rate of the update that makes ``iteration`` (Darknet's
+        get_current_rate)."""
+        from darknet_metal.training.schedule import learning_rate
+
+        return learning_rate(self.config.net.values, iteration)
 
     def summary(self) -> str:
         """A Darknet-style table of the layers with their shapes and BFLOPs, and the memory a
@@ -289,15 +376,19 @@ def _make_backend(device: str, specs: list[LayerSpec], params: dict[int, Params]
 
 def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None, *,
          names: str | os.PathLike[str] | Sequence[str] | None = None, device: str = "cpu",
-         batch: int = 1, seed: int | None = None, dtype: np.dtype | type = np.float32,
+         batch: int | None = None, subdivisions: int | None = None, seed: int | None = None,
+         dtype: np.dtype | type = np.float32,
          input_size: tuple[int, int] | None = None) -> Network:
     """Load a Darknet network.
 
     ``cfg``: the ``.cfg`` path. ``weights``: a ``.weights`` path, or None to initialise the
     parameters as Darknet does (reproducibly with ``seed``). ``names``: a ``.names`` path or a
     list of class names. ``device``: ``"cpu"``, ``"metal"`` (Apple GPU) or ``"emu"`` (the Metal
-    kernels in the CPU emulator; DeviceError when unavailable). ``batch``: the batch size to
-    prepare for (any batch size works in ``forward``). ``dtype``: float32, or float64 for
+    kernels in the CPU emulator; DeviceError when unavailable). ``batch``, ``subdivisions``:
+    replace ``[net]``'s, as editing the cfg would (the images of one training iteration, and
+    the mini-batches it is split into); ``batch`` is also the size inference is prepared and
+    memory-checked for (1 when not given; any batch size works in ``forward``).
+    ``dtype``: float32, or float64 for
     gradient checks (CPU only).
     ``input_size``: (width, height) in pixels replacing ``[net]``'s, as editing the cfg would
     (convolutional weights do not depend on it).
@@ -306,13 +397,19 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     device this machine lacks (or float64 on a Metal device), ``MemoryLimitError`` when a pass
     at ``batch`` needs more memory than the machine has (before anything large is allocated).
     """
-    batch = arguments.positive_int("batch", batch)
+    batch = None if batch is None else arguments.positive_int("batch", batch)
+    subdivisions = (None if subdivisions is None
+                    else arguments.positive_int("subdivisions", subdivisions))
     size = None if input_size is None else arguments.size_pair("input_size", input_size)
     _check_device(device)
     _check_dtype(dtype, device)
     config = parse_cfg(cfg)
     if size is not None:
         config.net.values["width"], config.net.values["height"] = size
+    if batch is not None:
+        config.net.values["batch"] = batch
+    if subdivisions is not None:
+        config.net.values["subdivisions"] = subdivisions
     layers = build_layers(config)
     params = init_params(layers, seed)
     header = WeightsHeader()
@@ -321,10 +418,10 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
         for index, layer in loaded.items():
             params[index].update(layer)
     return Network(config, layers, params, header=header, names=_read_names(names), device=device,
-                   batch=batch, dtype=dtype)
+                   batch=batch or 1, dtype=dtype)
 
 
-def load_model(name: str, *, device: str = "cpu", batch: int = 1,
+def load_model(name: str, *, device: str = "cpu", batch: int | None = None,
                dtype: np.dtype | type = np.float32, input_size: tuple[int, int] | None = None,
                download: bool = True) -> Network:
     """Load bundled model ``name`` (``darknet_metal.models.model_names()``: yolov3-tiny,

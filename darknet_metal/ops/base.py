@@ -62,6 +62,11 @@ class LayerSpec:
     #: IMPLEMENTED, DATA, NO_EFFECT, INFERENCE_ONLY, or the reason a non-default value is
     #: refused. Keys not listed shape the network and train as they infer.
     training_keys: ClassVar[Mapping[str, str]] = {}
+    #: A loss layer: its training forward compares with the truths and writes its delta.
+    computes_loss: ClassVar[bool] = False
+    #: Whether Darknet scales this kind's learning rate by the layer's ``learning_rate`` key
+    #: (``[connected]`` layers ignore it).
+    learning_rate_scaled: ClassVar[bool] = True
     #: Parameters that are running statistics, not trained.
     statistics: ClassVar[tuple[str, ...]] = ()
 

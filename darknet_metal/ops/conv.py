@@ -239,7 +239,10 @@ class ConvolutionalOp(_Gemm):
         geo = self._geometry()
         weights, biases = ts.values["weights"], ts.values["biases"]
         pre = activation_input(e, act)
-        workspace = e.tensor("workspace", (max(1, self.cpu_workspace(e.batch)),))
+        # im2col + GEMM as Darknet trains (not Winograd, whose rounding differs).
+        v = self.values
+        workspace = e.tensor("workspace", (max(1, cpu_conv.workspace_size(
+            self.in_shape[0], v["size"], v["groups"], *self.out_shape[1:])),))
         if "scales" not in ts.values:
             e.host([e.inputs[0]], [pre, workspace], lambda r, w: [cpu_conv.conv2d_step(
                 r[0], weights, biases, w[0], w[1], *geo, LINEAR)])
@@ -341,6 +344,7 @@ class ConvolutionalOp(_Gemm):
 class ConnectedOp(_Gemm):
     kind = "connected"
     short_name = "connected"
+    learning_rate_scaled = False
 
     @classmethod
     def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:

@@ -34,6 +34,7 @@ def _rows(a: np.ndarray) -> np.ndarray:
 class SoftmaxOp(LayerSpec):
     kind = "softmax"
     short_name = "softmax"
+    computes_loss = True
     training_keys = {
         "tree": "hierarchical softmax is not supported",
         "spatial": "spatial softmax is not supported",
@@ -83,6 +84,7 @@ class YoloOp(LayerSpec):
 
     kind = "yolo"
     short_name = "yolo"
+    computes_loss = True
     training_keys = {
         **dict.fromkeys(("jitter", "resize", "random"), DATA),
         **dict.fromkeys(_LOSS_OPTIONS + ("max",), IMPLEMENTED),
@@ -128,7 +130,8 @@ class YoloOp(LayerSpec):
         net_w, net_h = ts.net_size
         options = {key: v[key] for key in _LOSS_OPTIONS}
         e.host([e.output], [e.own_delta()], lambda r, w: [yolo_loss.yolo_loss_step(
-            r[0], w[0], truths, stats, anchors=v["anchors"], mask=v["mask"],
+            r[0], w[0], truths, stats, anchors=np.reshape(v["anchors"], (-1, 2)),
+            mask=v["mask"],
             classes=v["classes"], net_w=net_w, net_h=net_h, max_boxes=truths.shape[1],
             **options)])
 

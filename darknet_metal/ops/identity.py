@@ -59,6 +59,7 @@ class DropoutOp(_Identity):
 class CostOp(_Identity):
     kind = "cost"
     short_name = "cost"
+    computes_loss = True
     training_keys = {"type": "only type=sse is supported in training", "scale": IMPLEMENTED,
                      "ratio": "keeping only the largest deltas (ratio) is not supported"}
 

@@ -1,0 +1,330 @@
+"""One Darknet training iteration: mini-batches forward and backward, then the update.
+
+``Trainer`` owns a network's training state (``TrainState``), the bound training program of
+one mini-batch (``batch // subdivisions`` images, the cfg's meaning of batch) and the bound
+update steps. An iteration (``step``) is Darknet's ``train_network``: per mini-batch the
+training forward (losses and their deltas included) and the backward, which add into the
+gradient accumulators; then the update with the iteration's learning rate. Every part of an
+iteration runs as native steps without the GIL; Python only splits the batch, copies the
+truths in and reads the costs out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from darknet_metal.cpu import update as cpu_update
+from darknet_metal.cpu.executor import StepList
+from darknet_metal.cpu.yolo_loss import YOLO_STAT_NAMES, check_truths
+from darknet_metal.errors import ArgumentError, NonFiniteError
+from darknet_metal.params import Params
+from darknet_metal.program import Tensor
+from darknet_metal.training.keys import check_training_keys
+from darknet_metal.training.schedule import learning_rate
+from darknet_metal.training.state import TrainState
+
+if TYPE_CHECKING:
+    from darknet_metal.network import Network
+
+
+@dataclass
+class HeadReport:
+    """One ``[yolo]`` layer's statistics over an iteration's mini-batches (see
+    ``cpu.yolo_loss``): Darknet V5's verbose line (avg_iou, count, class_loss, iou_loss,
+    total_loss, per image of the last mini-batch) and the classic ones (avg_obj, avg_noobj,
+    avg_class_prob, recall50, recall75)."""
+
+    layer: int
+    values: dict[str, float]
+
+    def __getattr__(self, name: str) -> float:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+@dataclass
+class StepReport:
+    """What one iteration did: ``loss`` (Darknet's ``train_network`` return value),
+    ``learning_rate`` (the rate the update used), ``iteration`` (after the step), and
+    ``heads`` (per ``[yolo]`` layer)."""
+
+    loss: float
+    learning_rate: float
+    iteration: int
+    heads: list[HeadReport] = field(default_factory=list)
+
+
+@dataclass
+class Gradients:
+    """Forward and backward without an update (``Network.gradients``): ``loss``;
+    ``params[layer][name]``: the gradient of every trainable array summed over the batch, in
+    Darknet's sign (minus the gradient of the loss); ``deltas[layer]``: each layer's delta as
+    its backward starts, for the last mini-batch."""
+
+    loss: float
+    params: dict[int, Params]
+    deltas: dict[int, np.ndarray]
+
+
+class Trainer:
+    """Trains ``net`` on its device (the CPU so far). Built by the network on first use."""
+
+    def __init__(self, net: Network, *, seed: int = 0) -> None:
+        values = net.config.net.values
+        check_training_keys(net.config)
+        self.net = net
+        self.values = values
+        self.batch = int(values["batch"])
+        self.subdivisions = int(values["subdivisions"])
+        if self.batch % self.subdivisions:
+            raise ArgumentError(f"batch={self.batch} is not a multiple of "
+                                f"subdivisions={self.subdivisions}")
+        self.mini_batch = self.batch // self.subdivisions
+        self.adam = bool(values["adam"])
+        specs = net.layers
+        self.specs = specs
+        self.state = TrainState(specs, net.params, net.dtype, adam=self.adam)
+        dtype = self.state.dtype
+        c, h, w = net.input_shape
+        self.heads = [s.index for s in specs if s.detection_head is not None]
+        self.loss_layers = self.heads or [s.index for s in specs
+                                          if s.computes_loss and not s.values.get("noloss")]
+        self.truth = self._truth_array(dtype)
+        for spec in specs:
+            layer = self.state.layer(spec.index)
+            layer.seed = (seed * 1_000_003 + spec.index) % 2**64
+            layer.net_size = (w, h)
+            if spec.index in self.loss_layers:
+                layer.extra["truth"] = self.truth
+        self.first_backward = _first_backward(specs)
+        backend = net._backend
+        if not hasattr(backend, "training_program"):
+            raise ArgumentError(f"training on {net.device!r} is not supported yet: use "
+                                "device='cpu'")
+        self.program = backend.training_program(self.state, self.mini_batch,
+                                                first_backward=self.first_backward)
+        self._gradient_program: Any = None
+        self.lr = np.zeros(1, dtype)
+        self.t = np.zeros(1, dtype)
+        self._updates: dict[int, StepList] = {}
+
+    # -- truths ---------------------------------------------------------------------------
+
+    def _truth_array(self, dtype: np.dtype) -> np.ndarray:
+        if self.heads:
+            boxes = max(self.specs[i].values["max"] for i in self.heads)
+            return np.zeros((self.mini_batch, boxes, 5), dtype)
+        classes = self.specs[self.loss_layers[0]].out_size if self.loss_layers else 0
+        return np.zeros((self.mini_batch, classes), dtype)
+
+    def check_batch(self, x: np.ndarray, truths: Any) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``x`` as a C-contiguous (batch, C, H, W) array of the compute dtype, and the truths
+        as one array per image; raises ``ArgumentError`` naming the image and row at fault."""
+        c, h, w = self.net.input_shape
+        if not isinstance(x, np.ndarray):
+            raise ArgumentError(f"x must be a numpy array, not {type(x).__name__}")
+        if x.shape != (self.batch, c, h, w):
+            raise ArgumentError(f"x must have shape {(self.batch, c, h, w)} (batch={self.batch} "
+                                f"images at the network's size), not {x.shape}")
+        x = np.ascontiguousarray(x, self.state.dtype)
+        if not np.isfinite(x).all():
+            raise ArgumentError("x holds NaN or infinite values")
+        if isinstance(truths, np.ndarray) and truths.ndim >= 1 and not self.heads:
+            truths = list(truths)
+        if not isinstance(truths, Sequence) or len(truths) != self.batch:
+            raise ArgumentError(f"truths must be a sequence of {self.batch} arrays (one per "
+                                "image)")
+        out = []
+        for i, t in enumerate(truths):
+            a = np.asarray(t, dtype=np.float64)
+            if self.heads:
+                a = a.reshape(-1, 5) if a.size else np.zeros((0, 5))
+                if a.shape[0] > self.truth.shape[1]:
+                    raise ArgumentError(f"truths[{i}] has {a.shape[0]} boxes, more than the "
+                                        f"[yolo] max={self.truth.shape[1]}")
+                try:
+                    check_truths(a[None].astype(self.state.dtype),
+                                 self.specs[self.heads[0]].values["classes"],
+                                 self.truth.shape[1])
+                except ArgumentError as e:
+                    raise ArgumentError(f"truths[{i}]: {e}") from None
+                if a.shape[0] and (a[:, 3:5] <= 0).any():
+                    row = int(np.argmax((a[:, 3:5] <= 0).any(axis=1)))
+                    raise ArgumentError(f"truths[{i}] row {row}: width and height must be > 0")
+            else:
+                a = self._class_row(i, a)
+            out.append(a)
+        return x, out
+
+    def _class_row(self, i: int, a: np.ndarray) -> np.ndarray:
+        classes = self.truth.shape[1]
+        if a.ndim == 0:
+            k = float(a)
+            if not (k.is_integer() and 0 <= k < classes):
+                raise ArgumentError(f"truths[{i}]: class id {a} is not in [0, {classes})")
+            row = np.zeros(classes)
+            row[int(k)] = 1
+            return row
+        if a.shape != (classes,) or not np.isfinite(a).all():
+            raise ArgumentError(f"truths[{i}] must be a class id or {classes} finite targets")
+        return a
+
+    def _load_truths(self, truths: list[np.ndarray], first: int) -> None:
+        self.truth.fill(0)
+        for j in range(self.mini_batch):
+            t = truths[first + j]
+            if self.heads:
+                self.truth[j, : t.shape[0]] = t
+            else:
+                self.truth[j] = t
+
+    # -- passes ---------------------------------------------------------------------------
+
+    def _network_cost(self) -> float:
+        costs = []
+        for index in self.loss_layers:
+            extra = self.state.layer(index).extra
+            if "stats" in extra:
+                costs.append(float(extra["stats"][0]))
+            elif "loss" in extra:
+                costs.append(float(extra["loss"].sum(dtype=np.float64)))
+            elif "errors" in extra:
+                costs.append(float(extra["errors"].sum(dtype=np.float64)))
+        return float(np.mean(costs)) if costs else 0.0
+
+    def _passes(self, x: np.ndarray, truths: list[np.ndarray], loaded: Any,
+                stats: dict[int, list[np.ndarray]] | None = None) -> float:
+        total = 0.0
+        m = self.mini_batch
+        for sub in range(self.subdivisions):
+            self._load_truths(truths, sub * m)
+            loaded.steps.run(x[sub * m:(sub + 1) * m])
+            total += self._network_cost()
+            if stats is not None:
+                for index in self.heads:
+                    stats.setdefault(index, []).append(
+                        self.state.layer(index).extra["stats"].copy())
+        return total / (self.subdivisions * m)
+
+    def accumulate(self, x: np.ndarray, truths: Any) -> float:
+        """Forward and backward over the mini-batches of ``x``, adding into the gradient
+        accumulators; advances ``seen`` by ``batch``. Returns the loss."""
+        x, truths = self.check_batch(x, truths)
+        loss = self._passes(x, truths, self.program)
+        self.net.header.seen += self.batch
+        return loss
+
+    def _update_steps(self, images: int) -> StepList:
+        steps = self._updates.get(images)
+        if steps is not None:
+            return steps
+        v = self.values
+        native = []
+        for spec in self.specs:
+            layer = self.state.layer(spec.index)
+            if not layer.grads or spec.values.get("dont_update"):
+                continue
+            scale = float(spec.values.get("learning_rate", 1.0)) if spec.learning_rate_scaled \
+                else 1.0
+            for name, grad in layer.grads.items():
+                value = layer.values[name]
+                if self.adam:
+                    native.append(cpu_update.adam_update_step(
+                        value, grad, layer.adam_m[name], layer.adam_v[name], self.lr, self.t,
+                        v["decay"], v["B1"], v["B2"], v["eps"], images))
+                else:
+                    native.append(cpu_update.sgd_update_step(
+                        value, grad, self.lr, v["decay"], v["momentum"], images,
+                        name == "weights", scale))
+        steps = self._updates[images] = StepList(native)
+        return steps
+
+    def update(self, images: int | None = None) -> float:
+        """Darknet's update for a gradient summed over ``images`` images (default: batch):
+        the iteration advances by one and the update uses its learning rate, returned."""
+        images = self.batch if images is None else int(images)
+        if images < 1:
+            raise ArgumentError(f"images must be >= 1, not {images}")
+        iteration = self.net.header.seen // self.batch
+        rate = learning_rate(self.values, iteration)
+        self.lr[0] = rate
+        self.t[0] = iteration
+        self._update_steps(images).run()
+        return rate
+
+    def step(self, x: np.ndarray, truths: Any) -> StepReport:
+        """One Darknet iteration (``accumulate`` then ``update``). A step that produces NaN or
+        infinity raises ``NonFiniteError`` and leaves every array and counter as before."""
+        x, truths = self.check_batch(x, truths)
+        saved = self.state.snapshot()
+        seen = self.net.header.seen
+        try:
+            stats: dict[int, list[np.ndarray]] = {}
+            loss = self._passes(x, truths, self.program, stats)
+            self.net.header.seen += self.batch
+            self._check_finite(loss, "gradients")
+            rate = self.update()
+            self._check_finite(loss, "parameters")
+        except BaseException:
+            self.state.restore(saved)
+            self.net.header.seen = seen
+            raise
+        self.state.write_back()
+        return StepReport(loss, rate, self.net.header.seen // self.batch,
+                          [HeadReport(i, _head_stats(stats[i])) for i in self.heads])
+
+    def _check_finite(self, loss: float, what: str) -> None:
+        if not np.isfinite(loss):
+            raise NonFiniteError(f"the loss is {loss}: the step was undone")
+        for spec in self.specs:
+            layer = self.state.layer(spec.index)
+            arrays = layer.grads if what == "gradients" else layer.values
+            for name, a in arrays.items():
+                if not cpu_update.all_finite(a):
+                    raise NonFiniteError(
+                        f"layer {spec.index} ({spec.kind}): NaN or infinity in its {name} "
+                        f"{'gradient' if what == 'gradients' else 'values'}; the step was "
+                        "undone", layer=spec.index)
+
+    def gradients(self, x: np.ndarray, truths: Any) -> Gradients:
+        """Forward and backward without the update, changing nothing."""
+        x, truths = self.check_batch(x, truths)
+        if self._gradient_program is None:
+            self._gradient_program = self.net._backend.training_program(
+                self.state, self.mini_batch, first_backward=self.first_backward,
+                keep_deltas=True)
+        saved = self.state.snapshot()
+        try:
+            self.state.zero_grads()
+            loaded = self._gradient_program
+            loss = self._passes(x, truths, loaded)
+            params = {i: {n: g.copy() for n, g in layer.grads.items()}
+                      for i, layer in self.state.layers.items() if layer.grads}
+            deltas = {}
+            for spec in self.specs:
+                t = Tensor(spec.index, "delta")
+                if t in loaded.views:
+                    deltas[spec.index] = loaded.views[t].copy()
+        finally:
+            self.state.restore(saved)
+        return Gradients(loss, params, deltas)
+
+
+def _first_backward(specs: Sequence) -> int:
+    """Darknet's ``stopbackward``: no backward below the last layer that sets it."""
+    first = 0
+    for spec in specs:
+        if spec.values.get("stopbackward"):
+            first = spec.index
+    return first
+
+
+def _head_stats(per_pass: list[np.ndarray]) -> dict[str, float]:
+    last = per_pass[-1]
+    return {name: float(last[k]) for k, name in enumerate(YOLO_STAT_NAMES)}

@@ -1,0 +1,113 @@
+"""Whole training iterations on the CPU against the real Darknet's (the golden build).
+
+For each case: the network from the case's cfg and ``init.weights``, the case's images and
+truths; ``Network.gradients`` against Darknet's accumulated gradients of the first step
+(momentum is zero then, so ``s1_*_updates`` is the pure gradient), and ``train_step`` for
+every step against Darknet's loss, learning rate and the ``.weights`` after each update.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from training_golden import TRAIN, read_golden
+
+import darknet_metal as dm
+
+GOLDEN = read_golden()
+
+
+def _rel(got: np.ndarray, want: np.ndarray) -> float:
+    got, want = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def _truths(truth: np.ndarray) -> list[np.ndarray]:
+    """Darknet's (images, boxes, 6) x, y, w, h, class, track -> ours, (k, 5) class, x, y, w, h
+    per image, the rows Darknet reads (it stops at the first x == 0)."""
+    out = []
+    for rows in truth:
+        used = []
+        for r in rows:
+            if r[0] == 0:
+                break
+            used.append([r[4], r[0], r[1], r[2], r[3]])
+        out.append(np.array(used, np.float32).reshape(-1, 5))
+    return out
+
+
+def _case(name: str, tmp_path=None):
+    case = GOLDEN.load_case(TRAIN / name)
+    index, arrays = case["index"], case["arrays"]
+    folder = TRAIN / name
+    cfg = folder / index["cfg"]
+    if tmp_path is not None and "adam=1" in cfg.read_text():
+        # Darknet's CPU build parses adam=1 and runs SGD: reproduce it with Adam off.
+        off = tmp_path / cfg.name
+        off.write_text(cfg.read_text().replace("adam=1", "adam=0"))
+        cfg = off
+    net = dm.load(cfg, folder / "init.weights")
+    x = arrays["X"].astype(np.float32)
+    c, h, w = net.input_shape
+    x = x.reshape(-1, c, h, w)
+    truths = _truths(arrays["truth"].reshape(x.shape[0], -1, 6))
+    return net, x, truths, index, arrays
+
+
+def _golden_params(weights: dict, layer: int) -> dict[str, np.ndarray]:
+    return weights[f"L{layer:02d}"]
+
+
+NAMES = {"weights": "weight_updates", "biases": "bias_updates", "scales": "scale_updates"}
+
+
+@pytest.mark.parametrize("name", ["micro-v4-sgd", "micro-v4-diou", "micro-v3-adam"])
+def test_first_step_gradients_match_darknet(name):
+    net, x, truths, index, arrays = _case(name)
+    before = {i: {k: v.copy() for k, v in p.items()} for i, p in net.params.items()}
+    g = net.gradients(x, truths)
+    assert abs(g.loss - index["steps"][0]["loss"]) <= 1e-4 * abs(index["steps"][0]["loss"])
+    checked = 0
+    for layer, grads in g.params.items():
+        for pname, grad in grads.items():
+            key = f"s1_L{layer:02d}_{NAMES[pname]}"
+            if key not in arrays:
+                continue
+            want = arrays[key].reshape(grad.shape)
+            assert _rel(grad, want) <= 1e-4, (layer, pname, _rel(grad, want))
+            checked += 1
+    assert checked >= 10
+    # Nothing changed: parameters, statistics, counters.
+    for i, p in net.params.items():
+        for k, v in p.items():
+            np.testing.assert_array_equal(v, before[i][k])
+    assert net.iteration == 0
+
+
+@pytest.mark.parametrize("name", ["micro-v4-sgd", "micro-v4-diou", "micro-v3-adam"])
+def test_steps_match_darknet_weights(name, tmp_path):
+    net, x, truths, index, arrays = _case(name, tmp_path)
+    assert not net.config.net.values["adam"]
+    initial = {i: {n: a.copy() for n, a in p.items()} for i, p in net.params.items()}
+    for k, step in enumerate(index["steps"], start=1):
+        previous = {i: {n: a.copy() for n, a in p.items()} for i, p in net.params.items()}
+        report = net.train_step(x, truths)
+        assert report.iteration == k == net.iteration
+        assert np.float32(report.learning_rate) == np.float32(step["rate"])
+        assert abs(report.loss - step["loss"]) <= 1e-4 * abs(step["loss"]), (k, report.loss)
+        want = arrays[step["weights_file"]]
+        for layer, params in net.params.items():
+            golden = want.get(f"L{layer:02d}")
+            if golden is None:
+                continue
+            for pname, value in params.items():
+                target = golden[pname].reshape(value.shape)
+                start = initial[layer][pname]
+                # An array Darknet starts at 0 (biases) is nothing but its accumulated
+                # changes, which the change bound below checks.
+                if np.abs(start).max() > 0:
+                    assert _rel(value, target) <= 1e-5, (k, layer, pname, _rel(value, target))
+                moved = target.astype(np.float64) - previous[layer][pname]
+                if np.abs(moved).max() > 1e-6 * max(np.abs(target).max(), 1e-30):
+                    change = value.astype(np.float64) - previous[layer][pname]
+                    assert _rel(change, moved) <= 1e-3, (k, layer, pname, _rel(change, moved))
