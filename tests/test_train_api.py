@@ -1,0 +1,135 @@
+"""Training API behaviour beyond matching Darknet: errors, safety, reproducibility, no
+side effects of ``gradients``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from training_golden import TRAIN
+
+import darknet_metal as dm
+from darknet_metal.errors import ArgumentError, NonFiniteError
+
+CASE = TRAIN / "micro-v4-sgd"
+
+
+def _net(tmp_path, **net_keys):
+    lines = (CASE / "micro-v4-sgd.cfg").read_text().splitlines()
+    net_at = lines.index("[net]")
+    net_end = next(i for i in range(net_at + 1, len(lines)) if lines[i].startswith("["))
+    kept = [line for i, line in enumerate(lines)
+            if i >= net_end or line.split("=")[0].strip() not in net_keys]
+    text = "\n".join(kept).replace("[net]", "[net]\n" + "\n".join(
+        f"{k}={v}" for k, v in net_keys.items()), 1) + "\n"
+    path = tmp_path / "net.cfg"
+    path.write_text(text)
+    return dm.load(path, CASE / "init.weights")
+
+
+def _batch(net, seed=0):
+    rng = np.random.default_rng(seed)
+    b = net.config.net.values["batch"]
+    c, h, w = net.input_shape
+    x = rng.random((b, c, h, w), dtype=np.float32)
+    truths = [np.array([[1, 0.3, 0.4, 0.2, 0.3], [0, 0.7, 0.6, 0.4, 0.2]], np.float32)
+              for _ in range(b)]
+    return x, truths
+
+
+def _state(net):
+    return [a.copy() for p in net.params.values() for a in p.values()]
+
+
+def test_a_step_producing_nan_is_refused_and_changes_nothing(tmp_path):
+    net = _net(tmp_path, learning_rate=3e38, burn_in=0)
+    x, truths = _batch(net)
+    before, seen = _state(net), net.header.seen
+    grads_before = {i: {n: g.copy() for n, g in p.items()}
+                    for i, p in net.gradient_buffers().items()}
+    with pytest.raises(NonFiniteError) as info:
+        net.train_step(x, truths)
+    assert info.value.layer is not None and "layer" in str(info.value)
+    for a, b in zip(_state(net), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for i, p in net.gradient_buffers().items():
+        for n, g in p.items():
+            np.testing.assert_array_equal(g, grads_before[i][n])
+    assert net.header.seen == seen and net.iteration == 0
+
+
+def test_saturating_inputs_give_finite_losses_and_gradients(tmp_path):
+    net = _net(tmp_path)
+    x, truths = _batch(net)
+    x = np.where(x > 0.5, 1e4, -1e4).astype(np.float32)
+    g = net.gradients(x, truths)
+    assert np.isfinite(g.loss)
+    assert all(np.isfinite(a).all() for p in g.params.values() for a in p.values())
+
+
+def test_two_seeded_runs_of_20_steps_give_identical_weights(tmp_path):
+    files = []
+    for run in range(2):
+        net = _net(tmp_path, burn_in=0)
+        for k in range(20):
+            x, truths = _batch(net, seed=k)
+            report = net.train_step(x, truths)
+            assert np.isfinite(report.loss)
+        path = tmp_path / f"run{run}.weights"
+        net.save_weights(path)
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+    assert net.iteration == 20
+    header = dm.load(CASE / "micro-v4-sgd.cfg", tmp_path / "run0.weights").header
+    assert header.seen == 20 * net.config.net.values["batch"]
+
+
+def test_gradients_change_no_state_and_equal_accumulate(tmp_path):
+    net = _net(tmp_path)
+    x, truths = _batch(net)
+    before, seen = _state(net), net.header.seen
+    g = net.gradients(x, truths)
+    for a, b in zip(_state(net), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert net.header.seen == seen
+    assert set(g.deltas) and all(d.shape[0] == 2 for d in g.deltas.values())
+    loss = net.accumulate(x, truths)
+    assert loss == g.loss and net.header.seen == seen + 4
+    for i, p in net.gradient_buffers().items():
+        for n, buf in p.items():
+            np.testing.assert_array_equal(buf, g.params[i][n])
+
+
+def test_learning_rate_and_iteration(tmp_path):
+    net = _net(tmp_path, burn_in=5)
+    assert net.learning_rate(0) == 0.0
+    x, truths = _batch(net)
+    report = net.train_step(x, truths)
+    assert report.iteration == 1 and report.learning_rate == net.learning_rate(1)
+    net.iteration = 7
+    assert net.header.seen == 7 * net.config.net.values["batch"]
+    with pytest.raises(ArgumentError):
+        net.iteration = -1
+
+
+@pytest.mark.parametrize(("bad", "match"), [
+    (lambda t: t[:3], "sequence of 4"),
+    (lambda t: [t[0], t[1], np.array([[7, .5, .5, .1, .1]]), t[3]], r"truths\[2\]"),
+    (lambda t: [t[0], np.array([[0, .5, .5, 0, .1]]), t[2], t[3]], r"truths\[1\] row 0"),
+    (lambda t: [t[0], t[1], t[2], np.array([[0, np.nan, .5, .1, .1]])], r"truths\[3\]"),
+])
+def test_bad_truths_name_image_and_row(tmp_path, bad, match):
+    net = _net(tmp_path)
+    x, truths = _batch(net)
+    with pytest.raises(ArgumentError, match=match):
+        net.train_step(x, bad(truths))
+    assert net.iteration == 0
+
+
+def test_bad_input(tmp_path):
+    net = _net(tmp_path)
+    x, truths = _batch(net)
+    with pytest.raises(ArgumentError, match="shape"):
+        net.train_step(x[:2], truths)
+    x[0, 0, 0, 0] = np.nan
+    with pytest.raises(ArgumentError, match="NaN"):
+        net.train_step(x, truths)
