@@ -138,6 +138,10 @@ class Network:
                 if self._backend_instance is not None:
                     self._backend_instance.close()
                     self._backend_instance = None
+                # Training state is bound to the old device's memory (momentum included).
+                if self._trainer_instance is not None:
+                    self._trainer_instance.state.write_back()
+                    self._trainer_instance = None
                 self.device = device
         return self
 

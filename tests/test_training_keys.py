@@ -72,6 +72,8 @@ def test_defaults_and_implemented_keys_pass():
     ("conv", "batch_normalize=2", "batch_normalize"),
     ("conv", "clip=1", "clip"),
     ("conv", "grad_centr=1", "grad_centr"),
+    ("conv", "train_only_bn=1", "train_only_bn"),
+    ("conv", "dont_update=100", "dont_update"),
     ("yolo", "delta_normalizer=2", "delta_normalizer"),
     ("net", "batch=2\ntrack=1", "track"),
 ])

@@ -228,7 +228,7 @@ class Trainer:
         native = []
         for spec in self.specs:
             layer = self.state.layer(spec.index)
-            if not layer.grads or spec.values.get("dont_update"):
+            if not layer.grads:
                 continue
             scale = float(spec.values.get("learning_rate", 1.0)) if spec.learning_rate_scaled \
                 else 1.0
