@@ -295,10 +295,23 @@ cdef void gradient_array(const floating* y, Py_ssize_t n, int act,
     """``delta[i] *= f'(y[i])`` for elementwise ``act`` (see the module docstring for which
     of output or input ``y`` must be). Does nothing for channel activations."""
     cdef Py_ssize_t i
+    cdef floating zero = 0, one = 1, tenth = <floating>0.1
     if act == ACT_LINEAR or act >= ACT_NORM_CHAN or act < 0:
         return
-    for i in range(n):
-        delta[i] = delta[i] * _gradient(y[i], act)
+    # The common ones in loops of their own (the same arithmetic as _gradient), which the
+    # compiler vectorises; a switch per element would keep every loop scalar.
+    if act == ACT_LEAKY or act == ACT_REVLEAKY:
+        for i in range(n):
+            delta[i] = delta[i] * (one if y[i] > zero else tenth)
+    elif act == ACT_RELU:
+        for i in range(n):
+            delta[i] = delta[i] * <floating>(y[i] > zero)
+    elif act == ACT_LOGISTIC:
+        for i in range(n):
+            delta[i] = delta[i] * ((one - y[i]) * y[i])
+    else:
+        for i in range(n):
+            delta[i] = delta[i] * _gradient(y[i], act)
 
 
 @cython.cdivision(True)

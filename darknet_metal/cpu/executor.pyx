@@ -45,7 +45,7 @@ cdef class StepList:
     those reads to its own input instead.
     """
 
-    cdef tuple steps
+    cdef readonly tuple steps  # the NativeStep objects, in order
     cdef StepFn* fns
     cdef StepData** datas
     cdef Py_ssize_t count

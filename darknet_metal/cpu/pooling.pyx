@@ -30,6 +30,7 @@ from cython cimport floating
 from libc.float cimport FLT_MAX
 from libc.stdint cimport int32_t
 
+from darknet_metal.cpu.blas cimport cpu_threads, run_parts
 from darknet_metal.cpu.kernels cimport dm_maxpool2x2s2_f32
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
@@ -174,45 +175,77 @@ def maxpool_forward(x, out, int size, int stride_x, int stride_y, int padding) -
     maxpool_step(x, out, size, stride_x, stride_y, padding).run()
 
 
-cdef void _maxpool_train(const floating* src, floating* dst, int32_t* indexes,
-                         const MaxpoolParams* p) noexcept nogil:
+cdef void _maxpool_train_planes(const floating* src, floating* dst, int32_t* indexes,
+                                const MaxpoolParams* p, Py_ssize_t first,
+                                Py_ssize_t last) noexcept nogil:
     # Darknet's training loop: every window position in row-major order, the first strictly
     # greater value kept (so the output equals the inference kernels').
     cdef Py_ssize_t h = p.h, w = p.w, out_h = p.out_h, out_w = p.out_w, offset = p.offset
-    cdef Py_ssize_t plane, i, j, n, m, y, x, base, at, best_at
+    cdef Py_ssize_t plane, i, j, n, m, y, x, y0, x0, base, at, best_at
     cdef floating best, val
-    for plane in range(p.planes):
+    for plane in range(first, last):
         base = plane * h * w
         for i in range(out_h):
+            y0 = i * p.stride_y - offset
             for j in range(out_w):
+                x0 = j * p.stride_x - offset
+                at = (plane * out_h + i) * out_w + j
                 best = -FLT_MAX
                 best_at = -1
-                for n in range(p.size):
-                    y = i * p.stride_y + n - offset
-                    if y < 0 or y >= h:
-                        continue
-                    for m in range(p.size):
-                        x = j * p.stride_x + m - offset
-                        if x < 0 or x >= w:
+                if p.size == 2 and y0 >= 0 and y0 + 2 <= h and x0 >= 0 and x0 + 2 <= w:
+                    # The common 2x2 window wholly inside: the same comparisons in the same
+                    # order, without the bounds tests.
+                    for n in range(2):
+                        for m in range(2):
+                            val = src[base + (y0 + n) * w + x0 + m]
+                            if val > best:
+                                best = val
+                                best_at = base + (y0 + n) * w + x0 + m
+                else:
+                    for n in range(p.size):
+                        y = y0 + n
+                        if y < 0 or y >= h:
                             continue
-                        at = base + y * w + x
-                        val = src[at]
-                        if val > best:
-                            best = val
-                            best_at = at
-                at = (plane * out_h + i) * out_w + j
+                        for m in range(p.size):
+                            x = x0 + m
+                            if x < 0 or x >= w:
+                                continue
+                            val = src[base + y * w + x]
+                            if val > best:
+                                best = val
+                                best_at = base + y * w + x
                 dst[at] = best
                 indexes[at] = <int32_t>best_at
 
 
-cdef void _maxpool_train_step(const StepData* d) noexcept nogil:
-    cdef const MaxpoolParams* p = <const MaxpoolParams*>d.params
-    if d.f32:
-        _maxpool_train(<const float*>d.buf[MAXPOOL_X], <float*>d.buf[MAXPOOL_OUT],
-                       <int32_t*>d.buf[MAXPOOL_INDEXES], p)
+ctypedef struct MaxpoolTrainJob:
+    const StepData* d
+    Py_ssize_t span  # planes per part
+
+
+cdef void _maxpool_train_part(void* ctx, int part) noexcept nogil:
+    cdef MaxpoolTrainJob* j = <MaxpoolTrainJob*>ctx
+    cdef const MaxpoolParams* p = <const MaxpoolParams*>j.d.params
+    cdef Py_ssize_t first = part * j.span, last = min(p.planes, first + j.span)
+    if j.d.f32:
+        _maxpool_train_planes(<const float*>j.d.buf[MAXPOOL_X], <float*>j.d.buf[MAXPOOL_OUT],
+                              <int32_t*>j.d.buf[MAXPOOL_INDEXES], p, first, last)
     else:
-        _maxpool_train(<const double*>d.buf[MAXPOOL_X], <double*>d.buf[MAXPOOL_OUT],
-                       <int32_t*>d.buf[MAXPOOL_INDEXES], p)
+        _maxpool_train_planes(<const double*>j.d.buf[MAXPOOL_X],
+                              <double*>j.d.buf[MAXPOOL_OUT],
+                              <int32_t*>j.d.buf[MAXPOOL_INDEXES], p, first, last)
+
+
+cdef void _maxpool_train_step(const StepData* d) noexcept nogil:
+    # Planes are independent: shared out among the executor's threads, whole planes each.
+    cdef const MaxpoolParams* p = <const MaxpoolParams*>d.params
+    cdef MaxpoolTrainJob job
+    cdef Py_ssize_t parts = min(p.planes, <Py_ssize_t>cpu_threads() * 4)
+    if parts < 1:
+        return
+    job.d = d
+    job.span = (p.planes + parts - 1) // parts
+    run_parts(_maxpool_train_part, &job, <int>((p.planes + job.span - 1) // job.span))
 
 
 def _check_indexes(indexes, out, x, str out_name="out") -> None:
