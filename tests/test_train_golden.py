@@ -111,3 +111,77 @@ def test_steps_match_darknet_weights(name, tmp_path):
                 if np.abs(moved).max() > 1e-6 * max(np.abs(target).max(), 1e-30):
                     change = value.astype(np.float64) - previous[layer][pname]
                     assert _rel(change, moved) <= 1e-3, (k, layer, pname, _rel(change, moved))
+
+
+@pytest.mark.parametrize("name", ["micro-v4-sgd", "micro-v4-diou"])
+def test_head_statistics_match_darknet_v5s_line(name):
+    """StepReport.heads hold the last mini-batch's statistics as Darknet V5 prints them."""
+    net, x, truths, index, _ = _case(name)
+    report = net.train_step(x, truths)
+    last = index["steps"][0]["passes"][-1]["yolo"]
+    assert [h.layer for h in report.heads] == [y["layer"] for y in last]
+    for head, want in zip(report.heads, last, strict=True):
+        assert head.count == want["count"]
+        for key in ("avg_iou", "class_loss_per_image", "iou_loss_per_image",
+                    "total_loss_per_image", "cost"):
+            assert abs(head.values[key] - want[key]) <= 1e-4 * max(1.0, abs(want[key])), key
+
+
+def test_classifier_with_darknets_dropout_draws(monkeypatch):
+    """micro-classifier: BN and grouped convolutions, maxpool, global avgpool, [connected]
+    with and without batch norm, [dropout], [softmax] with cross-entropy and [cost] sse. Its
+    dropout draws come from Darknet's OS-seeded generator; they are handed to the dropout
+    step here (the dumped ``dropout_rand`` of each step) instead of the package's stream."""
+    from types import SimpleNamespace
+
+    from darknet_metal.cpu import dropout, fill
+    from darknet_metal.ops import identity
+
+    draws: dict[str, np.ndarray] = {}
+
+    def golden_draws(rand, seed, counter):
+        draws.setdefault("buffer", np.zeros_like(rand))
+        return fill.copy_step(draws["buffer"], rand)
+
+    monkeypatch.setattr(identity, "dropout", SimpleNamespace(
+        uniform_fill_step=golden_draws,
+        dropout_forward_train_step=dropout.dropout_forward_train_step,
+        dropout_backward_step=dropout.dropout_backward_step))
+    case = GOLDEN.load_case(TRAIN / "micro-classifier")
+    index, arrays = case["index"], case["arrays"]
+    folder = TRAIN / "micro-classifier"
+    net = dm.load(folder / index["cfg"], folder / "init.weights")
+    c, h, w = net.input_shape
+    x = arrays["X"].astype(np.float32).reshape(-1, c, h, w)
+    truths = list(arrays["truth"].reshape(x.shape[0], -1))
+    dropout_layer = next(s.index for s in net.layers if s.kind == "dropout")
+
+    def use_draws(step):
+        rand = arrays[f"s{step}_sub0_L{dropout_layer:02d}_dropout_rand"]
+        net._trainer()  # the program (and the draw buffer) exist from here on
+        np.copyto(draws["buffer"], rand.reshape(draws["buffer"].shape))
+
+    use_draws(1)
+    g = net.gradients(x, truths)
+    want_loss = index["steps"][0]["loss"]
+    assert abs(g.loss - want_loss) <= 1e-4 * abs(want_loss)
+    checked = 0
+    for layer, grads in g.params.items():
+        for pname, grad in grads.items():
+            key = f"s1_L{layer:02d}_{NAMES[pname]}"
+            if key in arrays:
+                assert _rel(grad, arrays[key].reshape(grad.shape)) <= 1e-4, (layer, pname)
+                checked += 1
+    assert checked >= 10
+    for k, step in enumerate(index["steps"], start=1):
+        use_draws(k)
+        report = net.train_step(x, truths)
+        assert abs(report.loss - step["loss"]) <= 1e-4 * abs(step["loss"]), (k, report.loss)
+        golden = arrays[step["weights_file"]]
+        for layer, params in net.params.items():
+            if f"L{layer:02d}" not in golden:
+                continue
+            for pname, value in params.items():
+                target = golden[f"L{layer:02d}"][pname].reshape(value.shape)
+                if np.abs(target).max() > 0:
+                    assert _rel(value, target) <= 1e-5, (k, layer, pname, _rel(value, target))
