@@ -151,13 +151,13 @@ class CpuBackend:
                 result.append(loaded.views[t])
         return result
 
-    def training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
-                         keep_deltas: bool = False) -> _LoadedProgram:
-        """One mini-batch of ``batch`` images of a training iteration, bound to ``state``'s
-        arrays and to planned memory: each op's training forward, then the backward from the
-        last layer to ``first_backward``. ``keep_deltas``: every layer's delta stays
-        readable after a run (``views[Tensor(i, "delta")]``)."""
-        program = build_program(
+    def build_training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
+                               keep_deltas: bool = False) -> Program:
+        """The program of one mini-batch of ``batch`` images of a training iteration: each
+        op's training forward, then the backward from the last layer to ``first_backward``
+        (not bound to memory yet). ``keep_deltas``: every layer's delta stays readable after
+        a run."""
+        return build_program(
             self.specs,
             lambda spec, e: spec.emit_cpu_train(e, state.layer(spec.index)),
             batch=batch,
@@ -169,7 +169,13 @@ class CpuBackend:
             first_backward=first_backward,
             keep_deltas=keep_deltas,
         )
-        return _LoadedProgram(program, self.dtype)
+
+    def training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
+                         keep_deltas: bool = False) -> _LoadedProgram:
+        """``build_training_program`` bound to ``state``'s arrays and to planned memory
+        (``views[Tensor(i, "delta")]`` reads a kept delta after a run)."""
+        return _LoadedProgram(self.build_training_program(
+            state, batch, first_backward=first_backward, keep_deltas=keep_deltas), self.dtype)
 
     def close(self) -> None:
         """Frees the planned memory."""

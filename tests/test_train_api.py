@@ -133,3 +133,21 @@ def test_bad_input(tmp_path):
     x[0, 0, 0, 0] = np.nan
     with pytest.raises(ArgumentError, match="NaN"):
         net.train_step(x, truths)
+
+
+def test_a_training_pass_too_large_for_the_machine_names_subdivisions_that_fit(
+        tmp_path, monkeypatch):
+    from darknet_metal.training import trainer
+
+    net = _net(tmp_path, subdivisions=1)
+    x, truths = _batch(net)
+    sizing = trainer.Trainer(_net(tmp_path, subdivisions=1))
+    one, two = (sizing.memory_bytes(sizing.net._backend, m) for m in (1, 2))
+    four = one + 3 * (two - one)
+    assert four > two > one > 0
+    # Room for a pass of 2 images but not of 4 (batch=4, subdivisions=1).
+    monkeypatch.setattr(trainer, "physical_memory", lambda: (two + four) // 2)
+    with pytest.raises(dm.MemoryLimitError, match="subdivisions=2") as info:
+        net.train_step(x, truths)
+    assert info.value.needed > info.value.available
+    assert net.iteration == 0

@@ -20,9 +20,10 @@ import numpy as np
 from darknet_metal.cpu import update as cpu_update
 from darknet_metal.cpu.executor import StepList
 from darknet_metal.cpu.yolo_loss import YOLO_STAT_NAMES, check_truths
-from darknet_metal.errors import ArgumentError, NonFiniteError
+from darknet_metal.errors import ArgumentError, MemoryLimitError, NonFiniteError
+from darknet_metal.memory import format_bytes, physical_memory, plan_memory
 from darknet_metal.params import Params
-from darknet_metal.program import Tensor
+from darknet_metal.program import INPUT, Tensor
 from darknet_metal.training.keys import check_training_keys
 from darknet_metal.training.schedule import learning_rate
 from darknet_metal.training.state import TrainState
@@ -107,12 +108,50 @@ class Trainer:
         if not hasattr(backend, "training_program"):
             raise ArgumentError(f"training on {net.device!r} is not supported yet: use "
                                 "device='cpu'")
+        self._check_memory(backend)
         self.program = backend.training_program(self.state, self.mini_batch,
                                                 first_backward=self.first_backward)
         self._gradient_program: Any = None
         self.lr = np.zeros(1, dtype)
         self.t = np.zeros(1, dtype)
         self._updates: dict[int, StepList] = {}
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def memory_bytes(self, backend: Any, mini_batch: int) -> int:
+        """About how many bytes training needs at ``mini_batch`` images per pass: the
+        planned memory of a pass (outputs, deltas, what the backward keeps, workspaces),
+        the training state (parameters, accumulators, moments) and a mini-batch of input."""
+        program = backend.build_training_program(self.state, mini_batch,
+                                                 first_backward=self.first_backward)
+        planned = sum(plan_memory(program, external={INPUT}).slot_bytes)
+        state = sum(a.nbytes for a in self.state.arrays())
+        c, h, w = self.net.input_shape
+        return planned + state + mini_batch * c * h * w * self.state.dtype.itemsize
+
+    def _check_memory(self, backend: Any) -> None:
+        available = physical_memory()
+        if available is None:
+            return
+        one, two = self.memory_bytes(backend, 1), self.memory_bytes(backend, 2)
+        per_image = two - one
+
+        def needed(m: int) -> int:
+            return one + per_image * (m - 1)
+
+        if needed(self.mini_batch) <= available:
+            return
+        fits = [s for s in range(self.subdivisions, self.batch + 1)
+                if self.batch % s == 0 and needed(self.batch // s) <= available]
+        advice = (f"subdivisions={fits[0]} ({self.batch // fits[0]} images per pass) would "
+                  "fit" if fits else "even one image per pass does not fit: lower width and "
+                  "height")
+        raise MemoryLimitError(
+            f"{self.net.config.path}: a training pass of {self.mini_batch} images "
+            f"(batch={self.batch}, subdivisions={self.subdivisions}) needs about "
+            f"{format_bytes(needed(self.mini_batch))}, more than this machine's "
+            f"{format_bytes(available)}; {advice}",
+            needed=needed(self.mini_batch), available=available)
 
     # -- truths ---------------------------------------------------------------------------
 
