@@ -60,8 +60,7 @@ class SoftmaxOp(LayerSpec):
         super().emit_cpu_train(e, ts)
         if self.values["noloss"]:
             return
-        truth, loss = ts.extra["truth"], ts.extra.setdefault(
-            "loss", np.zeros((e.batch, self.out_size), ts.dtype))
+        truth, loss = ts.extra["truth"], ts.buffer("loss", (e.batch, self.out_size))
         e.host([e.output], [e.own_delta()], lambda r, w: [
             cpu_heads.softmax_cross_entropy_step(_rows(r[0]), truth, _rows(w[0]), loss)])
 
@@ -126,7 +125,7 @@ class YoloOp(LayerSpec):
         super().emit_cpu_train(e, ts)
         v = self.values
         truths = ts.extra["truth"]
-        stats = ts.extra.setdefault("stats", np.zeros(len(yolo_loss.YOLO_STAT_NAMES)))
+        stats = ts.buffer("stats", (len(yolo_loss.YOLO_STAT_NAMES),), np.float64)
         net_w, net_h = ts.net_size
         options = {key: v[key] for key in _LOSS_OPTIONS}
         e.host([e.output], [e.own_delta()], lambda r, w: [yolo_loss.yolo_loss_step(

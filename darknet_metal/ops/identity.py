@@ -44,7 +44,7 @@ class DropoutOp(_Identity):
         # In place on the previous layer's output, as Darknet; the draws are kept for the
         # backward, a fresh set per pass from the layer's seeded counter-based stream.
         p = self.values["probability"]
-        counter = ts.extra.setdefault("draws", np.zeros(1, np.uint64))
+        counter = ts.buffer("draws", (1,), np.uint64)
         rand = e.tensor("rand", e.shape(e.output))
         e.host([e.output], [rand, e.output], lambda r, w: [
             dropout.uniform_fill_step(w[0], ts.seed, counter),
@@ -65,7 +65,7 @@ class CostOp(_Identity):
 
     def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         truth = ts.extra["truth"]
-        errors = ts.extra.setdefault("errors", np.zeros((e.batch, self.out_size), ts.dtype))
+        errors = ts.buffer("errors", (e.batch, self.out_size))
         e.host([e.output], [e.own_delta()], lambda r, w: [
             cpu_heads.cost_sse_step(_rows(r[0]), truth, _rows(w[0]), errors)])
 

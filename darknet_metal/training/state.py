@@ -42,6 +42,17 @@ class LayerTrainState:
     seed: int = 0
     net_size: tuple[int, int] = (0, 0)
 
+    def buffer(self, name: str, shape: tuple[int, ...],
+               dtype: np.dtype | type | None = None) -> np.ndarray:
+        """``extra[name]``, a zeroed array of ``shape`` (the compute dtype unless given),
+        made anew when absent or of another shape (a program for another mini-batch size
+        replaces it; the last one built is what the trainer reads)."""
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        a = self.extra.get(name)
+        if a is None or a.shape != tuple(shape) or a.dtype != dtype:
+            a = self.extra[name] = np.zeros(shape, dtype)
+        return a
+
     def arrays(self) -> list[np.ndarray]:
         """Every array a training step may write."""
         return [*self.values.values(), *self.grads.values(), *self.adam_m.values(),
