@@ -319,6 +319,43 @@ class Network:
         value = arguments.non_negative_int("iteration", value)
         self.header.seen = value * int(self.config.net.values["batch"])
 
+    def resize(self, width: int, height: int) -> Network:
+        """Changes the network's input size to ``width`` x ``height`` pixels, as Darknet's
+        ``random=1`` does between iterations: the parameters, rolling statistics and training
+        state (accumulators, momentum, moments, counters) are kept; programs are rebuilt.
+        Raises ``CfgError`` for a size the layers cannot take and ``ArgumentError`` when a
+        layer's parameters depend on the size (a ``[connected]`` layer); the network is then
+        unchanged. Returns the network."""
+        size = arguments.size_pair("(width, height)", (width, height))
+        with self._running():
+            values = self.config.net.values
+            old = values["width"], values["height"]
+            values["width"], values["height"] = size
+            try:
+                layers = build_layers(self.config)
+                for new, spec in zip(layers, self.layers, strict=True):
+                    if new.param_shapes != spec.param_shapes:
+                        raise ArgumentError(
+                            f"cannot resize to {size[0]}x{size[1]}: the parameters of layer "
+                            f"{spec.index} ({spec.kind}) depend on the input size")
+            except BaseException:
+                values["width"], values["height"] = old
+                raise
+            self.layers = layers
+            itemsize = self.dtype.itemsize
+            self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
+            self._fitting_batches = set()
+            if self._backend_instance is not None:
+                self._backend_instance.close()
+                self._backend_instance = None
+            if self._trainer_instance is not None:
+                from darknet_metal.training.trainer import Trainer
+
+                state = self._trainer_instance.state
+                self._trainer_instance = None
+                self._trainer_instance = Trainer(self, state=state)
+        return self
+
     def learning_rate(self, iteration: int) -> float:
         """The learning rate of the update that makes ``iteration`` (Darknet's
         get_current_rate)."""

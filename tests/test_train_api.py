@@ -151,3 +151,27 @@ def test_a_training_pass_too_large_for_the_machine_names_subdivisions_that_fit(
         net.train_step(x, truths)
     assert info.value.needed > info.value.available
     assert net.iteration == 0
+
+
+def test_resize_keeps_parameters_and_training_state(tmp_path):
+    net = _net(tmp_path, burn_in=0)
+    x, truths = _batch(net)
+    net.train_step(x, truths)
+    buffers = net.gradient_buffers()
+    weights = net.params[0]["weights"].copy()
+    momentum = {i: {n: b.copy() for n, b in p.items()} for i, p in buffers.items()}
+    assert net.resize(96, 160) is net
+    assert net.input_shape == (3, 160, 96)
+    for i, p in net.gradient_buffers().items():
+        for n, b in p.items():
+            assert b is buffers[i][n]
+            np.testing.assert_array_equal(b, momentum[i][n])
+    np.testing.assert_array_equal(net.params[0]["weights"], weights)
+    small = np.random.default_rng(1).random((4, 3, 160, 96), dtype=np.float32)
+    report = net.train_step(small, truths)
+    assert report.iteration == 2 and np.isfinite(report.loss)
+    outs = net.forward(small[:1])
+    assert outs[0].shape[2:] == (160 // 16, 96 // 16)
+    with pytest.raises(dm.CfgError):
+        net.resize(100, 100)
+    assert net.input_shape == (3, 160, 96)

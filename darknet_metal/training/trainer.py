@@ -74,9 +74,10 @@ class Gradients:
 
 
 class Trainer:
-    """Trains ``net`` on its device (the CPU so far). Built by the network on first use."""
+    """Trains ``net`` on its device (the CPU so far). Built by the network on first use;
+    ``state``: the training state to continue with (after ``Network.resize``)."""
 
-    def __init__(self, net: Network, *, seed: int = 0) -> None:
+    def __init__(self, net: Network, *, seed: int = 0, state: TrainState | None = None) -> None:
         values = net.config.net.values
         check_training_keys(net.config)
         self.net = net
@@ -90,7 +91,8 @@ class Trainer:
         self.adam = bool(values["adam"])
         specs = net.layers
         self.specs = specs
-        self.state = TrainState(specs, net.params, net.dtype, adam=self.adam)
+        # A resized network keeps its training state (the parameters do not depend on size).
+        self.state = state or TrainState(specs, net.params, net.dtype, adam=self.adam)
         dtype = self.state.dtype
         c, h, w = net.input_shape
         self.heads = [s.index for s in specs if s.detection_head is not None]
