@@ -164,7 +164,9 @@ class CpuBackend:
             keep=(),
             mode="train",
             itemsize=self.dtype.itemsize,
-            emit_backward=lambda spec, e: spec.emit_cpu_backward(e, state.layer(spec.index)),
+            # Darknet's onlyforward: the layer's backward does not run (nor send gradients on).
+            emit_backward=lambda spec, e: None if spec.values.get("onlyforward")
+            else spec.emit_cpu_backward(e, state.layer(spec.index)),
             clear=_clear,
             first_backward=first_backward,
             keep_deltas=keep_deltas,

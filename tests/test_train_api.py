@@ -175,3 +175,31 @@ def test_resize_keeps_parameters_and_training_state(tmp_path):
     with pytest.raises(dm.CfgError):
         net.resize(100, 100)
     assert net.input_shape == (3, 160, 96)
+
+
+def _edit_layer(text: str, layer: int, line: str) -> str:
+    """``line`` added to the ``layer``-th layer section (0-based, after [net])."""
+    parts = text.split("\n[")
+    net = next(i for i, part in enumerate(parts) if part.startswith("net]"))
+    at = net + 1 + layer
+    parts[at] = parts[at].replace("]\n", "]\n" + line + "\n", 1)
+    return "\n[".join(parts)
+
+
+@pytest.mark.parametrize(("key", "frozen"), [("stopbackward", range(0, 5)),
+                                             ("onlyforward", [4])])
+def test_stopbackward_and_onlyforward_stop_gradients(tmp_path, key, frozen):
+    text = (CASE / "micro-v4-sgd.cfg").read_text()
+    path = tmp_path / "frozen.cfg"
+    path.write_text(_edit_layer(text, 4, f"{key}=1"))
+    net = dm.load(path, CASE / "init.weights")
+    reference = dm.load(CASE / "micro-v4-sgd.cfg", CASE / "init.weights")
+    x, truths = _batch(net)
+    got, full = net.gradients(x, truths), reference.gradients(x, truths)
+    assert net.layers[4].kind == "convolutional"
+    for layer, grads in got.params.items():
+        for name, g in grads.items():
+            if layer in frozen:
+                assert not g.any(), (layer, name)
+            elif layer > 4:
+                np.testing.assert_array_equal(g, full.params[layer][name])

@@ -28,11 +28,19 @@ if TYPE_CHECKING:
 _NORMALIZATION = {"none": 0, "relu": 1, "softmax": 2}
 
 
-def _input_deltas(e: LayerEmitter) -> list[Tensor]:
-    """The deltas of the layer's inputs for its backward to add into; an input that gets no
-    gradient (the network input) gets a scratch tensor the step writes and nothing reads."""
-    return [e.input_delta(k) or e.tensor(f"unused_gradient_{k}", e.shape(source))
-            for k, source in enumerate(e.inputs)]
+def _input_deltas(e: LayerEmitter) -> tuple[list[Tensor], list[Tensor]]:
+    """The deltas of the layer's inputs for its backward to add into, and those of them the
+    step reads (adds to): an input that gets no gradient (below the first trained layer, or
+    the network input) gets a scratch tensor the step writes and nothing reads."""
+    deltas, read = [], []
+    for k, source in enumerate(e.inputs):
+        delta = e.input_delta(k)
+        if delta is None:
+            deltas.append(e.tensor(f"unused_gradient_{k}", e.shape(source)))
+        else:
+            deltas.append(delta)
+            read.append(delta)
+    return deltas, read
 
 
 def _describe_from(spec: LayerSpec) -> str:
@@ -118,9 +126,9 @@ class ShortcutOp(LayerSpec):
         emit_cpu_activation_gradient(e, self.activation,
                                      Tensor(self.index, "activation_input"))
         weights, weight_grad = ts.values.get("weights"), ts.grads.get("weights")
-        grads = _input_deltas(e)
+        grads, read = _input_deltas(e)
         n = len(e.inputs)
-        e.host([e.delta, *e.inputs, *grads], grads, lambda r, w: cpu_combine.shortcut_backward_step(
+        e.host([e.delta, *e.inputs, *read], grads, lambda r, w: cpu_combine.shortcut_backward_step(
             r[0], r[1], r[2:n + 1], weights, v["weights_type"], v["weights_normalization"],
             w[0], w[1:], weight_grad))
 
@@ -182,8 +190,8 @@ class ScaleChannelsOp(LayerSpec):
         scale_wh = self.values["scale_wh"]
         emit_cpu_activation_gradient(e, self.activation,
                                      Tensor(self.index, "activation_input"))
-        grads = _input_deltas(e)
-        e.host([e.delta, *e.inputs, *grads], grads, lambda r, w: [
+        grads, read = _input_deltas(e)
+        e.host([e.delta, *e.inputs, *read], grads, lambda r, w: [
             cpu_combine.scale_channels_backward_step(r[0], r[2], r[1], w[1], w[0], scale_wh)])
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
@@ -230,8 +238,8 @@ class SamOp(LayerSpec):
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         emit_cpu_activation_gradient(e, self.activation,
                                      Tensor(self.index, "activation_input"))
-        grads = _input_deltas(e)
-        e.host([e.delta, *e.inputs, *grads], grads, lambda r, w: [
+        grads, read = _input_deltas(e)
+        e.host([e.delta, *e.inputs, *read], grads, lambda r, w: [
             cpu_combine.sam_backward_step(r[0], r[2], r[1], w[1], w[0])])
 
     def emit_device_forward(self, e: LayerEmitter) -> None:

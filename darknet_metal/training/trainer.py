@@ -358,11 +358,12 @@ class Trainer:
 
 
 def _first_backward(specs: Sequence) -> int:
-    """Darknet's ``stopbackward``: no backward below the last layer that sets it."""
+    """Darknet's ``stopbackward``: its backward loop stops at the last layer that sets it,
+    before running that layer's backward."""
     first = 0
     for spec in specs:
         if spec.values.get("stopbackward"):
-            first = spec.index
+            first = spec.index + 1
     return first
 
 
