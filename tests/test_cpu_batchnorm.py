@@ -250,3 +250,14 @@ def test_backward_rejects_bad_arguments():
              vec(), vec())
     with pytest.raises(ArgumentError, match="eps must be finite"):
         step(delta, x, mean, var, x_norm, scale, vec(), vec(), float("nan"))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_recomputed_normalisation_is_the_forwards_bit_for_bit(dtype):
+    x, scale, bias = make(SHAPES[0], dtype)
+    mean, var, x_norm, _ = run_forward(x, scale, bias)
+    again = np.full_like(x_norm, np.nan)
+    bn.batchnorm_normalized_step(x, mean, var, again).run()
+    assert np.array_equal(again, x_norm)
+    with pytest.raises(ArgumentError, match="x_norm"):
+        bn.batchnorm_normalized_step(x, mean, var, x)

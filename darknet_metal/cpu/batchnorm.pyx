@@ -157,10 +157,15 @@ cdef void _normalize(const floating* x, const floating* mean, const floating* va
                      const floating* bias, const BatchnormParams* p,
                      Py_ssize_t c) noexcept nogil:
     cdef Py_ssize_t b, i, at
-    cdef floating m = mean[c], s = scale[c], beta = bias[c], value
+    cdef floating m = mean[c], value
+    cdef floating s = scale[c] if scale != NULL else 0, beta = bias[c] if bias != NULL else 0
     cdef floating sd = <floating>sqrt(<double>(variance[c] + <floating>p.eps))
     for b in range(p.batch):
         at = (b * p.channels + c) * p.spatial
+        if out == NULL:
+            for i in range(at, at + p.spatial):
+                x_norm[i] = (x[i] - m) / sd
+            continue
         for i in range(at, at + p.spatial):
             # x is read before out is written: out may be x.
             value = (x[i] - m) / sd
@@ -362,6 +367,24 @@ cdef void _backward_channel(const StepData* d, Py_ssize_t c) noexcept nogil:
 
 cdef void _backward_step(const StepData* d) noexcept nogil:
     _each_channel(d, _backward_channel)
+
+
+def batchnorm_normalized_step(x, mean, variance, x_norm, double eps=EPS) -> NativeStep:
+    """``x_norm = (x - mean)/sqrt(variance + eps)`` per channel: what the forward's
+    normalisation step wrote, bit for bit, recomputed from what it read (a training pass
+    keeps x, mean and variance for the backward instead of x_norm too).
+
+    x, x_norm: (N, C, H, W) or (N, C); mean, variance: (C,), the forward's; one dtype;
+    x_norm shares memory with none of the others.
+    """
+    _check_x(x, "x")
+    check_like("x_norm", x_norm, x, "x")
+    check_input("x_norm", x_norm, (x.ndim,), writable=True)
+    _check_vectors(x, "x", (("mean", mean), ("variance", variance)), False)
+    _check_scalars(eps)
+    _check_apart((("x_norm", x_norm),), (("x", x), ("mean", mean), ("variance", variance)))
+    return _bn_step(_normalize_step, "batchnorm_normalized",
+                    (x, mean, variance, x_norm, None, None, None), x, 0.0, eps, False)
 
 
 def batchnorm_backward_step(delta, x_raw, mean, variance, x_norm, scale, scale_grad,

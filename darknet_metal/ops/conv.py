@@ -95,10 +95,16 @@ def emit_bias_gradient(e: LayerEmitter, ts: LayerTrainState, flat: bool = False)
         e.host([e.delta], [], lambda r, w: [cpu_conv.bias_grad_step(shape(r[0]), bias_grad)])
         return
     layer = e.spec.index
-    saved = [Tensor(layer, role) for role in ("raw", "mean", "variance", "x_norm")]
+    saved = [Tensor(layer, role) for role in ("raw", "mean", "variance")]
+    # The normalised values are recomputed (the same bits) rather than kept from the
+    # forward: one tensor less alive through the pass per batch-norm layer.
+    x_norm = e.tensor("x_norm_again", e.shape(saved[0]))
+    e.host(saved, [x_norm], lambda r, w: [cpu_batchnorm.batchnorm_normalized_step(
+        shape(r[0]), r[1], r[2], shape(w[0]))])
     scales, scale_grad = ts.values["scales"], ts.grads["scales"]
-    e.host([e.delta, *saved], [e.delta], lambda r, w: [cpu_batchnorm.batchnorm_backward_step(
-        shape(w[0]), shape(r[1]), r[2], r[3], shape(r[4]), scales, scale_grad, bias_grad)])
+    e.host([e.delta, *saved, x_norm], [e.delta], lambda r, w: [
+        cpu_batchnorm.batchnorm_backward_step(shape(w[0]), shape(r[1]), r[2], r[3],
+                                              shape(r[4]), scales, scale_grad, bias_grad)])
 
 
 class _Gemm(LayerSpec):
