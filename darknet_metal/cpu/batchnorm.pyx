@@ -64,6 +64,10 @@ cdef struct BatchnormParams:
     bint exact
 
 
+# Channels whose statistics one call sums side by side.
+cdef enum:
+    GROUP = 4
+
 # Least values (batch*channels*spatial) whose channels are shared out among the threads.
 cdef Py_ssize_t SPLIT_VALUES = 1 << 16
 
@@ -72,25 +76,27 @@ ctypedef void (*ChannelFn)(const StepData* d, Py_ssize_t c) noexcept nogil
 ctypedef struct ChannelJob:
     const StepData* d
     ChannelFn fn
+    Py_ssize_t group
 
 
 cdef void _channel_part(void* ctx, int part) noexcept nogil:
     cdef ChannelJob* j = <ChannelJob*>ctx
-    j.fn(j.d, part)
+    j.fn(j.d, part * j.group)
 
 
-cdef void _each_channel(const StepData* d, ChannelFn fn) noexcept nogil:
-    """fn(d, c) for every channel: on the threads when the layer is big enough (channels
-    are independent, each computed whole by one thread)."""
+cdef void _each_channel(const StepData* d, ChannelFn fn, Py_ssize_t group=1) noexcept nogil:
+    """fn(d, c) for c = 0, group, 2*group, ...: each call does channels c .. c+group-1 (those
+    that exist); on the threads when the layer is big enough (channels are independent, each
+    computed whole by one thread)."""
     cdef const BatchnormParams* p = <const BatchnormParams*>d.params
     cdef ChannelJob job
-    cdef Py_ssize_t c
-    if cpu_threads() > 1 and p.batch * p.channels * p.spatial >= SPLIT_VALUES:
-        job.d, job.fn = d, fn
-        run_parts(_channel_part, &job, <int>p.channels)
+    cdef Py_ssize_t c, parts = (p.channels + group - 1) // group
+    job.d, job.fn, job.group = d, fn, group
+    if cpu_threads() > 1 and parts > 1 and p.batch * p.channels * p.spatial >= SPLIT_VALUES:
+        run_parts(_channel_part, &job, <int>parts)
     else:
-        for c in range(p.channels):
-            fn(d, c)
+        for c in range(parts):
+            fn(d, c * group)
 
 
 # ----------------------------------------------------------------------------------------
@@ -107,32 +113,47 @@ cdef enum:  # buffer roles of the normalisation step
 cdef void _stats(const floating* x, floating* mean, floating* variance,
                  floating* rolling_mean, floating* rolling_variance,
                  const BatchnormParams* p, Py_ssize_t c) noexcept nogil:
-    cdef Py_ssize_t n = p.batch * p.spatial, b, i
-    cdef const floating* row
-    cdef floating total = 0, m, v, dev
+    # Channels c .. c+GROUP-1 side by side: each keeps Darknet's serial float sum (the order
+    # matters: some of these sums cancel), and GROUP of them in flight at once hide the
+    # latency of each add. Lanes past the last channel repeat channel c and are dropped.
+    cdef Py_ssize_t n = p.batch * p.spatial, b, i, k
+    cdef Py_ssize_t count = min(<Py_ssize_t>GROUP, p.channels - c)
+    cdef const floating* rows[GROUP]
+    cdef floating total[GROUP]
+    cdef floating m[GROUP]
+    cdef floating v, dev
     cdef floating keep = <floating>p.momentum, take = <floating>(1.0 - p.momentum)
+    for k in range(GROUP):
+        total[k] = 0
     for b in range(p.batch):
-        row = x + (b * p.channels + c) * p.spatial
+        for k in range(GROUP):
+            rows[k] = x + (b * p.channels + c + (k if k < count else 0)) * p.spatial
         for i in range(p.spatial):
-            total = total + row[i]
-    m = total * <floating>(1.0 / n)
-    total = 0
+            for k in range(GROUP):
+                total[k] = total[k] + rows[k][i]
+    for k in range(GROUP):
+        m[k] = total[k] * <floating>(1.0 / n)
+        total[k] = 0
     for b in range(p.batch):
-        row = x + (b * p.channels + c) * p.spatial
+        for k in range(GROUP):
+            rows[k] = x + (b * p.channels + c + (k if k < count else 0)) * p.spatial
         for i in range(p.spatial):
-            dev = row[i] - m
-            if floating is float:
-                # Darknet adds pow(dev, 2), a double, to its float sum: one rounding a term.
-                total = <float>(<double>total + <double>dev * <double>dev)
-            else:
-                total = total + dev * dev
-    v = total * <floating>(1.0 / (n - 1))
-    mean[c] = m
-    variance[c] = v
-    rolling_mean[c] = rolling_mean[c] * keep
-    rolling_mean[c] = rolling_mean[c] + take * m
-    rolling_variance[c] = rolling_variance[c] * keep
-    rolling_variance[c] = rolling_variance[c] + take * v
+            for k in range(GROUP):
+                dev = rows[k][i] - m[k]
+                if floating is float:
+                    # Darknet adds pow(dev, 2), a double, to its float sum: one rounding a
+                    # term.
+                    total[k] = <float>(<double>total[k] + <double>dev * <double>dev)
+                else:
+                    total[k] = total[k] + dev * dev
+    for k in range(count):
+        v = total[k] * <floating>(1.0 / (n - 1))
+        mean[c + k] = m[k]
+        variance[c + k] = v
+        rolling_mean[c + k] = rolling_mean[c + k] * keep
+        rolling_mean[c + k] = rolling_mean[c + k] + take * m[k]
+        rolling_variance[c + k] = rolling_variance[c + k] * keep
+        rolling_variance[c + k] = rolling_variance[c + k] + take * v
 
 
 cdef void _stats_channel(const StepData* d, Py_ssize_t c) noexcept nogil:
@@ -148,7 +169,7 @@ cdef void _stats_channel(const StepData* d, Py_ssize_t c) noexcept nogil:
 
 
 cdef void _stats_step(const StepData* d) noexcept nogil:
-    _each_channel(d, _stats_channel)
+    _each_channel(d, _stats_channel, GROUP)
 
 
 @cython.cdivision(True)
@@ -311,44 +332,83 @@ cdef void _backward(floating* delta, const floating* x, const floating* mean,
                     const floating* variance, const floating* x_norm, const floating* scale,
                     floating* scale_grad, floating* bias_grad, const BatchnormParams* p,
                     Py_ssize_t c) noexcept nogil:
-    cdef Py_ssize_t n = p.batch * p.spatial, b, i, at
-    cdef floating total, scale_sum = 0, mean_sum = 0, var_sum = 0
-    cdef floating s = scale[c], m = mean[c], v = variance[c], eps = <floating>p.eps
-    cdef floating mean_delta, var_delta
+    # Channels c .. c+GROUP-1 side by side, each sum in Darknet's serial float order (see
+    # _stats); lanes past the last channel repeat channel c on a scratch row and are dropped.
+    cdef Py_ssize_t n = p.batch * p.spatial, b, i, k, at
+    cdef Py_ssize_t count = min(<Py_ssize_t>GROUP, p.channels - c)
+    cdef floating total[GROUP]
+    cdef floating scale_sum[GROUP]
+    cdef floating mean_sum[GROUP]
+    cdef floating var_sum[GROUP]
+    cdef const floating* rows[GROUP]
+    cdef const floating* norms[GROUP]
+    cdef floating* deltas[GROUP]
+    cdef floating s[GROUP]
+    cdef floating m[GROUP]
+    cdef floating eps = <floating>p.eps
+    cdef floating mean_delta, var_delta, v
     cdef double den, var_den
+    for k in range(GROUP):
+        scale_sum[k] = 0
+        mean_sum[k] = 0
+        var_sum[k] = 0
+        s[k] = scale[c + (k if k < count else 0)]
+        m[k] = mean[c + (k if k < count else 0)]
     # bias_grad as Darknet's backward_bias adds it: one sum per image.
     for b in range(p.batch):
-        at = (b * p.channels + c) * p.spatial
-        total = 0
-        for i in range(at, at + p.spatial):
-            total = total + delta[i]
-        bias_grad[c] = bias_grad[c] + total
+        for k in range(GROUP):
+            at = (b * p.channels + c + (k if k < count else 0)) * p.spatial
+            deltas[k] = delta + at
+            norms[k] = x_norm + at
+            total[k] = 0
+        for i in range(p.spatial):
+            for k in range(GROUP):
+                total[k] = total[k] + deltas[k][i]
+        for k in range(count):
+            bias_grad[c + k] = bias_grad[c + k] + total[k]
     for b in range(p.batch):
-        at = (b * p.channels + c) * p.spatial
-        for i in range(at, at + p.spatial):
-            scale_sum = scale_sum + delta[i] * x_norm[i]
-    scale_grad[c] = scale_grad[c] + scale_sum
+        for k in range(GROUP):
+            at = (b * p.channels + c + (k if k < count else 0)) * p.spatial
+            deltas[k] = delta + at
+            norms[k] = x_norm + at
+        for i in range(p.spatial):
+            for k in range(GROUP):
+                scale_sum[k] = scale_sum[k] + deltas[k][i] * norms[k][i]
+    for k in range(count):
+        scale_grad[c + k] = scale_grad[c + k] + scale_sum[k]
+    # Scaling delta in place cannot run on the repeated lanes (they would scale channel c
+    # again): the real channels first, then the sums side by side.
+    for k in range(count):
+        for b in range(p.batch):
+            at = (b * p.channels + c + k) * p.spatial
+            for i in range(at, at + p.spatial):
+                delta[i] = delta[i] * s[k]
     for b in range(p.batch):
-        at = (b * p.channels + c) * p.spatial
-        for i in range(at, at + p.spatial):
-            delta[i] = delta[i] * s
-            mean_sum = mean_sum + delta[i]
-            var_sum = var_sum + delta[i] * (x[i] - m)
-    mean_delta = <floating>(mean_sum * (-1.0 / sqrt(<double>(v + eps))))
-    var_delta = <floating>(var_sum * (-0.5 * pow(<double>(v + eps), -1.5)))
-    if p.exact:
-        den = sqrt(<double>(v + eps))
-        var_den = <double>(n - 1)
-    else:
-        # Darknet's normalize_delta_cpu: eps outside the root, the variance term over N.
-        den = sqrt(<double>v) + <double>eps
-        var_den = <double>n
-    for b in range(p.batch):
-        at = (b * p.channels + c) * p.spatial
-        for i in range(at, at + p.spatial):
-            delta[i] = <floating>(delta[i] / den
-                                  + var_delta * 2.0 * <double>(x[i] - m) / var_den
-                                  + mean_delta / <floating>n)
+        for k in range(GROUP):
+            at = (b * p.channels + c + (k if k < count else 0)) * p.spatial
+            deltas[k] = delta + at
+            rows[k] = x + at
+        for i in range(p.spatial):
+            for k in range(GROUP):
+                mean_sum[k] = mean_sum[k] + deltas[k][i]
+                var_sum[k] = var_sum[k] + deltas[k][i] * (rows[k][i] - m[k])
+    for k in range(count):
+        v = variance[c + k]
+        mean_delta = <floating>(mean_sum[k] * (-1.0 / sqrt(<double>(v + eps))))
+        var_delta = <floating>(var_sum[k] * (-0.5 * pow(<double>(v + eps), -1.5)))
+        if p.exact:
+            den = sqrt(<double>(v + eps))
+            var_den = <double>(n - 1)
+        else:
+            # Darknet's normalize_delta_cpu: eps outside the root, the variance term over N.
+            den = sqrt(<double>v) + <double>eps
+            var_den = <double>n
+        for b in range(p.batch):
+            at = (b * p.channels + c + k) * p.spatial
+            for i in range(at, at + p.spatial):
+                delta[i] = <floating>(delta[i] / den
+                                      + var_delta * 2.0 * <double>(x[i] - m[k]) / var_den
+                                      + mean_delta / <floating>n)
 
 
 cdef void _backward_channel(const StepData* d, Py_ssize_t c) noexcept nogil:
@@ -366,7 +426,7 @@ cdef void _backward_channel(const StepData* d, Py_ssize_t c) noexcept nogil:
 
 
 cdef void _backward_step(const StepData* d) noexcept nogil:
-    _each_channel(d, _backward_channel)
+    _each_channel(d, _backward_channel, GROUP)
 
 
 def batchnorm_normalized_step(x, mean, variance, x_norm, double eps=EPS) -> NativeStep:
