@@ -110,6 +110,15 @@ cdef enum:  # buffer roles of the normalisation step
 
 
 @cython.cdivision(True)
+cdef inline void _lanes(const floating* base, const BatchnormParams* p, Py_ssize_t b,
+                        Py_ssize_t c, Py_ssize_t count, const floating** rows) noexcept nogil:
+    """rows[k]: where image b's values of channel c+k start in base, for each of the GROUP
+    lanes (lanes past the last of the count channels repeat channel c)."""
+    cdef Py_ssize_t k
+    for k in range(GROUP):
+        rows[k] = base + (b * p.channels + c + (k if k < count else 0)) * p.spatial
+
+
 cdef void _stats(const floating* x, floating* mean, floating* variance,
                  floating* rolling_mean, floating* rolling_variance,
                  const BatchnormParams* p, Py_ssize_t c) noexcept nogil:
@@ -126,8 +135,7 @@ cdef void _stats(const floating* x, floating* mean, floating* variance,
     for k in range(GROUP):
         total[k] = 0
     for b in range(p.batch):
-        for k in range(GROUP):
-            rows[k] = x + (b * p.channels + c + (k if k < count else 0)) * p.spatial
+        _lanes(x, p, b, c, count, rows)
         for i in range(p.spatial):
             for k in range(GROUP):
                 total[k] = total[k] + rows[k][i]
@@ -135,8 +143,7 @@ cdef void _stats(const floating* x, floating* mean, floating* variance,
         m[k] = total[k] * <floating>(1.0 / n)
         total[k] = 0
     for b in range(p.batch):
-        for k in range(GROUP):
-            rows[k] = x + (b * p.channels + c + (k if k < count else 0)) * p.spatial
+        _lanes(x, p, b, c, count, rows)
         for i in range(p.spatial):
             for k in range(GROUP):
                 dev = rows[k][i] - m[k]
@@ -342,7 +349,7 @@ cdef void _backward(floating* delta, const floating* x, const floating* mean,
     cdef floating var_sum[GROUP]
     cdef const floating* rows[GROUP]
     cdef const floating* norms[GROUP]
-    cdef floating* deltas[GROUP]
+    cdef const floating* deltas[GROUP]
     cdef floating s[GROUP]
     cdef floating m[GROUP]
     cdef floating eps = <floating>p.eps
@@ -356,10 +363,8 @@ cdef void _backward(floating* delta, const floating* x, const floating* mean,
         m[k] = mean[c + (k if k < count else 0)]
     # bias_grad as Darknet's backward_bias adds it: one sum per image.
     for b in range(p.batch):
+        _lanes(delta, p, b, c, count, deltas)
         for k in range(GROUP):
-            at = (b * p.channels + c + (k if k < count else 0)) * p.spatial
-            deltas[k] = delta + at
-            norms[k] = x_norm + at
             total[k] = 0
         for i in range(p.spatial):
             for k in range(GROUP):
@@ -367,10 +372,8 @@ cdef void _backward(floating* delta, const floating* x, const floating* mean,
         for k in range(count):
             bias_grad[c + k] = bias_grad[c + k] + total[k]
     for b in range(p.batch):
-        for k in range(GROUP):
-            at = (b * p.channels + c + (k if k < count else 0)) * p.spatial
-            deltas[k] = delta + at
-            norms[k] = x_norm + at
+        _lanes(delta, p, b, c, count, deltas)
+        _lanes(x_norm, p, b, c, count, norms)
         for i in range(p.spatial):
             for k in range(GROUP):
                 scale_sum[k] = scale_sum[k] + deltas[k][i] * norms[k][i]
@@ -384,10 +387,8 @@ cdef void _backward(floating* delta, const floating* x, const floating* mean,
             for i in range(at, at + p.spatial):
                 delta[i] = delta[i] * s[k]
     for b in range(p.batch):
-        for k in range(GROUP):
-            at = (b * p.channels + c + (k if k < count else 0)) * p.spatial
-            deltas[k] = delta + at
-            rows[k] = x + at
+        _lanes(delta, p, b, c, count, deltas)
+        _lanes(x, p, b, c, count, rows)
         for i in range(p.spatial):
             for k in range(GROUP):
                 mean_sum[k] = mean_sum[k] + deltas[k][i]
