@@ -213,7 +213,14 @@ class ConvolutionalOp(_Gemm):
         if self.uses_winograd:
             return winograd.workspace_size(self.in_shape[0], self.out_shape[0],
                                            *self.out_shape[1:])
+        return self._im2col_workspace()
+
+    def _im2col_workspace(self) -> int:
+        """Elements of im2col columns the convolution unfolds (0 for a plain 1x1, which
+        multiplies its input planes as they are)."""
         v = self.values
+        if (v["size"], v["stride_x"], v["stride_y"], v["padding"]) == (1, 1, 1, 0):
+            return 0
         return cpu_conv.workspace_size(self.in_shape[0], v["size"], v["groups"],
                                        self.out_shape[1], self.out_shape[2])
 
@@ -246,9 +253,7 @@ class ConvolutionalOp(_Gemm):
         weights, biases = ts.values["weights"], ts.values["biases"]
         pre = activation_input(e, act)
         # im2col + GEMM as Darknet trains (not Winograd, whose rounding differs).
-        v = self.values
-        workspace = e.tensor("workspace", (max(1, cpu_conv.workspace_size(
-            self.in_shape[0], v["size"], v["groups"], *self.out_shape[1:])),))
+        workspace = e.tensor("workspace", (max(1, self._im2col_workspace()),))
         if "scales" not in ts.values:
             e.host([e.inputs[0]], [pre, workspace], lambda r, w: [cpu_conv.conv2d_step(
                 r[0], weights, biases, w[0], w[1], *geo, LINEAR)])
