@@ -3,7 +3,7 @@ references, accumulation, dtypes, determinism and argument checks."""
 
 import numpy as np
 import pytest
-from numeric_gradients import central_difference, relative_error
+from grad_check import numeric_grad, rel_err
 
 from darknet_metal.activations import ACTIVATION_ID
 from darknet_metal.cpu import batchnorm as bn
@@ -88,8 +88,8 @@ def test_conv_gradients_match_finite_differences(geometry):
     xgrad = np.zeros_like(x)
     conv.conv2d_backward_input(wt, delta, xgrad, ws, *geom)
     # The loss is linear in x and in the weights: the differences are exact but for rounding.
-    assert relative_error(wgrad, central_difference(loss, wt, 1e-3)) < 1e-9
-    assert relative_error(xgrad, central_difference(loss, x, 1e-3)) < 1e-9
+    assert rel_err(wgrad, numeric_grad(loss, wt, 1e-3)) < 1e-9
+    assert rel_err(xgrad, numeric_grad(loss, x, 1e-3)) < 1e-9
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES)
@@ -104,8 +104,8 @@ def test_conv_gradients_accumulate_and_match_numpy(geometry, dtype):
     conv.conv2d_backward_weights(x, delta, wgrad, ws, *geom)
     conv.conv2d_backward_input(wt, delta, xgrad, ws, *geom)
     tol = 1e-5 if dtype == np.float32 else 1e-13
-    assert relative_error(wgrad - wgrad0, ref_w) < tol
-    assert relative_error(xgrad - xgrad0, ref_x) < tol
+    assert rel_err(wgrad - wgrad0, ref_w) < tol
+    assert rel_err(xgrad - xgrad0, ref_x) < tol
 
 
 # Wide rows of many channels: the backward unfolds one output row a block, the last
@@ -130,8 +130,8 @@ def test_conv_gradients_in_row_blocks(geometry):
         conv.conv2d_backward_weights(x, delta, wgrad, ws, *geom)
         conv.conv2d_backward_input(wt, delta, xgrad, ws, *geom)
         tol = 1e-5 if dtype == np.float32 else 1e-12
-        assert relative_error(wgrad, ref_w) < tol
-        assert relative_error(xgrad, ref_x) < tol
+        assert rel_err(wgrad, ref_w) < tol
+        assert rel_err(xgrad, ref_x) < tol
         results.append((wgrad, xgrad))
     # float32 twice: bit-identical.
     for a, b in zip(results[1], results[2], strict=True):
@@ -151,7 +151,7 @@ def test_conv_backward_accepts_the_forward_workspace_and_none_for_1x1():
     x, wt, delta, _, geom = make_case((2, 4, 5, 3, 6, 1, 1, 1, 0, 1, 2), np.float64)
     xgrad = np.zeros_like(x)
     conv.conv2d_backward_input(wt, delta, xgrad, None, *geom)
-    assert relative_error(xgrad, reference_grads(x, wt, delta, *geom)[1]) < 1e-13
+    assert rel_err(xgrad, reference_grads(x, wt, delta, *geom)[1]) < 1e-13
 
 
 def test_conv_backward_steps_bind_and_rerun():
@@ -236,7 +236,7 @@ def test_bias_grad_sums_over_images_and_pixels(shape, dtype):
     conv.bias_grad(delta, grad)
     axes = (0, 2, 3) if len(shape) == 4 else (0,)
     want = start.astype(np.float64) + delta.astype(np.float64).sum(axis=axes)
-    assert relative_error(grad, want) < (1e-6 if dtype == np.float32 else 1e-14)
+    assert rel_err(grad, want) < (1e-6 if dtype == np.float32 else 1e-14)
 
 
 def test_bias_grad_rejects_bad_arguments():
@@ -268,8 +268,8 @@ def test_connected_gradients_match_finite_differences():
 
     wgrad, xgrad = np.zeros_like(wt), np.zeros_like(x)
     conv.connected_backward(x, wt, delta, wgrad, xgrad)
-    assert relative_error(wgrad, central_difference(loss, wt, 1e-3)) < 1e-9
-    assert relative_error(xgrad, central_difference(loss, x, 1e-3)) < 1e-9
+    assert rel_err(wgrad, numeric_grad(loss, wt, 1e-3)) < 1e-9
+    assert rel_err(xgrad, numeric_grad(loss, x, 1e-3)) < 1e-9
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -282,11 +282,11 @@ def test_connected_gradients_accumulate(dtype):
     conv.connected_backward(x, wt, delta, wgrad, xgrad)
     x64, w64, d64 = (a.astype(np.float64) for a in (x, wt, delta))
     tol = 1e-5 if dtype == np.float32 else 1e-14
-    assert relative_error(wgrad - wgrad0, d64.T @ x64) < tol
-    assert relative_error(xgrad - xgrad0, d64 @ w64) < tol
+    assert rel_err(wgrad - wgrad0, d64.T @ x64) < tol
+    assert rel_err(xgrad - xgrad0, d64 @ w64) < tol
     # Without an input delta only the weights' gradient is taken.
     conv.connected_backward(x, wt, delta, wgrad, None)
-    assert relative_error(wgrad - wgrad0, 2 * d64.T @ x64) < tol
+    assert rel_err(wgrad - wgrad0, 2 * d64.T @ x64) < tol
 
 
 def test_connected_backward_rejects_bad_arguments():

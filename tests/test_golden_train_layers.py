@@ -18,7 +18,7 @@ import importlib.util
 
 import numpy as np
 import pytest
-from numeric_gradients import relative_l2
+from grad_check import rel_l2
 from shared_paths import SHARED
 
 from darknet_metal.cpu import activations, conv
@@ -91,7 +91,7 @@ class Layer:
 
     def check(self, label, got, want):
         self.errors[label] = max(self.errors.get(label, 0.0),
-                                 relative_l2(got, np.reshape(want, got.shape)))
+                                 rel_l2(got, np.reshape(want, got.shape)))
 
     def normalize_activate(self, sub, raw, momentum):
         """Batch norm (or the bias) and the activation of the raw output: (pre, post, bn
