@@ -99,13 +99,10 @@ cdef struct AddParams:
 
 cdef void _add(const floating* src, floating* dst, const AddParams* p) noexcept nogil:
     cdef Py_ssize_t i
+    # scale in the dtype (Darknet's float l.scale); 1.0*x is x exactly.
     cdef floating scale = <floating>p.scale
-    if p.scale == 1.0:
-        for i in range(p.n):
-            dst[i] = dst[i] + src[i]
-    else:
-        for i in range(p.n):
-            dst[i] = dst[i] + scale * src[i]
+    for i in range(p.n):
+        dst[i] = dst[i] + scale * src[i]
 
 
 cdef void _add_step(const StepData* d) noexcept nogil:

@@ -32,6 +32,7 @@ import numpy as np
 
 from darknet_metal.errors import ArgumentError
 from darknet_metal.cpu.checks import check_disjoint, check_input, check_out, check_shaped_like
+from darknet_metal.cpu.fill import add_step
 
 
 # ----------------------------------------------------------------------------------------
@@ -194,31 +195,8 @@ def cost_sse(pred, truth, delta, out) -> None:
     cost_sse_step(pred, truth, delta, out).run()
 
 
-cdef enum:  # buffer roles
-    ADD_DELTA, ADD_X_GRAD
-
-cdef struct AddDeltaParams:
-    Py_ssize_t n  # elements
-    double scale
-
-
-cdef void _add_delta(const floating* delta, floating* x_grad,
-                     const AddDeltaParams* p) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef floating scale = <floating>p.scale
-    for i in range(p.n):
-        x_grad[i] = x_grad[i] + scale * delta[i]
-
-
-cdef void _add_delta_step(const StepData* d) noexcept nogil:
-    cdef const AddDeltaParams* p = <const AddDeltaParams*>d.params
-    if d.f32:
-        _add_delta(<const float*>d.buf[ADD_DELTA], <float*>d.buf[ADD_X_GRAD], p)
-    else:
-        _add_delta(<const double*>d.buf[ADD_DELTA], <double*>d.buf[ADD_X_GRAD], p)
-
-
-cdef NativeStep _add_delta_new(str kind, delta, x_grad, double scale):
+def _add_into(delta, x_grad, double scale) -> NativeStep:
+    # x_grad may be shaped otherwise (N, C, H, W) than delta (N, F): same batch and size.
     check_input("delta", delta, (2, 4))
     check_input("x_grad", x_grad, (2, 4), delta, like_name="delta", writable=True)
     if x_grad.shape[0] != delta.shape[0] or x_grad.size != delta.size:
@@ -227,13 +205,8 @@ cdef NativeStep _add_delta_new(str kind, delta, x_grad, double scale):
     if not np.isfinite(scale):
         raise ArgumentError(f"scale must be finite, got {scale}")
     check_disjoint({"x_grad": x_grad}, {"delta": delta})
-    cdef NativeStep step = new_step(_add_delta_step, kind, (delta, x_grad),
-                                    delta.dtype == np.float32, sizeof(AddDeltaParams))
-    cdef AddDeltaParams* p = <AddDeltaParams*>step.data.params
-    p.n = delta.size
-    # The float32 kernel rounds scale to float32, as Darknet's float l.scale.
-    p.scale = scale
-    return step
+    # x_grad's values in delta's layout (a view: the step adds into x_grad itself).
+    return add_step(delta, x_grad.reshape(delta.shape), scale)
 
 
 def softmax_backward_step(delta, x_grad) -> NativeStep:
@@ -244,7 +217,7 @@ def softmax_backward_step(delta, x_grad) -> NativeStep:
     softmax's input, the same number of values per sample (it may be (N, C, H, W) where
     delta is (N, F)) and dtype, added into.
     """
-    return _add_delta_new("softmax_backward", delta, x_grad, 1.0)
+    return _add_into(delta, x_grad, 1.0)
 
 
 def softmax_backward(delta, x_grad) -> None:
@@ -259,7 +232,7 @@ def cost_backward_step(delta, x_grad, double scale=1.0) -> NativeStep:
     delta: (N, F) or (N, C, H, W), the [cost] delta from ``cost_sse_step``; x_grad: the
     delta of the cost layer's input, as many values per sample, same dtype, added into.
     """
-    return _add_delta_new("cost_backward", delta, x_grad, scale)
+    return _add_into(delta, x_grad, scale)
 
 
 def cost_backward(delta, x_grad, double scale=1.0) -> None:
