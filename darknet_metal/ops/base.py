@@ -19,7 +19,7 @@ the last two beside the first):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -28,7 +28,7 @@ from darknet_metal.activations import ACTIVATION_ID
 from darknet_metal.cfg import Section
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.params import Params
-from darknet_metal.program import LayerEmitter
+from darknet_metal.program import LayerEmitter, Tensor
 
 if TYPE_CHECKING:
     from darknet_metal.training.state import LayerTrainState
@@ -215,6 +215,16 @@ class LayerSpec:
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(index={self.index}, in={self.in_shape}, "
                 f"out={self.out_shape})")
+
+
+def emit_input_gradient(e: LayerEmitter, make: Callable[..., NativeStep],
+                        saved: Sequence[Tensor] = ()) -> None:
+    """Backward of a layer whose one input's gradient follows from its delta (and the
+    ``saved`` tensors of its forward): ``make(delta, *saved, into)`` is the native step adding
+    it into that input's delta; nothing when the input gets no gradient."""
+    into = e.input_delta(0)
+    if into is not None:
+        e.host([e.delta, *saved, into], [into], lambda r, w: [make(*r[:-1], w[0])])
 
 
 def positive(section: Section, shape: Shape, what: str) -> Shape:

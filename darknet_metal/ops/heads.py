@@ -12,7 +12,7 @@ from darknet_metal.cpu import fill as cpu_fill
 from darknet_metal.cpu import heads as cpu_heads
 from darknet_metal.cpu import yolo_loss
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.ops.base import LayerSpec, Shape
+from darknet_metal.ops.base import LayerSpec, Shape, emit_input_gradient
 from darknet_metal.program import LayerEmitter
 from darknet_metal.training.keys import DATA, IMPLEMENTED, INFERENCE_ONLY
 
@@ -65,10 +65,7 @@ class SoftmaxOp(LayerSpec):
             cpu_heads.softmax_cross_entropy_step(_rows(r[0]), truth, _rows(w[0]), loss)])
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        into = e.input_delta(0)
-        if into is not None:
-            e.host([e.delta, into], [into], lambda r, w: [
-                cpu_heads.softmax_backward_step(r[0], w[0])])
+        emit_input_gradient(e, cpu_heads.softmax_backward_step)
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         groups = self.values["groups"]
@@ -136,9 +133,7 @@ class YoloOp(LayerSpec):
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         # Darknet's backward_yolo_layer: the delta its forward computed goes to its input.
-        into = e.input_delta(0)
-        if into is not None:
-            e.host([e.delta, into], [into], lambda r, w: [cpu_fill.add_step(r[0], w[0])])
+        emit_input_gradient(e, cpu_fill.add_step)
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         v = self.values

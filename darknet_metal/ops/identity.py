@@ -11,7 +11,7 @@ import numpy as np
 
 from darknet_metal.cpu import dropout
 from darknet_metal.cpu import heads as cpu_heads
-from darknet_metal.ops.base import LayerSpec
+from darknet_metal.ops.base import LayerSpec, emit_input_gradient
 from darknet_metal.program import LayerEmitter, Tensor
 from darknet_metal.training.keys import IMPLEMENTED
 
@@ -70,8 +70,6 @@ class CostOp(_Identity):
             cpu_heads.cost_sse_step(_rows(r[0]), truth, _rows(w[0]), errors)])
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        into = e.input_delta(0)
-        if into is not None:
-            scale = self.values["scale"]
-            e.host([e.delta, into], [into], lambda r, w: [
-                cpu_heads.cost_backward_step(r[0], w[0], scale)])
+        scale = self.values["scale"]
+        emit_input_gradient(e, lambda delta, into: cpu_heads.cost_backward_step(delta, into,
+                                                                                scale))

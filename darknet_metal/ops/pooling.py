@@ -9,7 +9,7 @@ import numpy as np
 from darknet_metal.cfg import Section
 from darknet_metal.cpu import pooling as cpu_pooling
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.ops.base import LayerSpec, Shape, positive
+from darknet_metal.ops.base import LayerSpec, Shape, emit_input_gradient, positive
 from darknet_metal.program import LayerEmitter, Tensor
 
 if TYPE_CHECKING:
@@ -65,11 +65,8 @@ class MaxpoolOp(LayerSpec):
                                                        v["padding"])])
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        into = e.input_delta(0)
-        if into is not None:
-            indexes = Tensor(self.index, "indexes")
-            e.host([e.delta, indexes, into], [into], lambda r, w: [
-                cpu_pooling.maxpool_backward_step(r[0], r[1], w[0])])
+        emit_input_gradient(e, cpu_pooling.maxpool_backward_step,
+                            [Tensor(self.index, "indexes")])
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         v = self.values
@@ -121,10 +118,7 @@ class AvgpoolOp(LayerSpec):
         return [cpu_pooling.avgpool_step(sources[0], out)]
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        into = e.input_delta(0)
-        if into is not None:
-            e.host([e.delta, into], [into], lambda r, w: [
-                cpu_pooling.avgpool_backward_step(r[0], w[0])])
+        emit_input_gradient(e, cpu_pooling.avgpool_backward_step)
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape

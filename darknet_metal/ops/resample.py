@@ -9,7 +9,7 @@ import numpy as np
 from darknet_metal.cfg import Section
 from darknet_metal.cpu import resample as cpu_resample
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.ops.base import LayerSpec, Shape, positive
+from darknet_metal.ops.base import LayerSpec, Shape, emit_input_gradient, positive
 from darknet_metal.program import LayerEmitter
 
 if TYPE_CHECKING:
@@ -42,11 +42,9 @@ class UpsampleOp(LayerSpec):
                                            self.values["scale"])]
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        into = e.input_delta(0)
-        if into is not None:
-            v = self.values
-            e.host([e.delta, into], [into], lambda r, w: [
-                cpu_resample.upsample_backward_step(r[0], w[0], v["stride"], v["scale"])])
+        v = self.values
+        emit_input_gradient(e, lambda delta, into: cpu_resample.upsample_backward_step(
+            delta, into, v["stride"], v["scale"]))
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape
@@ -98,11 +96,9 @@ class ReorgOp(LayerSpec):
                                         self.values["reverse"])]
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        into = e.input_delta(0)
-        if into is not None:
-            v = self.values
-            e.host([e.delta, into], [into], lambda r, w: [
-                cpu_resample.reorg_backward_step(r[0], w[0], v["stride"], v["reverse"])])
+        v = self.values
+        emit_input_gradient(e, lambda delta, into: cpu_resample.reorg_backward_step(
+            delta, into, v["stride"], v["reverse"]))
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         c, h, w = self.in_shape
