@@ -48,7 +48,44 @@ def _describe_from(spec: LayerSpec) -> str:
     return "from " + (" ".join(map(str, src)) if isinstance(src, list) else str(src))
 
 
-class ShortcutOp(LayerSpec):
+class _Combining(LayerSpec):
+    """What the combining kinds share: their kernel (``combine``), then the activation, which
+    no kernel of theirs fuses; in training the kernel writes the activation's input, and the
+    backward (``combine_backward``) adds into every input's delta."""
+
+    def combine(self, sources: list[np.ndarray], out: np.ndarray,
+                weights: np.ndarray | None) -> list[NativeStep]:
+        """The steps writing ``out`` from ``sources`` (the inputs' outputs, in order)."""
+        raise NotImplementedError
+
+    def combine_backward(self, delta: np.ndarray, sources: list[np.ndarray],
+                         grads: list[np.ndarray], ts: LayerTrainState) -> list[NativeStep]:
+        """The steps adding the gradients of ``delta`` (after the activation's) into each
+        input's delta ``grads`` (and the weights' accumulator in ``ts``)."""
+        raise NotImplementedError
+
+    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
+                  workspace: np.ndarray | None) -> list[NativeStep]:
+        # state is the weights array itself (or None): the steps read it on every pass.
+        return [*self.combine(sources, out, state),
+                *activation_steps_after(out, self.activation, fused=False)]
+
+    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        weights = ts.values.get("weights")
+        pre = activation_input(e, self.activation)
+        e.host(e.inputs, [pre], lambda r, w: self.combine(r, w[0], weights))
+        emit_cpu_activation_train(e, self.activation, pre)
+
+    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        emit_cpu_activation_gradient(e, self.activation,
+                                     Tensor(self.index, "activation_input"))
+        grads, read = _input_deltas(e)
+        n = len(e.inputs)
+        e.host([e.delta, *e.inputs, *read], grads,
+               lambda r, w: self.combine_backward(r[0], r[1:n + 1], w, ts))
+
+
+class ShortcutOp(_Combining):
     """x plus the ``from=`` layers, optionally weighted per input or per (input, channel)."""
 
     kind = "shortcut"
@@ -82,14 +119,6 @@ class ShortcutOp(LayerSpec):
     def prepare_cpu(self, params: Params | None, dtype: np.dtype) -> Any:
         return np.ascontiguousarray(params["weights"], dtype) if self.weighted else None
 
-    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                  workspace: np.ndarray | None) -> list[NativeStep]:
-        # state is the weights array itself: the steps read it on every pass.
-        v = self.values
-        return (cpu_combine.shortcut_step(sources[0], sources[1:], state, v["weights_type"],
-                                          v["weights_normalization"], out)
-                + activation_steps_after(out, self.activation, fused=False))
-
     def device_params(self, params: Params | None) -> dict[str, np.ndarray | int]:
         if not self.weighted:
             return {}
@@ -113,24 +142,18 @@ class ShortcutOp(LayerSpec):
             normalization=_NORMALIZATION[v["weights_normalization"]],
         )
 
-    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+    def combine(self, sources: list[np.ndarray], out: np.ndarray,
+                weights: np.ndarray | None) -> list[NativeStep]:
         v = self.values
-        weights = ts.values.get("weights")
-        pre = activation_input(e, self.activation)
-        e.host(e.inputs, [pre], lambda r, w: cpu_combine.shortcut_step(
-            r[0], r[1:], weights, v["weights_type"], v["weights_normalization"], w[0]))
-        emit_cpu_activation_train(e, self.activation, pre)
+        return cpu_combine.shortcut_step(sources[0], sources[1:], weights, v["weights_type"],
+                                         v["weights_normalization"], out)
 
-    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+    def combine_backward(self, delta: np.ndarray, sources: list[np.ndarray],
+                         grads: list[np.ndarray], ts: LayerTrainState) -> list[NativeStep]:
         v = self.values
-        emit_cpu_activation_gradient(e, self.activation,
-                                     Tensor(self.index, "activation_input"))
-        weights, weight_grad = ts.values.get("weights"), ts.grads.get("weights")
-        grads, read = _input_deltas(e)
-        n = len(e.inputs)
-        e.host([e.delta, *e.inputs, *read], grads, lambda r, w: cpu_combine.shortcut_backward_step(
-            r[0], r[1], r[2:n + 1], weights, v["weights_type"], v["weights_normalization"],
-            w[0], w[1:], weight_grad))
+        return cpu_combine.shortcut_backward_step(
+            delta, sources[0], sources[1:], ts.values.get("weights"), v["weights_type"],
+            v["weights_normalization"], grads[0], grads[1:], ts.grads.get("weights"))
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         oc, oh, ow = self.out_shape
@@ -157,7 +180,7 @@ class ShortcutOp(LayerSpec):
         return _describe_from(self)
 
 
-class ScaleChannelsOp(LayerSpec):
+class ScaleChannelsOp(_Combining):
     """Layer ``from``'s output scaled per channel (or per pixel, ``scale_wh``) by the input."""
 
     kind = "scale_channels"
@@ -173,26 +196,17 @@ class ScaleChannelsOp(LayerSpec):
                           f"{target}: expected {want}", "from")
         return cls(s, [s.index - 1, src], shape, target)
 
-    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                  workspace: np.ndarray | None) -> list[NativeStep]:
+    def combine(self, sources: list[np.ndarray], out: np.ndarray,
+                weights: np.ndarray | None) -> list[NativeStep]:
+        # The previous layer holds the factors, the from= layer what they scale.
         return [cpu_combine.scale_channels_step(sources[1], sources[0], out,
-                                                self.values["scale_wh"]),
-                *activation_steps_after(out, self.activation, fused=False)]
+                                                self.values["scale_wh"])]
 
-    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        scale_wh = self.values["scale_wh"]
-        pre = activation_input(e, self.activation)
-        e.host(e.inputs, [pre], lambda r, w: [cpu_combine.scale_channels_step(
-            r[1], r[0], w[0], scale_wh)])
-        emit_cpu_activation_train(e, self.activation, pre)
-
-    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        scale_wh = self.values["scale_wh"]
-        emit_cpu_activation_gradient(e, self.activation,
-                                     Tensor(self.index, "activation_input"))
-        grads, read = _input_deltas(e)
-        e.host([e.delta, *e.inputs, *read], grads, lambda r, w: [
-            cpu_combine.scale_channels_backward_step(r[0], r[2], r[1], w[1], w[0], scale_wh)])
+    def combine_backward(self, delta: np.ndarray, sources: list[np.ndarray],
+                         grads: list[np.ndarray], ts: LayerTrainState) -> list[NativeStep]:
+        return [cpu_combine.scale_channels_backward_step(delta, sources[1], sources[0],
+                                                         grads[1], grads[0],
+                                                         self.values["scale_wh"])]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         oc, oh, ow = self.out_shape
@@ -211,7 +225,7 @@ class ScaleChannelsOp(LayerSpec):
         return _describe_from(self)
 
 
-class SamOp(LayerSpec):
+class SamOp(_Combining):
     """Spatial attention: layer ``from``'s output times the input, elementwise."""
 
     kind = "sam"
@@ -225,22 +239,14 @@ class SamOp(LayerSpec):
                           "from")
         return cls(s, [s.index - 1, src], shape, shape)
 
-    def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
-                  workspace: np.ndarray | None) -> list[NativeStep]:
-        return [cpu_combine.sam_step(sources[1], sources[0], out),
-                *activation_steps_after(out, self.activation, fused=False)]
+    def combine(self, sources: list[np.ndarray], out: np.ndarray,
+                weights: np.ndarray | None) -> list[NativeStep]:
+        return [cpu_combine.sam_step(sources[1], sources[0], out)]
 
-    def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        pre = activation_input(e, self.activation)
-        e.host(e.inputs, [pre], lambda r, w: [cpu_combine.sam_step(r[1], r[0], w[0])])
-        emit_cpu_activation_train(e, self.activation, pre)
-
-    def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        emit_cpu_activation_gradient(e, self.activation,
-                                     Tensor(self.index, "activation_input"))
-        grads, read = _input_deltas(e)
-        e.host([e.delta, *e.inputs, *read], grads, lambda r, w: [
-            cpu_combine.sam_backward_step(r[0], r[2], r[1], w[1], w[0])])
+    def combine_backward(self, delta: np.ndarray, sources: list[np.ndarray],
+                         grads: list[np.ndarray], ts: LayerTrainState) -> list[NativeStep]:
+        return [cpu_combine.sam_backward_step(delta, sources[1], sources[0], grads[1],
+                                              grads[0])]
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         n = e.batch * self.out_size
