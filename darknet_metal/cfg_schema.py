@@ -147,10 +147,11 @@ def _flag(name: str, doc: str = "") -> Key:
 COMMON_LAYER_KEYS: tuple[Key, ...] = (
     Key("clip", FLOAT, 0.0, lo=0.0, doc="clip weights to [-clip, clip] after updates; 0 = off"),
     _flag("onlyforward", "never run backward for this layer"),
-    _flag("dont_update", "compute gradients but do not update weights"),
-    _flag("burnin_update", "update weights only during burn_in"),
+    _flag("dont_update", "no update of this layer's parameters for the first N iterations"),
+    _flag("burnin_update", "no update of this layer's parameters while N*burn_in > iteration"),
     _flag("stopbackward", "layers before this one are frozen"),
-    _flag("train_only_bn", "train only batch-norm parameters up to this layer"),
+    _flag("train_only_bn", "freeze this layer and all before it (only batch-norm rolling "
+          "statistics change)"),
     _flag("dontload", "skip this layer's weights when loading"),
     _flag("dontloadscales", "skip batch-norm scales when loading"),
     Key("learning_rate", FLOAT, 1.0, doc="per-layer multiplier of [net] learning_rate"),

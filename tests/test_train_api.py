@@ -13,15 +13,20 @@ from darknet_metal.errors import ArgumentError, NonFiniteError
 CASE = TRAIN / "micro-v4-sgd"
 
 
-def _net(tmp_path, **net_keys):
-    lines = (CASE / "micro-v4-sgd.cfg").read_text().splitlines()
+def _net(tmp_path, layers=None, name="net", **net_keys):
+    """micro-v4-sgd with ``net_keys`` set in [net] and ``layers[k]`` (a line) added to the
+    k-th layer."""
+    text = (CASE / "micro-v4-sgd.cfg").read_text()
+    for layer, line in (layers or {}).items():
+        text = _edit_layer(text, layer, line)
+    lines = text.splitlines()
     net_at = lines.index("[net]")
     net_end = next(i for i in range(net_at + 1, len(lines)) if lines[i].startswith("["))
     kept = [line for i, line in enumerate(lines)
             if i >= net_end or line.split("=")[0].strip() not in net_keys]
     text = "\n".join(kept).replace("[net]", "[net]\n" + "\n".join(
         f"{k}={v}" for k, v in net_keys.items()), 1) + "\n"
-    path = tmp_path / "net.cfg"
+    path = tmp_path / f"{name}.cfg"
     path.write_text(text)
     return dm.load(path, CASE / "init.weights")
 
@@ -203,3 +208,61 @@ def test_stopbackward_and_onlyforward_stop_gradients(tmp_path, key, frozen):
                 assert not g.any(), (layer, name)
             elif layer > 4:
                 np.testing.assert_array_equal(g, full.params[layer][name])
+
+
+TRAINABLE = ("weights", "biases", "scales")
+
+
+def test_train_only_bn_freezes_the_layer_and_every_layer_before_it(tmp_path):
+    # Darknet's CUDA update skips these layers; only batch norm's rolling statistics move.
+    # One step equals stopping the backward at layer 4 for every later layer.
+    net = _net(tmp_path, {4: "train_only_bn=1"}, learning_rate=0.01)
+    stopped = _net(tmp_path, {4: "stopbackward=1"}, name="stopped", learning_rate=0.01)
+    before = {i: {n: a.copy() for n, a in p.items()} for i, p in net.params.items()}
+    x, truths = _batch(net)
+    net.train_step(x, truths)
+    stopped.train_step(x, truths)
+    assert min(net.gradient_buffers()) > 4
+    for i, p in net.params.items():
+        for name, a in p.items():
+            if i > 4 or name in ("rolling_mean", "rolling_variance"):
+                np.testing.assert_array_equal(a, stopped.params[i][name], err_msg=f"{i} {name}")
+                assert not np.array_equal(a, before[i][name]), (i, name)
+            else:
+                np.testing.assert_array_equal(a, before[i][name], err_msg=f"{i} {name}")
+    net.train_step(*_batch(net, seed=1))
+    for i in range(5):
+        for name in TRAINABLE:
+            if name in net.params.get(i, {}):
+                np.testing.assert_array_equal(net.params[i][name], before[i][name])
+
+
+@pytest.mark.parametrize(("line", "keys"), [("dont_update=2", {}),
+                                            ("burnin_update=1", {"burn_in": 3})])
+def test_a_held_layer_starts_updating_with_one_iterations_gradient(tmp_path, line, keys):
+    # Iterations 1 and 2 leave layer 4's parameters alone (and drop its gradient); the
+    # update of iteration 3 is plain SGD from an empty accumulator, written out in NumPy.
+    net = _net(tmp_path, {4: line}, learning_rate=0.01, **keys)
+    start = {n: a.copy() for n, a in net.params[4].items()}
+    later = net.params[7]["weights"].copy()
+    for seed in (1, 2):
+        net.train_step(*_batch(net, seed=seed))
+        for name in TRAINABLE:
+            np.testing.assert_array_equal(net.params[4][name], start[name])
+            assert not net.gradient_buffers()[4][name].any()
+        assert not np.array_equal(net.params[4]["rolling_mean"], start["rolling_mean"])
+    assert not np.array_equal(net.params[7]["weights"], later)
+    x, truths = _batch(net, seed=3)
+    grads = net.gradients(x, truths).params[4]
+    values = {n: net.params[4][n].copy() for n in TRAINABLE}
+    v = net.config.net.values
+    images, rate = v["batch"], np.float32(net.learning_rate(3))
+    net.train_step(x, truths)
+    for name in TRAINABLE:
+        accumulated = grads[name].copy()
+        if name == "weights":
+            accumulated += np.float32(-v["decay"] * images) * values[name]
+        expected = values[name] + np.float32(rate / images) * accumulated
+        got = net.params[4][name]
+        assert not np.array_equal(got, values[name]), name
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-9, err_msg=name)

@@ -59,7 +59,8 @@ def test_defaults_and_implemented_keys_pass():
     check_training_keys(_cfg())
     check_training_keys(_cfg(net="adam=1\nburn_in=10\npolicy=steps\nsteps=5\nscales=.1\n"
                                  "flip=0\nmosaic=1\nuse_cuda_graph=1",
-                             conv="batch_normalize=1\nstopbackward=1",
+                             conv="batch_normalize=1\nstopbackward=1\ntrain_only_bn=1\n"
+                                  "dont_update=100\nburnin_update=1",
                              yolo="iou_loss=ciou\nscale_x_y=1.05\nignore_thresh=.7"))
 
 
@@ -72,8 +73,6 @@ def test_defaults_and_implemented_keys_pass():
     ("conv", "batch_normalize=2", "batch_normalize"),
     ("conv", "clip=1", "clip"),
     ("conv", "grad_centr=1", "grad_centr"),
-    ("conv", "train_only_bn=1", "train_only_bn"),
-    ("conv", "dont_update=100", "dont_update"),
     ("yolo", "delta_normalizer=2", "delta_normalizer"),
     ("net", "batch=2\ntrack=1", "track"),
 ])

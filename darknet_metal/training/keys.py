@@ -76,10 +76,7 @@ TRAINING_KEYS: tuple[TrainingKey, ...] = tuple(
     + _keys("net", REFUSED, "attention adversarial_lr", "attention and adversarial training "
             "are not supported")
     + _keys("*", IMPLEMENTED, "stopbackward onlyforward learning_rate dontload "
-            "dontloadscales")
-    + _keys("*", REFUSED, "dont_update burnin_update train_only_bn",
-            "freezing layers this way is not supported yet (stopbackward and onlyforward "
-            "are)")
+            "dontloadscales dont_update burnin_update train_only_bn")
     + _keys("*", REFUSED, "clip", "weight clipping after updates (Darknet's CUDA build only) "
             "is not supported")
 )

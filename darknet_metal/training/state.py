@@ -11,7 +11,7 @@ refused for non-finite values).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,10 +64,11 @@ class TrainState:
 
     ``params``: the network's parameter arrays; for float32 they are used in place (the
     network's own arrays are trained), for float64 they are copied, and ``write_back`` copies
-    the trained values into them. ``adam``: allocate Adam's moments."""
+    the trained values into them. ``adam``: allocate Adam's moments. ``frozen``: indices of
+    layers that never train (no accumulators, no moments: ``train_only_bn``)."""
 
     def __init__(self, specs: Sequence, params: Mapping[int, Params], dtype: np.dtype | type,
-                 *, adam: bool = False) -> None:
+                 *, adam: bool = False, frozen: Collection[int] = ()) -> None:
         self.dtype = np.dtype(dtype)
         self._params = params
         self.layers: dict[int, LayerTrainState] = {}
@@ -82,7 +83,8 @@ class TrainState:
                     values[name] = np.ascontiguousarray(array, self.dtype).copy()
                     if self.dtype == np.float32:
                         layer[name] = values[name]  # the network trains this array from now
-            trainable = [n for n in spec.trainable_params if n in values]
+            trainable = [] if spec.index in frozen else \
+                [n for n in spec.trainable_params if n in values]
             state = LayerTrainState(
                 spec.index, self.dtype, values,
                 {n: np.zeros_like(values[n]) for n in trainable},

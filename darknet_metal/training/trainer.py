@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from darknet_metal.cpu import fill as cpu_fill
 from darknet_metal.cpu import update as cpu_update
 from darknet_metal.cpu.executor import StepList
 from darknet_metal.cpu.yolo_loss import YOLO_STAT_NAMES, check_truths
@@ -92,7 +93,9 @@ class Trainer:
         specs = net.layers
         self.specs = specs
         # A resized network keeps its training state (the parameters do not depend on size).
-        self.state = state or TrainState(specs, net.params, net.dtype, adam=self.adam)
+        self.frozen = _frozen(specs)
+        self.state = state or TrainState(specs, net.params, net.dtype, adam=self.adam,
+                                         frozen=self.frozen)
         dtype = self.state.dtype
         c, h, w = net.input_shape
         self.heads = [s.index for s in specs if s.detection_head is not None]
@@ -105,7 +108,7 @@ class Trainer:
             layer.net_size = (w, h)
             if spec.index in self.loss_layers:
                 layer.extra["truth"] = self.truth
-        self.first_backward = _first_backward(specs)
+        self.first_backward = max(_first_backward(specs), len(self.frozen))
         backend = net._backend
         if not hasattr(backend, "training_program"):
             raise ArgumentError(f"training on {net.device!r} is not supported yet: use "
@@ -116,7 +119,7 @@ class Trainer:
         self._gradient_program: Any = None
         self.lr = np.zeros(1, dtype)
         self.t = np.zeros(1, dtype)
-        self._updates: dict[int, StepList] = {}
+        self._updates: dict[tuple[int, tuple[int, ...]], StepList] = {}
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -261,15 +264,28 @@ class Trainer:
         self.net.header.seen += self.batch
         return loss
 
-    def _update_steps(self, images: int) -> StepList:
-        steps = self._updates.get(images)
+    def _held(self, iteration: int) -> tuple[int, ...]:
+        """Layers whose update waits at ``iteration`` (Darknet's CUDA update rules):
+        ``dont_update=N`` for iterations 1..N, ``burnin_update=k`` while ``k*burn_in`` is
+        above the iteration."""
+        burn_in = int(self.values["burn_in"])
+        return tuple(s.index for s in self.specs if self.state.layer(s.index).grads and (
+            int(s.values.get("dont_update", 0)) >= iteration
+            or int(s.values.get("burnin_update", 0)) * burn_in > iteration))
+
+    def _update_steps(self, images: int, held: tuple[int, ...]) -> StepList:
+        steps = self._updates.get((images, held))
         if steps is not None:
             return steps
         v = self.values
         native = []
         for spec in self.specs:
             layer = self.state.layer(spec.index)
-            if not layer.grads:
+            if spec.index in held:
+                # The iteration's gradient is dropped, not saved up: Darknet's CUDA build
+                # keeps adding into a held layer's accumulator and applies every held
+                # iteration's gradient at once in its first update.
+                native += [cpu_fill.fill_step(g) for g in layer.grads.values()]
                 continue
             scale = float(spec.values.get("learning_rate", 1.0)) if spec.learning_rate_scaled \
                 else 1.0
@@ -283,7 +299,7 @@ class Trainer:
                     native.append(cpu_update.sgd_update_step(
                         value, grad, self.lr, v["decay"], v["momentum"], images,
                         name == "weights", scale))
-        steps = self._updates[images] = StepList(native)
+        steps = self._updates[(images, held)] = StepList(native)
         return steps
 
     def update(self, images: int | None = None) -> float:
@@ -296,7 +312,7 @@ class Trainer:
         rate = learning_rate(self.values, iteration)
         self.lr[0] = rate
         self.t[0] = iteration
-        self._update_steps(images).run()
+        self._update_steps(images, self._held(iteration)).run()
         return rate
 
     def step(self, x: np.ndarray, truths: Any) -> StepReport:
@@ -365,6 +381,13 @@ def _first_backward(specs: Sequence) -> int:
         if spec.values.get("stopbackward"):
             first = spec.index + 1
     return first
+
+
+def _frozen(specs: Sequence) -> range:
+    """Darknet's ``train_only_bn``: the last layer that sets it and every layer before it
+    keep their parameters (only batch norm's rolling statistics change, in the forward)."""
+    last = max((s.index for s in specs if s.values.get("train_only_bn")), default=-1)
+    return range(last + 1)
 
 
 def _head_stats(per_pass: list[np.ndarray]) -> dict[str, float]:
