@@ -98,8 +98,9 @@ SECTION_ALIASES: dict[str, str] = {
     "route": "route",
     "shortcut": "shortcut",
     "upsample": "upsample",
-    # Darknet's original reorg (AlexeyAB's REORG_OLD); [reorg3d] is another layer.
+    # Darknet's original reorg (AlexeyAB's REORG_OLD) and its newer one.
     "reorg": "reorg",
+    "reorg3d": "reorg3d",
     "scale_channels": "scale_channels",
     "sam": "sam",
     "softmax": "softmax",
@@ -132,7 +133,6 @@ DARKNET_UNSUPPORTED_SECTIONS: frozenset[str] = frozenset(
         "lstm",
         "normalization",
         "region",
-        "reorg3d",
         "rnn",
         "silence",
     }
@@ -433,6 +433,7 @@ SCHEMA: dict[str, tuple[Key, ...]] = {
     "shortcut": _SHORTCUT + COMMON_LAYER_KEYS,
     "upsample": _UPSAMPLE + COMMON_LAYER_KEYS,
     "reorg": _REORG + COMMON_LAYER_KEYS,
+    "reorg3d": _REORG + COMMON_LAYER_KEYS,
     "scale_channels": _SCALE_CHANNELS + COMMON_LAYER_KEYS,
     "sam": _SAM + COMMON_LAYER_KEYS,
     "softmax": _SOFTMAX + COMMON_LAYER_KEYS,

@@ -143,16 +143,14 @@ def test_v3_maxpool_stride_one_and_route(dtype):
 LAYERS = "micro-layers"
 
 
-def test_layers_reorg3d_is_the_transpose_of_reverse_reorg():
-    # [reorg3d] stride=2 is space-to-depth, the inverse (so the transpose) of the package's
-    # [reorg] reverse=1; so its forward is our reverse reorg's backward and vice versa.
+def test_layers_reorg3d():
     for _, p in _passes(LAYERS, "L05_route_output", "L06_reorg3d_delta"):
         g = functools.partial(_get, LAYERS)
         out = np.zeros((2, 32, 24, 24), np.float32)
-        resample.reorg_backward(g(p + "L05_route_output"), out, 2, reverse=True)
+        resample.reorg_forward(g(p + "L05_route_output"), out, 2, layer="reorg3d")
         assert rel_l2(out, g(p + "L06_reorg3d_output")) <= TOL
-        back = np.empty((2, 8, 48, 48), np.float32)
-        resample.reorg_forward(g(p + "L06_reorg3d_delta"), back, 2, reverse=True)
+        back = np.zeros((2, 8, 48, 48), np.float32)
+        resample.reorg_backward(g(p + "L06_reorg3d_delta"), back, 2, layer="reorg3d")
         assert rel_l2(back, g(p + "L05_route_delta")) <= TOL
         # Route 5 (groups=2 group_id=1) sends it to the shortcut's channels 8..15.
         grad = np.zeros((2, 16, 48, 48), np.float32)

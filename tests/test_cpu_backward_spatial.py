@@ -215,20 +215,22 @@ def test_upsample_backward_sums_each_block():
 # reorg
 
 
-@pytest.mark.parametrize("shape,stride,reverse", [
-    ((2, 4, 4, 6), 2, False), ((1, 9, 3, 6), 3, False), ((2, 8, 2, 3), 2, True),
-    ((1, 18, 2, 2), 3, True), ((1, 4, 3, 5), 2, True),
+@pytest.mark.parametrize("shape,stride,reverse,layer", [
+    ((2, 4, 4, 6), 2, False, "reorg"), ((1, 9, 3, 6), 3, False, "reorg"),
+    ((2, 8, 2, 3), 2, True, "reorg"), ((1, 18, 2, 2), 3, True, "reorg"),
+    ((1, 4, 3, 5), 2, True, "reorg"), ((2, 3, 4, 6), 2, False, "reorg3d"),
+    ((1, 2, 3, 9), 3, False, "reorg3d"), ((2, 16, 2, 3), 2, True, "reorg3d"),
 ])
-def test_reorg_backward_matches_finite_differences(shape, stride, reverse):
+def test_reorg_backward_matches_finite_differences(shape, stride, reverse, layer):
     x = _rand(shape, 16)
     out_shape = resample.reorg_output_shape(shape, stride, reverse)
     grad = _check_linear_backward(
-        lambda a, o: resample.reorg_forward(a, o, stride, reverse),
-        lambda r, g: resample.reorg_backward(r, g, stride, reverse), x, out_shape, 17)
+        lambda a, o: resample.reorg_forward(a, o, stride, reverse, layer),
+        lambda r, g: resample.reorg_backward(r, g, stride, reverse, layer), x, out_shape, 17)
     # A permutation: float32 moves the same values.
     delta = _rand(out_shape, 17).astype(np.float32)
     g32 = np.zeros(shape, np.float32)
-    resample.reorg_backward(delta, g32, stride, reverse)
+    resample.reorg_backward(delta, g32, stride, reverse, layer)
     np.testing.assert_allclose(g32, grad, rtol=1e-6)
 
 

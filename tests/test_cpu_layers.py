@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 
 from darknet_metal.cfg import parse_cfg_text
 from darknet_metal.cpu import combine, executor, heads, pooling, resample
+from darknet_metal.errors import ArgumentError, CfgError
 from darknet_metal.layers import build_layers
 
 try:
@@ -267,6 +269,46 @@ def np_space_to_depth(x, s):
     n, c, h, w = x.shape
     v = x.reshape(n, c, h // s, s, w // s, s).transpose(0, 3, 5, 1, 2, 4)
     return v.reshape(n, s * s * c, h // s, w // s)
+
+
+def np_reorg_cpu(x, w, h, c, s, forward):
+    """Darknet's reorg_cpu (blas.cpp) on flat buffers, written out with NumPy indices."""
+    n = x.size // (w * h * c)
+    b, k, j, i = np.indices((n, c, h, w))
+    in_c = c // (s * s)
+    c2, offset = k % in_c, k // in_c
+    small = i + w * (j + h * (k + c * b))
+    large = (i * s + offset % s) + w * s * ((j * s + offset // s) + h * s * (c2 + in_c * b))
+    flat, out = x.ravel(), np.empty(x.size, x.dtype)
+    if forward:
+        out[large] = flat[small]
+    else:
+        out[small] = flat[large]
+    return out
+
+
+@pytest.mark.parametrize("stride,shape", [(2, (2, 3, 6, 4)), (3, (1, 2, 9, 6))])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reorg3d_is_space_to_depth(stride, shape, dtype):
+    x = _rand(shape, stride, dtype)
+    ref = np_space_to_depth(x, stride)
+    out = np.empty(ref.shape, dtype)
+    resample.reorg_forward(x, out, stride, layer="reorg3d")
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("stride,shape", [(2, (2, 16, 3, 2)), (2, (1, 32, 1, 3))])
+def test_reorg3d_reverse_is_darknets_index_map(stride, shape):
+    # forward_reorg_layer with reverse=1: reorg_cpu(input, out_w, out_h, out_c, ..., 1).
+    n, c, h, w = shape
+    x = _rand(shape, 4, np.float32)
+    out = np.empty((n, c // stride**2, h * stride, w * stride), np.float32)
+    resample.reorg_forward(x, out, stride, reverse=True, layer="reorg3d")
+    want = np_reorg_cpu(x, w * stride, h * stride, c // stride**2, stride, True)
+    np.testing.assert_array_equal(out.ravel(), want)
+    with pytest.raises(ArgumentError, match="stride\\^4"):
+        resample.reorg_forward(np.zeros((1, 4, 2, 2), np.float32),
+                               np.zeros((1, 1, 4, 4), np.float32), 2, True, "reorg3d")
 
 
 # ---------------------------------------------------------------------------------------
@@ -809,3 +851,24 @@ def test_pooling_and_resample_ops_give_native_steps(body, in_shape, kind, forwar
     forward(x, expected)
     assert not np.isnan(expected).any()
     np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(("c", "h", "w", "body", "shape"), [
+    (3, 6, 4, "[reorg3d]\nstride=2", (12, 3, 2)),
+    (16, 3, 2, "[reorg3d]\nstride=2\nreverse=1", (4, 6, 4)),
+    (8, 6, 4, "[reorg]\nstride=2", (32, 3, 2)),
+])
+def test_reorg_layers_shapes(c, h, w, body, shape):
+    (spec,) = build_layers(parse_cfg_text(f"[net]\nwidth={w}\nheight={h}\nchannels={c}\n\n{body}"))
+    assert spec.out_shape == shape
+
+
+@pytest.mark.parametrize(("c", "body", "message"), [
+    (4, "[reorg3d]\nstride=2\nreverse=1", "stride^4"),
+    (3, "[reorg]\nstride=2", "stride^2"),
+    (3, "[reorg3d]\nstride=4", "does not divide"),
+])
+def test_reorg_layers_refuse_shapes_darknet_cannot_index(c, body, message):
+    with pytest.raises(CfgError, match=re.escape(message)) as info:
+        build_layers(parse_cfg_text(f"[net]\nwidth=6\nheight=6\nchannels={c}\n\n{body}"))
+    assert info.value.line is not None and info.value.key == "stride"

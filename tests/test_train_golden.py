@@ -61,7 +61,10 @@ def _golden_params(weights: dict, layer: int) -> dict[str, np.ndarray]:
 NAMES = {"weights": "weight_updates", "biases": "bias_updates", "scales": "scale_updates"}
 
 
-@pytest.mark.parametrize("name", ["micro-v4-sgd", "micro-v4-diou", "micro-v3-adam"])
+CASES = ["micro-v4-sgd", "micro-v4-diou", "micro-v3-adam", "micro-layers"]
+
+
+@pytest.mark.parametrize("name", CASES)
 def test_first_step_gradients_match_darknet(name):
     net, x, truths, index, arrays = _case(name)
     before = {i: {k: v.copy() for k, v in p.items()} for i, p in net.params.items()}
@@ -84,7 +87,7 @@ def test_first_step_gradients_match_darknet(name):
     assert net.iteration == 0
 
 
-@pytest.mark.parametrize("name", ["micro-v4-sgd", "micro-v4-diou", "micro-v3-adam"])
+@pytest.mark.parametrize("name", CASES)
 def test_steps_match_darknet_weights(name, tmp_path):
     net, x, truths, index, arrays = _case(name, tmp_path)
     assert not net.config.net.values["adam"]
@@ -113,7 +116,7 @@ def test_steps_match_darknet_weights(name, tmp_path):
                     assert _rel(change, moved) <= 1e-3, (k, layer, pname, _rel(change, moved))
 
 
-@pytest.mark.parametrize("name", ["micro-v4-sgd", "micro-v4-diou"])
+@pytest.mark.parametrize("name", ["micro-v4-sgd", "micro-v4-diou", "micro-layers"])
 def test_head_statistics_match_darknet_v5s_line(name):
     """StepReport.heads hold the last mini-batch's statistics as Darknet V5 prints them."""
     net, x, truths, index, _ = _case(name)

@@ -9,6 +9,8 @@ layout is unusual:
   A negative cfg stride is Darknet's reverse mode: a sum over s x s blocks, times scale.
 - ``[reorg]`` (Darknet's reorg_old layer, the one YOLOv2 uses and OpenCV implements) moves
   s x s pixel blocks into channels with Darknet's own indexing; see ``reorg_step``.
+  ``[reorg3d]`` (Darknet's newer reorg layer) is the same index map over the output's
+  dims, which makes it a plain space-to-depth (``layer="reorg3d"``).
 
 Backward (``*_backward_step``) is the transpose of the forward map, ADDED into the input's
 delta. Darknet assigns there in three of the four cases (reorg both ways, and upsample's
@@ -299,7 +301,7 @@ cdef void _reorg_step(const StepData* d) noexcept nogil:
 
 
 def reorg_output_shape(shape, int stride, bint reverse):
-    """(N, C, H, W) output of ``[reorg]`` with this stride and reverse flag.
+    """(N, C, H, W) output of ``[reorg]`` or ``[reorg3d]`` with this stride and reverse flag.
 
     Forward: (N, C*s*s, H//s, W//s); reverse: (N, C//(s*s), H*s, W*s).
     """
@@ -310,47 +312,65 @@ def reorg_output_shape(shape, int stride, bint reverse):
     return n, c * stride * stride, h // stride, w // stride
 
 
-def reorg_step(x, out, int stride, bint reverse=False) -> NativeStep:
-    """Darknet ``[reorg]`` forward: forward_reorg_old_layer (YOLOv2's layer; OpenCV's too).
+def reorg_step(x, out, int stride, bint reverse=False, str layer="reorg") -> NativeStep:
+    """Darknet's reorg forward: ``layer="reorg"`` is forward_reorg_old_layer (YOLOv2's layer;
+    OpenCV's too), ``layer="reorg3d"`` forward_reorg_layer.
 
     x: (N, C, H, W); out: ``reorg_output_shape(x.shape, stride, reverse)``, same dtype.
-    Forward: with s = stride and C' = C/s^2, the output *buffer*, read as (C, H, W), gets
+    Both are Darknet's reorg_cpu with the reverse flag as its ``forward`` argument; [reorg]
+    passes it the input's dims, [reorg3d] the output's.
+
+    [reorg]: with s = stride and C' = C/s^2, the output *buffer*, read as (C, H, W), gets
     ``out[k, j, i] = x'[k % C', j*s + (k // C') // s, i*s + (k // C') % s]`` where x' is the
     input buffer read as (C', H*s, W*s); the result is then labelled (C*s^2, H/s, W/s).
     This is not a plain space-to-depth, but it is what trained YOLOv2 weights expect.
     Reverse applies the same index map from the other side with the reverse layer's own
     input dims, which makes it a plain depth-to-space (not the inverse of forward):
     ``out[c, y, x] = x[((y % s)*s + x % s)*C' + c, y // s, x // s]``, C' = C/s^2.
-    Requires C divisible by s^2 and, forward, H and W divisible by s (otherwise Darknet
-    writes outside its buffers).
+
+    [reorg3d]: a plain space-to-depth, ``out[(dy*s + dx)*C + c, y, x] = x[c, y*s + dy,
+    x*s + dx]`` (the inverse of [reorg] reverse); reverse=1 is Darknet's quirky inverse
+    direction, which reads its own output as (C/s^4, H*s^2, W*s^2) and so needs C divisible
+    by s^4.
+
+    Requires C divisible by s^2 (except a forward [reorg3d]) and, forward, H and W divisible
+    by s (otherwise Darknet writes outside its buffers).
     """
     check_input("x", x)
-    _check_reorg_input("x", x, stride, reverse)
-    check_out(out, x, reorg_output_shape(x.shape, stride, reverse))
-    return _reorg_new("reorg_reverse" if reverse else "reorg", x, out, x.shape, stride,
-                      reverse, False)
+    _check_reorg_input("x", x, stride, reverse, layer)
+    shape = reorg_output_shape(x.shape, stride, reverse)
+    check_out(out, x, shape)
+    return _reorg_new(layer + ("_reverse" if reverse else ""), x, out,
+                      shape if layer == "reorg3d" else x.shape, stride, reverse, False)
 
 
-def reorg_forward(x, out, int stride, bint reverse=False) -> None:
-    """``reorg_step(x, out, stride, reverse)`` run once."""
-    reorg_step(x, out, stride, reverse).run()
+def reorg_forward(x, out, int stride, bint reverse=False, str layer="reorg") -> None:
+    """``reorg_step(x, out, stride, reverse, layer)`` run once."""
+    reorg_step(x, out, stride, reverse, layer).run()
 
 
-def _check_reorg_input(name, x, int stride, bint reverse):
+def _check_reorg_input(name, x, int stride, bint reverse, str layer):
+    if layer not in ("reorg", "reorg3d"):
+        raise ArgumentError(f"layer must be 'reorg' or 'reorg3d', not {layer!r}")
     _check_stride(stride)
     n, c, h, w = x.shape
     s2 = stride * stride
-    if c % s2:
-        raise ArgumentError(f"[reorg] needs channels divisible by stride^2={s2}, got {name} "
-                            f"with {c}")
+    # reorg_cpu reads the side whose dims it is given as (C/s^2, H*s, W*s): those channels
+    # must divide (a forward [reorg3d] is given its output's, C*s^2).
+    if c % s2 and (reverse or layer == "reorg"):
+        raise ArgumentError(f"[{layer}] needs channels divisible by stride^2={s2}, got "
+                            f"{name} with {c}")
+    if layer == "reorg3d" and reverse and c % (s2 * s2):
+        raise ArgumentError(f"[reorg3d] reverse=1 needs channels divisible by stride^4="
+                            f"{s2 * s2}, got {name} with {c}")
     if not reverse and (h % stride or w % stride):
-        raise ArgumentError(f"[reorg] stride={stride} must divide the {h}x{w} input "
+        raise ArgumentError(f"[{layer}] stride={stride} must divide the {h}x{w} input "
                             f"({name} {x.shape})")
 
 
 cdef NativeStep _reorg_new(str kind, src, dst, shape, int stride, bint reverse,
                            bint backward):
-    """The step moving src into dst; ``shape`` is the forward input's (N, C, H, W)."""
+    """The step moving src into dst; ``shape``: the (N, C, H, W) dims reorg_cpu is given."""
     cdef NativeStep step = new_step(_reorg_step, kind, (src, dst), src.dtype == np.float32,
                                     sizeof(ReorgParams))
     cdef ReorgParams* p = <ReorgParams*>step.data.params
@@ -361,17 +381,18 @@ cdef NativeStep _reorg_new(str kind, src, dst, shape, int stride, bint reverse,
     return step
 
 
-def reorg_backward_step(delta, x_grad, int stride, bint reverse=False) -> NativeStep:
-    """The backward of ``reorg_step(x, out, stride, reverse)``: ``x_grad += P^T delta`` for
-    its permutation P, i.e. each input's delta gets the delta of the output it was moved
-    to.
+def reorg_backward_step(delta, x_grad, int stride, bint reverse=False,
+                        str layer="reorg") -> NativeStep:
+    """The backward of ``reorg_step(x, out, stride, reverse, layer)``: ``x_grad += P^T
+    delta`` for its permutation P, i.e. each input's delta gets the delta of the output it
+    was moved to.
 
     x_grad: (N, C, H, W), the delta of the layer's input (the forward's x), added into
     (Darknet's reorg backward assigns); delta: ``reorg_output_shape(x_grad.shape, stride,
     reverse)``, same dtype. The same divisibility as ``reorg_step``.
     """
     check_input("x_grad", x_grad, writable=True)
-    _check_reorg_input("x_grad", x_grad, stride, reverse)
+    _check_reorg_input("x_grad", x_grad, stride, reverse, layer)
     expected = reorg_output_shape(x_grad.shape, stride, reverse)
     check_input("delta", delta, like=x_grad, like_name="x_grad")
     if tuple(delta.shape) != tuple(expected):
@@ -379,10 +400,11 @@ def reorg_backward_step(delta, x_grad, int stride, bint reverse=False) -> Native
                             f"{x_grad.shape}, stride={stride} and reverse={bool(reverse)}, "
                             f"not {delta.shape}")
     check_disjoint({"x_grad": x_grad}, {"delta": delta})
-    return _reorg_new("reorg_reverse_backward" if reverse else "reorg_backward", delta,
-                      x_grad, x_grad.shape, stride, reverse, True)
+    return _reorg_new(layer + ("_reverse" if reverse else "") + "_backward", delta, x_grad,
+                      expected if layer == "reorg3d" else x_grad.shape, stride, reverse,
+                      True)
 
 
-def reorg_backward(delta, x_grad, int stride, bint reverse=False) -> None:
-    """``reorg_backward_step(delta, x_grad, stride, reverse)`` run once."""
-    reorg_backward_step(delta, x_grad, stride, reverse).run()
+def reorg_backward(delta, x_grad, int stride, bint reverse=False, str layer="reorg") -> None:
+    """``reorg_backward_step(delta, x_grad, stride, reverse, layer)`` run once."""
+    reorg_backward_step(delta, x_grad, stride, reverse, layer).run()

@@ -66,6 +66,8 @@ MINI_NETWORKS: list[tuple[str, str]] = [
             "[reorg]\nstride=2\n\n"
             "[route]\nlayers=-1\ngroups=4\ngroup_id=3\n\n"
             "[upsample]\nstride=2\n\n"
+            "[reorg3d]\nstride=2\n\n"
+            "[reorg3d]\nstride=2\nreverse=1\n\n"
             "[upsample]\nstride=-2\nscale=0.5\n\n"
             "[avgpool]\n"
         ),

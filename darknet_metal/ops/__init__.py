@@ -14,7 +14,7 @@ from darknet_metal.ops.conv import ConnectedOp, ConvolutionalOp
 from darknet_metal.ops.heads import SoftmaxOp, YoloOp
 from darknet_metal.ops.identity import CostOp, DropoutOp
 from darknet_metal.ops.pooling import AvgpoolOp, MaxpoolOp
-from darknet_metal.ops.resample import ReorgOp, UpsampleOp
+from darknet_metal.ops.resample import Reorg3dOp, ReorgOp, UpsampleOp
 from darknet_metal.ops.route import RouteOp
 
 __all__ = ["OPS", "LayerSpec", "Params", "Shape", "Unsupported", "build_layer", "op_class",
@@ -49,5 +49,6 @@ def build_layer(section: Section, shape: Shape, shapes: list[Shape]) -> LayerSpe
 
 
 for _cls in (ConvolutionalOp, ConnectedOp, MaxpoolOp, AvgpoolOp, RouteOp, ShortcutOp,
-             UpsampleOp, ReorgOp, ScaleChannelsOp, SamOp, SoftmaxOp, DropoutOp, YoloOp, CostOp):
+             UpsampleOp, ReorgOp, Reorg3dOp, ScaleChannelsOp, SamOp, SoftmaxOp, DropoutOp,
+             YoloOp, CostOp):
     register(_cls)

@@ -1,8 +1,8 @@
-"""[upsample] (nearest neighbour, or Darknet's summing reverse mode) and [reorg]."""
+"""[upsample] (nearest neighbour, or Darknet's summing reverse mode), [reorg] and [reorg3d]."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -72,18 +72,24 @@ class ReorgOp(LayerSpec):
 
     kind = "reorg"
     short_name = "reorg"
+    #: Which side's dims the layer gives Darknet's reorg_cpu (the one index map of both
+    #: reorg layers): [reorg] its input's, [reorg3d] its output's.
+    maps_output_dims: ClassVar[bool] = False
 
     @classmethod
     def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
         c, h, w = shape
         stride = s.values["stride"]
-        # Darknet's reorg permutes through a (C/stride^2, H*stride, W*stride) view in both
-        # directions, so the channels must divide either way.
-        if c % (stride * stride):
-            raise s.error(f"reorg needs the input channels ({c}) divisible by stride^2",
+        # reorg_cpu permutes through a (C/stride^2, H*stride, W*stride) view of the side
+        # whose dims it is given, so those channels must divide.
+        if c % (stride * stride) and (s.values["reverse"] or not cls.maps_output_dims):
+            raise s.error(f"{cls.kind} needs the input channels ({c}) divisible by stride^2",
                           "stride")
         if s.values["reverse"]:
             out = (c // (stride * stride), h * stride, w * stride)
+            if cls.maps_output_dims and out[0] % (stride * stride):
+                raise s.error(f"{cls.kind} reverse=1 needs the input channels ({c}) divisible "
+                              "by stride^4", "stride")
         else:
             if h % stride or w % stride:
                 raise s.error(f"stride={stride} does not divide the input {h}x{w}", "stride")
@@ -93,15 +99,15 @@ class ReorgOp(LayerSpec):
     def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
                   workspace: np.ndarray | None) -> list[NativeStep]:
         return [cpu_resample.reorg_step(sources[0], out, self.values["stride"],
-                                        self.values["reverse"])]
+                                        self.values["reverse"], self.kind)]
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         v = self.values
         emit_input_gradient(e, lambda delta, into: cpu_resample.reorg_backward_step(
-            delta, into, v["stride"], v["reverse"]))
+            delta, into, v["stride"], v["reverse"], self.kind))
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
-        c, h, w = self.in_shape
+        c, h, w = self.out_shape if self.maps_output_dims else self.in_shape
         e.kernel(
             "reorg_fwd_f32",
             {"x": e.inputs[0], "y": e.output},
@@ -117,3 +123,10 @@ class ReorgOp(LayerSpec):
     def describe(self) -> str:
         return _describe_stride(self)
 
+
+class Reorg3dOp(ReorgOp):
+    """Darknet's newer reorg: a plain space to depth (and its quirky reverse)."""
+
+    kind = "reorg3d"
+    short_name = "reorg3d"
+    maps_output_dims = True

@@ -357,23 +357,26 @@ def test_upsample(emu_runner, order, shape, stride, scale):
 
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize(
-    "shape,stride,reverse",
+    "shape,stride,reverse,layer",
     [
-        ((1, 4, 6, 6), 2, False),
-        ((2, 9, 6, 3), 3, False),
-        ((1, 8, 3, 5), 2, True),
-        ((2, 4, 1, 1), 2, True),
+        ((1, 4, 6, 6), 2, False, "reorg"),
+        ((2, 9, 6, 3), 3, False, "reorg"),
+        ((1, 8, 3, 5), 2, True, "reorg"),
+        ((2, 4, 1, 1), 2, True, "reorg"),
+        ((1, 3, 6, 10), 2, False, "reorg3d"),
+        ((2, 2, 9, 3), 3, False, "reorg3d"),
+        ((1, 16, 3, 5), 2, True, "reorg3d"),
     ],
 )
-def test_reorg(emu_runner, order, shape, stride, reverse):
+def test_reorg(emu_runner, order, shape, stride, reverse, layer):
     x = _rand(shape, 19)
     out_shape = resample.reorg_output_shape(shape, stride, reverse)
     want = np.empty(out_shape, np.float32)
-    resample.reorg_forward(x, want, stride, reverse)
+    resample.reorg_forward(x, want, stride, reverse, layer)
     y = _empty(out_shape)
-    n, c, h, w = shape
-    # [reorg] is Darknet's reorg_old: reorg_cpu on the input's own (w, h, c), forward=reverse.
-    sw, sh, sc = w, h, c
+    # Both layers are reorg_cpu with forward=reverse: [reorg] (Darknet's reorg_old) on the
+    # input's own (w, h, c), [reorg3d] on the output's.
+    n, sc, sh, sw = out_shape if layer == "reorg3d" else shape
     emu_runner.run(
         "reorg_fwd_f32",
         {
