@@ -36,7 +36,7 @@ def _truths(truth: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def _case(name: str, tmp_path=None):
+def _case(name: str, tmp_path=None, dtype=np.float32):
     case = GOLDEN.load_case(TRAIN / name)
     index, arrays = case["index"], case["arrays"]
     folder = TRAIN / name
@@ -46,8 +46,8 @@ def _case(name: str, tmp_path=None):
         off = tmp_path / cfg.name
         off.write_text(cfg.read_text().replace("adam=1", "adam=0"))
         cfg = off
-    net = dm.load(cfg, folder / "init.weights")
-    x = arrays["X"].astype(np.float32)
+    net = dm.load(cfg, folder / "init.weights", dtype=dtype)
+    x = arrays["X"].astype(dtype)
     c, h, w = net.input_shape
     x = x.reshape(-1, c, h, w)
     truths = _truths(arrays["truth"].reshape(x.shape[0], -1, 6))
@@ -64,9 +64,12 @@ NAMES = {"weights": "weight_updates", "biases": "bias_updates", "scales": "scale
 CASES = ["micro-v4-sgd", "micro-v4-diou", "micro-v3-adam", "micro-layers"]
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_first_step_gradients_match_darknet(name):
-    net, x, truths, index, arrays = _case(name)
+@pytest.mark.parametrize(("name", "dtype"), [*((c, np.float32) for c in CASES),
+                                             ("micro-v4-sgd", np.float64),
+                                             ("micro-layers", np.float64)])
+def test_first_step_gradients_match_darknet(name, dtype):
+    # float64 training: the same arrays, from Darknet's float32 within its rounding.
+    net, x, truths, index, arrays = _case(name, dtype=dtype)
     before = {i: {k: v.copy() for k, v in p.items()} for i, p in net.params.items()}
     g = net.gradients(x, truths)
     assert abs(g.loss - index["steps"][0]["loss"]) <= 1e-4 * abs(index["steps"][0]["loss"])
@@ -77,6 +80,7 @@ def test_first_step_gradients_match_darknet(name):
             if key not in arrays:
                 continue
             want = arrays[key].reshape(grad.shape)
+            assert grad.dtype == dtype
             assert _rel(grad, want) <= 1e-4, (layer, pname, _rel(grad, want))
             checked += 1
     assert checked >= 10
