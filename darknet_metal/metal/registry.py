@@ -233,6 +233,8 @@ def _expr(text: str) -> Expr:
 
 
 _DIRECTIONS = ("in", "out", "inout")
+#: Role element types -> the NumPy dtype a host array bound there must have.
+_ELEMENT_TYPES = {"f32": "float32", "i32": "int32", "u32": "uint32"}
 _VERBS = {"in": "reads", "out": "writes", "inout": "reads and writes"}
 
 
@@ -249,6 +251,9 @@ class Binding:
     #: For an inout role: the argument field whose non-zero value makes the kernel read the
     #: role's old contents (empty: always read). A role not read need not be initialised.
     read_if: str = ""
+    #: The element type: "f32" (float), "i32" (int) or "u32" (uint); all are 4 bytes, so
+    #: extents count elements of any of them. ``bind`` refuses a NumPy array of another type.
+    dtype: str = "f32"
 
     def __post_init__(self) -> None:
         if self.direction not in _DIRECTIONS:
@@ -257,9 +262,17 @@ class Binding:
             )
         if not self.role.isidentifier() or self.role == "args":
             raise ValueError(f"bad role name {self.role!r}")
+        if self.dtype not in _ELEMENT_TYPES:
+            raise ValueError(f"role {self.role!r}: dtype {self.dtype!r} is not one of "
+                             f"{sorted(_ELEMENT_TYPES)}")
         _expr(self.extent)
         if self.used_if:
             _expr(self.used_if)
+
+    @property
+    def numpy_dtype(self) -> str:
+        """The NumPy dtype of the role's elements ("float32", "int32" or "uint32")."""
+        return _ELEMENT_TYPES[self.dtype]
 
     @property
     def reads(self) -> bool:
@@ -369,8 +382,9 @@ class Kernel:
 
         Raises BindingError for a missing or unknown role, a ``None`` where the kernel
         touches the role (see ``Binding.used_if``), or a buffer with ``nbytes`` (shim
-        ``Buffer``, NumPy array) smaller than 4 bytes times the role's extent. Objects
-        without ``nbytes`` are passed through unchecked.
+        ``Buffer``, NumPy array) smaller than 4 bytes times the role's extent, or an array
+        whose ``dtype`` is not the role's element type. Objects without ``nbytes`` are passed
+        through unchecked.
         """
         for role in buffers:
             if role not in self.roles:
@@ -392,6 +406,11 @@ class Kernel:
                 raise BindingError(
                     f"{self.name}: role {b.role!r} is None but the kernel "
                     f"{_VERBS[b.direction]} it{when}"
+                )
+            dtype = getattr(buf, "dtype", None)
+            if dtype is not None and str(dtype) != b.numpy_dtype:
+                raise BindingError(
+                    f"{self.name}: role {b.role!r} holds {b.numpy_dtype} elements, not {dtype}"
                 )
             held = getattr(buf, "nbytes", None)
             if held is not None:
@@ -523,170 +542,181 @@ _REORG_LARGE = (
     "+ width*height*stride*stride*((channels//(stride*stride))*batch - 1)"
 )
 
-#: Every kernel, keyed by its Metal function name.
-KERNELS: dict[str, Kernel] = {
-    k.name: k
-    for k in (
+#: The inference kernels.
+_FORWARD: tuple[Kernel, ...] = (
+    Kernel(
+        "activation_fwd_f32",
+        "activation.metal",
+        "dm_activation_args",
+        _io("n", "n"),
+        _ELEMENTS,
+    ),
+    *(
         Kernel(
-            "activation_fwd_f32",
+            f"{variant}_fwd_f32",
             "activation.metal",
-            "dm_activation_args",
-            _io("n", "n"),
-            _ELEMENTS,
+            "dm_normalize_channels_args",
+            _io("batch*channels*spatial", "batch*channels*spatial"),
+            Grid(("spatial", "batch"), (64, 1)),
+        )
+        for variant in (
+            "normalize_channels",
+            "normalize_channels_softmax",
+            "normalize_channels_softmax_maxval",
+        )
+    ),
+    Kernel(
+        "im2col_fwd_f32",
+        "im2col.metal",
+        "dm_im2col_args",
+        # Slice z reads input slice z whole at most and writes its column matrix whole.
+        (
+            _in("image", "slices*channels*height*width"),
+            _out("col", "slices*channels*ksize*ksize*out_h*out_w"),
         ),
-        *(
-            Kernel(
-                f"{variant}_fwd_f32",
-                "activation.metal",
-                "dm_normalize_channels_args",
-                _io("batch*channels*spatial", "batch*channels*spatial"),
-                Grid(("spatial", "batch"), (64, 1)),
-            )
-            for variant in (
-                "normalize_channels",
-                "normalize_channels_softmax",
-                "normalize_channels_softmax_maxval",
-            )
+        Grid(("spatial", "rows", "slices"), (64, 4, 1)),
+    ),
+    *(_gemm(t, s) for s in (False, True) for t in ("nn", "nt", "tn")),
+    Kernel(
+        "maxpool_fwd_f32",
+        "pooling.metal",
+        "dm_pool_args",
+        _io("planes*height*width", "planes*out_h*out_w"),
+        _PLANE_3D,
+    ),
+    Kernel(
+        "maxpool_depth_fwd_f32",
+        "pooling.metal",
+        "dm_maxpool_depth_args",
+        _io("batch*channels*spatial", "batch*out_channels*spatial"),
+        Grid(("spatial", "out_channels", "batch"), (64, 4, 1)),
+    ),
+    Kernel(
+        "avgpool_fwd_f32",
+        "pooling.metal",
+        "dm_avgpool_args",
+        _io("planes*spatial", "planes"),
+        Grid(("planes",), (64,)),
+    ),
+    Kernel(
+        "route_fwd_f32",
+        "route.metal",
+        "dm_route_args",
+        # One source's channel slice into its place in the output: the last image's
+        # slice ends the touched range on both sides.
+        _io(
+            "((batch - 1)*src_channels + src_offset + channels)*spatial",
+            "((batch - 1)*dst_channels + dst_offset + channels)*spatial",
         ),
-        Kernel(
-            "im2col_fwd_f32",
-            "im2col.metal",
-            "dm_im2col_args",
-            # Slice z reads input slice z whole at most and writes its column matrix whole.
-            (
-                _in("image", "slices*channels*height*width"),
-                _out("col", "slices*channels*ksize*ksize*out_h*out_w"),
+        _SPATIAL_3D,
+    ),
+    Kernel(
+        "shortcut_weights_fwd_f32",
+        "combine.metal",
+        "dm_shortcut_weights_args",
+        (
+            _in("weights", f"n_inputs*max(1, {_flag('per_channel')}*channels)"),
+            _out("table", "n_inputs*channels"),
+        ),
+        Grid(("channels",), (64,)),
+    ),
+    Kernel(
+        "shortcut_fwd_f32",
+        "combine.metal",
+        "dm_shortcut_args",
+        (
+            _in("x", "batch*channels*spatial"),
+            # Only the first min(channels, src_channels) channels of a source are added.
+            _in(
+                "source",
+                "((batch - 1)*src_channels + min(channels, src_channels))*spatial",
             ),
-            Grid(("spatial", "rows", "slices"), (64, 4, 1)),
-        ),
-        *(_gemm(t, s) for s in (False, True) for t in ("nn", "nt", "tn")),
-        Kernel(
-            "maxpool_fwd_f32",
-            "pooling.metal",
-            "dm_pool_args",
-            _io("planes*height*width", "planes*out_h*out_w"),
-            _PLANE_3D,
-        ),
-        Kernel(
-            "maxpool_depth_fwd_f32",
-            "pooling.metal",
-            "dm_maxpool_depth_args",
-            _io("batch*channels*spatial", "batch*out_channels*spatial"),
-            Grid(("spatial", "out_channels", "batch"), (64, 4, 1)),
-        ),
-        Kernel(
-            "avgpool_fwd_f32",
-            "pooling.metal",
-            "dm_avgpool_args",
-            _io("planes*spatial", "planes"),
-            Grid(("planes",), (64,)),
-        ),
-        Kernel(
-            "route_fwd_f32",
-            "route.metal",
-            "dm_route_args",
-            # One source's channel slice into its place in the output: the last image's
-            # slice ends the touched range on both sides.
-            _io(
-                "((batch - 1)*src_channels + src_offset + channels)*spatial",
-                "((batch - 1)*dst_channels + dst_offset + channels)*spatial",
+            # Row 0 (x's weights) when first, row `source` for the source's channels.
+            _in(
+                "table",
+                f"max({_flag('first')}*channels, min(channels, src_channels, 1)"
+                "*(source*channels + min(channels, src_channels)))",
+                used_if="weighted",
             ),
-            _SPATIAL_3D,
+            _out("y", "batch*channels*spatial"),
         ),
-        Kernel(
-            "shortcut_weights_fwd_f32",
-            "combine.metal",
-            "dm_shortcut_weights_args",
-            (
-                _in("weights", f"n_inputs*max(1, {_flag('per_channel')}*channels)"),
-                _out("table", "n_inputs*channels"),
+        _SPATIAL_3D,
+    ),
+    Kernel(
+        "scale_channels_fwd_f32",
+        "combine.metal",
+        "dm_scale_channels_args",
+        (
+            _in("x_from", "batch*channels*spatial"),
+            _in(
+                "scale",
+                f"batch*max({_flag('scale_wh')}*spatial, (1 - {_flag('scale_wh')})*channels)",
             ),
-            Grid(("channels",), (64,)),
+            _out("y", "batch*channels*spatial"),
         ),
-        Kernel(
-            "shortcut_fwd_f32",
-            "combine.metal",
-            "dm_shortcut_args",
-            (
-                _in("x", "batch*channels*spatial"),
-                # Only the first min(channels, src_channels) channels of a source are added.
-                _in(
-                    "source",
-                    "((batch - 1)*src_channels + min(channels, src_channels))*spatial",
-                ),
-                # Row 0 (x's weights) when first, row `source` for the source's channels.
-                _in(
-                    "table",
-                    f"max({_flag('first')}*channels, min(channels, src_channels, 1)"
-                    "*(source*channels + min(channels, src_channels)))",
-                    used_if="weighted",
-                ),
-                _out("y", "batch*channels*spatial"),
-            ),
-            _SPATIAL_3D,
+        _SPATIAL_3D,
+    ),
+    Kernel(
+        "sam_fwd_f32",
+        "combine.metal",
+        "dm_sam_args",
+        (_in("x_from", "n"), _in("x", "n"), _out("y", "n")),
+        _ELEMENTS,
+    ),
+    Kernel(
+        "upsample_fwd_f32",
+        "resample.metal",
+        "dm_upsample_args",
+        # stride > 0 reads pixel (j/s, i/s) of each plane; stride < 0 sums s x s blocks of
+        # planes out_h*out_w*s*s long (stride 0 reads nothing).
+        _io(
+            "min(1, max(stride, 0))*(((planes - 1)*height + (out_h - 1)//max(stride, 1))"
+            "*width + (out_w - 1)//max(stride, 1) + 1) "
+            "+ min(1, max(0 - stride, 0))*planes*out_h*out_w*stride*stride",
+            "planes*out_h*out_w",
         ),
-        Kernel(
-            "scale_channels_fwd_f32",
-            "combine.metal",
-            "dm_scale_channels_args",
-            (
-                _in("x_from", "batch*channels*spatial"),
-                _in(
-                    "scale",
-                    f"batch*max({_flag('scale_wh')}*spatial, (1 - {_flag('scale_wh')})*channels)",
-                ),
-                _out("y", "batch*channels*spatial"),
-            ),
-            _SPATIAL_3D,
+        _PLANE_3D,
+    ),
+    Kernel(
+        "reorg_fwd_f32",
+        "resample.metal",
+        "dm_reorg_args",
+        # reverse=0 copies the large side (x) to the small side (y), reverse=1 the other way.
+        _io(
+            f"{_flag('reverse')}*{_REORG_SMALL} + (1 - {_flag('reverse')})*({_REORG_LARGE})",
+            f"{_flag('reverse')}*({_REORG_LARGE}) + (1 - {_flag('reverse')})*{_REORG_SMALL}",
         ),
-        Kernel(
-            "sam_fwd_f32",
-            "combine.metal",
-            "dm_sam_args",
-            (_in("x_from", "n"), _in("x", "n"), _out("y", "n")),
-            _ELEMENTS,
-        ),
-        Kernel(
-            "upsample_fwd_f32",
-            "resample.metal",
-            "dm_upsample_args",
-            # stride > 0 reads pixel (j/s, i/s) of each plane; stride < 0 sums s x s blocks of
-            # planes out_h*out_w*s*s long (stride 0 reads nothing).
-            _io(
-                "min(1, max(stride, 0))*(((planes - 1)*height + (out_h - 1)//max(stride, 1))"
-                "*width + (out_w - 1)//max(stride, 1) + 1) "
-                "+ min(1, max(0 - stride, 0))*planes*out_h*out_w*stride*stride",
-                "planes*out_h*out_w",
-            ),
-            _PLANE_3D,
-        ),
-        Kernel(
-            "reorg_fwd_f32",
-            "resample.metal",
-            "dm_reorg_args",
-            # reverse=0 copies the large side (x) to the small side (y), reverse=1 the other way.
-            _io(
-                f"{_flag('reverse')}*{_REORG_SMALL} + (1 - {_flag('reverse')})*({_REORG_LARGE})",
-                f"{_flag('reverse')}*({_REORG_LARGE}) + (1 - {_flag('reverse')})*{_REORG_SMALL}",
-            ),
-            Grid(("width", "height", "slices"), (16, 16, 1)),
-        ),
-        Kernel(
-            "softmax_fwd_f32",
-            "heads.metal",
-            "dm_softmax_args",
-            _io("rows*n", "rows*n"),
-            Grid(("rows",), (64,)),
-        ),
-        Kernel(
-            "yolo_fwd_f32",
-            "heads.metal",
-            "dm_yolo_args",
-            _io("batch*anchors*(5 + classes)*spatial", "batch*anchors*(5 + classes)*spatial"),
-            Grid(("spatial", "channels", "batch"), (64, 4, 1)),
-        ),
-    )
-}
+        Grid(("width", "height", "slices"), (16, 16, 1)),
+    ),
+    Kernel(
+        "softmax_fwd_f32",
+        "heads.metal",
+        "dm_softmax_args",
+        _io("rows*n", "rows*n"),
+        Grid(("rows",), (64,)),
+    ),
+    Kernel(
+        "yolo_fwd_f32",
+        "heads.metal",
+        "dm_yolo_args",
+        _io("batch*anchors*(5 + classes)*spatial", "batch*anchors*(5 + classes)*spatial"),
+        Grid(("spatial", "channels", "batch"), (64, 4, 1)),
+    ),
+)
+
+
+def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
+    table: dict[str, Kernel] = {}
+    for group in groups:
+        for k in group:
+            if k.name in table:
+                raise ValueError(f"kernel {k.name} is declared twice")
+            table[k.name] = k
+    return table
+
+
+#: Every kernel, keyed by its Metal function name.
+KERNELS: dict[str, Kernel] = _table(_FORWARD)
 
 
 def kernel(name: str) -> Kernel:

@@ -588,10 +588,10 @@ def test_bind_every_kernel_at_exact_extents_and_one_float_short(name):
     extents = k.extents(args, sizes)
     assert set(extents) == set(k.roles)
     assert all(v > 0 for v in extents.values()), extents
-    bufs = {role: _f32(n) for role, n in extents.items()}
+    bufs = {role: np.zeros(n, k.binding(role).numpy_dtype) for role, n in extents.items()}
     assert k.bind(bufs, args, sizes) == tuple(bufs[r] for r in k.roles)
     for role, n in extents.items():
-        short = dict(bufs, **{role: _f32(n - 1)})
+        short = dict(bufs, **{role: np.zeros(n - 1, k.binding(role).numpy_dtype)})
         with pytest.raises(BindingError, match=rf"^{name}: buffer for role '{role}' holds "):
             k.bind(short, args, sizes)
 
@@ -617,15 +617,18 @@ def test_kernels_stay_within_their_declared_extents(emu_runner, name):
     asan = os.environ.get("DM_METAL_TEST_ASAN", "") not in ("", "0")
     tail = 0 if asan else 67
     rng = np.random.default_rng(1)
-    backing = {
-        role: np.concatenate(
-            [rng.standard_normal(n).astype(np.float32), np.full(tail, 1234.5, np.float32)]
-        )
-        for role, n in extents.items()
-    }
+
+    def filled(role: str, n: int) -> np.ndarray:
+        # Integer roles (indices, counts) get small values of both signs: kernels guard what
+        # they index with them.
+        dtype = k.binding(role).numpy_dtype
+        body = (rng.standard_normal(n) if dtype == "float32" else rng.integers(-3, 40, n))
+        return np.concatenate([body.astype(dtype), np.full(tail, 1234.5).astype(dtype)])
+
+    backing = {role: filled(role, n) for role, n in extents.items()}
     emu_runner.run(name, args, {r: b[: extents[r]] for r, b in backing.items()}, sizes)
     for role, b in backing.items():
-        assert (b[extents[role] :] == 1234.5).all(), (name, role)
+        assert (b[extents[role] :] == np.array(1234.5).astype(b.dtype)).all(), (name, role)
 
 
 def _gemm_touched(trans, args, slices):
@@ -733,3 +736,17 @@ def test_every_host_dispatch_fits_the_declared_extents(tmp_path, simd):
         for found in _kernels_by_kind(net.layers, simd, sizes, batch).values():
             checked |= found
     assert len(checked) >= 15, checked
+
+
+def test_bind_refuses_an_array_of_another_element_type():
+    k = registry.Kernel("probe_fwd_f32", "x.metal", "dm_activation_args",
+                        (registry.Binding("in", "index", "n", dtype="i32"),
+                         registry.Binding("out", "y", "n")),
+                        registry.Grid(("n",), (64,)))
+    k.bind({"index": np.zeros(4, np.int32), "y": _f32(4)}, {"n": 4}, {"n": 4})
+    with pytest.raises(BindingError, match="role 'index' holds int32 elements, not float32"):
+        k.bind({"index": _f32(4), "y": _f32(4)}, {"n": 4}, {"n": 4})
+    with pytest.raises(BindingError, match="role 'y' holds float32 elements, not int32"):
+        k.bind({"index": np.zeros(4, np.int32), "y": np.zeros(4, np.int32)}, {"n": 4}, {"n": 4})
+    with pytest.raises(ValueError, match="dtype 'f64'"):
+        registry.Binding("in", "x", "n", dtype="f64")
