@@ -152,8 +152,17 @@ static int load_libraries(DMMetalDevice *device) {
         return dm_set_error(DM_ERR_COMPILE,
                             "Metal: no kernels (no .metallib and no .metal sources installed)");
     MTLCompileOptions *options = [MTLCompileOptions new];
-    // The CPU reference is the oracle; fast math would change exp/log results.
-    options.fastMathEnabled = NO;
+    // Fast math (Metal's default) assumes no NaN or infinity, reassociates sums and swaps in
+    // approximate exp/log: results would leave the CPU reference, and the NaN guards of
+    // training would compile away (what drives Darknet's -Ofast CPU training to NaN).
+    if (@available(macOS 15.0, *)) {
+        options.mathMode = MTLMathModeSafe;
+    } else {
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+        options.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+    }
     for (NSUInteger i = 0; i < device.sources.count; i++) {
         error = nil;
         id<MTLLibrary> library = [device.device newLibraryWithSource:device.sources[i]

@@ -25,9 +25,14 @@ def shader_files() -> list[pathlib.Path]:
     return sorted(SHADERS.glob("*.metal"))
 
 
-def build_library() -> pathlib.Path:
+def build_library(*, fast_math: bool = False) -> pathlib.Path:
     """The emulator library of all shaders. The shared headers are part of the cache key
     (the harness hashes only the .metal text), through a macro in the compile flags.
+
+    ``fast_math``: compiled with ``-ffast-math`` (no NaN or infinity assumed, sums
+    reassociated), the way Metal compiles by default: a kernel whose safety depends on
+    IEEE semantics (a NaN test, an overflow guard written as a comparison with infinity)
+    fails its tests there. The driver compiles the real library with fast math off.
 
     With DM_METAL_TEST_ASAN=1 the kernels are built with AddressSanitizer (run pytest with
     ``LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0``)."""
@@ -37,6 +42,8 @@ def build_library() -> pathlib.Path:
     asan = os.environ.get("DM_METAL_TEST_ASAN", "") not in ("", "0")
     opt = emu_harness.ASAN_FLAGS if asan else emu_harness.OPT_FLAGS
     flags = [*opt, f"-I{SHADERS}", f"-DDM_HEADERS_KEY={digest.hexdigest()[:16]}"]
+    if fast_math:
+        flags.append("-ffast-math")
     return emu_harness.build(shader_files(), flags=flags)
 
 

@@ -30,6 +30,12 @@ def test_driver_passes():
 # (original text, mutated text, expected clang diagnostic)
 MUTATIONS = [
     pytest.param(
+        "    if (@available(macOS 15.0, *)) {\n        options.mathMode = MTLMathModeSafe;",
+        "    options.mathMode = MTLMathModeSafe;\n    if (1) {",
+        "only available on macOS 15.0",
+        id="math-mode-without-availability-check",
+    ),
+    pytest.param(
         "[encoder dispatchThreads:size threadsPerThreadgroup:group]",
         "[encoder dispatchThread:size threadsPerThreadgroup:group]",
         "dispatchThread:threadsPerThreadgroup:",
@@ -72,3 +78,12 @@ def test_mutated_driver_fails(tmp_path, original, mutated, diagnostic):
     assert proc.returncode != 0
     assert "error:" in proc.stderr
     assert diagnostic in proc.stderr, proc.stderr
+
+
+def test_the_library_compiles_without_fast_math():
+    # Safe math where the OS has mathMode, else fastMathEnabled = NO (Metal's default is on).
+    text = DRIVER.read_text()
+    assert "options.mathMode = MTLMathModeSafe;" in text
+    assert "options.fastMathEnabled = NO;" in text
+    call = text[text.index("newLibraryWithSource:device.sources[i]"):]
+    assert call.split("]")[1].split()[0] == "options:options", call[:120]

@@ -13,6 +13,9 @@
 #define FOUNDATION_EXPORT extern
 #define NS_ENUM(_type, _name) enum _name : _type _name; enum _name : _type
 #define NS_OPTIONS(_type, _name) enum _name : _type _name; enum _name : _type
+/* <os/availability.h>, macOS only: enough for clang's availability checks. */
+#define API_AVAILABLE(macos_version) __attribute__((availability(macos_version)))
+#define macos(v) macos, introduced = v
 
 typedef long NSInteger;
 typedef unsigned long NSUInteger;

@@ -63,8 +63,16 @@ typedef NS_OPTIONS(NSUInteger, MTLResourceOptions) {
 @property (readonly) NSString *name;
 @end
 
+/* macOS 15 SDK (absent from 13.3): the driver sets it when the OS has it. */
+typedef NS_ENUM(NSInteger, MTLMathMode) {
+    MTLMathModeSafe = 0,
+    MTLMathModeRelaxed = 1,
+    MTLMathModeFast = 2,
+} API_AVAILABLE(macos(15.0));
+
 @interface MTLCompileOptions : NSObject
 @property (readwrite, nonatomic) BOOL fastMathEnabled;
+@property (readwrite, nonatomic) MTLMathMode mathMode API_AVAILABLE(macos(15.0));
 @end
 
 @protocol MTLLibrary <NSObject>
