@@ -4,7 +4,7 @@
  * - tanh is 2/(1 + exp(-2x)) - 1, also inside mish; softplus switches at |x| > 20;
  * - gelu uses the hardware tanh (Darknet calls tanhf there) and float constants (the CPU
  *   reference computes parts in double, so the two agree to rounding only);
- * - elu/selu multiply both branches by a 0/1 mask, so an overflowing exp gives NaN.
+ * - elu/selu choose their branch (Darknet's 0/1 masks give NaN once exp overflows).
  *
  * Plain functions only, no address-space qualifiers: this header is compiled unchanged by the
  * Metal compiler and, through the emulator, as C++ (where the .metal rewrite does not reach).
@@ -61,10 +61,9 @@ static inline float dm_activate(float x, int act) {
         case DM_ACT_TANH:
             return dm_tanh_darknet(x);
         case DM_ACT_ELU:
-            return float(x >= 0.0f) * x + float(x < 0.0f) * (metal::exp(x) - 1.0f);
+            return x >= 0.0f ? x : metal::exp(x) - 1.0f;
         case DM_ACT_SELU:
-            return float(x >= 0.0f) * 1.0507f * x +
-                   float(x < 0.0f) * 1.0507f * 1.6732f * (metal::exp(x) - 1.0f);
+            return x >= 0.0f ? 1.0507f * x : 1.0507f * 1.6732f * (metal::exp(x) - 1.0f);
         case DM_ACT_GELU:
             return 0.5f * x * (1.0f + metal::tanh(0.797885f * x + 0.035677f * (x * x * x)));
         case DM_ACT_MISH:

@@ -12,8 +12,9 @@ by a few ulps. Points where Darknet's arithmetic is unusual and is kept on purpo
   (``x`` above 20, ``exp(x)`` below -20);
 - ``gelu`` is ``0.5x(1 + tanh(0.797885x + 0.035677x^3))`` with the constants in double
   precision as C promotes them; its derivative uses 0.0356774 as Darknet's does;
-- ``elu``/``selu`` multiply both branches by a 0/1 mask, so an overflowing ``exp`` gives
-  NaN for large inputs exactly as in Darknet;
+- ``elu``/``selu`` choose their branch: Darknet adds both branches times 0/1 masks, which
+  gives NaN (0 * inf) once ``exp`` overflows (x > 88.7) and for -inf; the values are
+  Darknet's wherever those are finite;
 - ``revleaky`` is the same function as ``leaky`` (slope 0.1, as the float ``0.1f``;
   Darknet's convolution epilogue multiplies part of the array by the double 0.1 instead,
   a 1-ulp difference on some negative inputs);
@@ -165,10 +166,11 @@ cdef inline floating _activate(floating x, int act) noexcept nogil:
     elif act == ACT_TANH:
         return _tanh_darknet(x)
     elif act == ACT_ELU:
-        return <floating>(x >= zero) * x + <floating>(x < zero) * (fexp(x) - one)
+        return x if x >= zero else fexp(x) - one
     elif act == ACT_SELU:
-        return (<floating>(x >= zero) * <floating>1.0507 * x
-                + <floating>(x < zero) * <floating>1.0507 * <floating>1.6732 * (fexp(x) - one))
+        if x >= zero:
+            return <floating>1.0507 * x
+        return <floating>1.0507 * <floating>1.6732 * (fexp(x) - one)
     elif act == ACT_GELU:
         return _gelu(x)
     elif act == ACT_MISH:

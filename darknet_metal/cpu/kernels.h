@@ -88,7 +88,8 @@ DM_INLINE float dm_expf(float x)
  * - mish x*tanh(softplus(x)) as x*n/(n + 2) with n = e^x(e^x + 2) (the same function,
  *   tanh(log(1 + e^x)) written without log or a second exp), and x itself above Darknet's
  *   softplus threshold 20 (where Darknet's float result is x exactly);
- * - elu, selu with Darknet's 0/1 masks, so an overflowing e^x still gives NaN as Darknet.
+ * - elu, selu choosing their branch (Darknet adds both branches times 0/1 masks, and
+ *   0 * e^x is NaN once e^x overflows: the same values wherever Darknet's are finite);
  * gelu as x / (1 + e^(-2a)), a = 0.797885x + 0.035677x^3, which equals Darknet's
  *   0.5x(1 + tanh(a)) without the cancellation of 1 + tanh(a) for negative a;
  * stair with Darknet's floors, the parity of floor(x) tested on the float (as the scalar
@@ -103,11 +104,9 @@ DM_INLINE float dm_expf(float x)
     case DM_ACT_LOGISTIC: LOOP(1.0f / (1.0f + dm_expf(-x))); break;                         \
     case DM_ACT_LOGGY: LOOP(2.0f / (1.0f + dm_expf(-x)) - 1.0f); break;                     \
     case DM_ACT_TANH: LOOP(2.0f / (1.0f + dm_expf(-2.0f * x)) - 1.0f); break;               \
-    case DM_ACT_ELU:                                                                        \
-        LOOP((float)(x >= 0.0f) * x + (float)(x < 0.0f) * (dm_expf(x) - 1.0f)); break;      \
+    case DM_ACT_ELU: LOOP(x >= 0.0f ? x : dm_expf(x) - 1.0f); break;                        \
     case DM_ACT_SELU:                                                                       \
-        LOOP((float)(x >= 0.0f) * 1.0507f * x                                               \
-             + (float)(x < 0.0f) * 1.0507f * 1.6732f * (dm_expf(x) - 1.0f)); break;         \
+        LOOP(x >= 0.0f ? 1.0507f * x : 1.0507f * 1.6732f * (dm_expf(x) - 1.0f)); break;     \
     case DM_ACT_MISH: LOOP(dm_mish(x)); break;                                              \
     case DM_ACT_SWISH: LOOP(x * (1.0f / (1.0f + dm_expf(-x)))); break;                      \
     case DM_ACT_HARD_MISH: LOOP(dm_hard_mish(x)); break;                                    \

@@ -96,12 +96,15 @@ def build(
     objs += [_compile(translate_metal(m), flags) for m in metal_files]
     if driver is not None:
         objs.append(_compile(driver, flags))
-    key = _digest(*(o.name for o in objs), " ".join(flags))
+    # -ffast-math is for compiling only: linked with it, the library gets a constructor that
+    # switches the whole loading process to flush-to-zero, changing every CPU reference.
+    link_flags = [f for f in flags if f != "-ffast-math"]
+    key = _digest(*(o.name for o in objs), " ".join(flags), "link:", " ".join(link_flags))
     suffix = "" if driver is not None else ".so"
     out = cache_dir() / f"emu-{key}{suffix}"
     if not out.exists():
         tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-        link = [CXX, *flags, *map(str, objs), "-o", str(tmp), "-lpthread"]
+        link = [CXX, *link_flags, *map(str, objs), "-o", str(tmp), "-lpthread"]
         if driver is None:
             link[1:1] = ["-shared", "-Wl,-Bsymbolic"]
         _run(link)

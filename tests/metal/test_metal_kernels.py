@@ -457,7 +457,6 @@ def test_yolo(emu_runner, order, shape, anchors, classes, scale_x_y, new_coords)
     np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.xfail(reason="elu/selu still follow Darknet's 0 * inf = NaN", strict=True)
 def test_activations_stay_finite_on_saturating_inputs(any_math_runner):
     # Both builds (IEEE and -ffast-math): exp overflow must not turn into NaN.
     x = np.array([1e4, -1e4, 88.8, -88.8, 100.0, -100.0, 0.0, 30.0, -30.0], np.float32)
@@ -471,3 +470,10 @@ def test_activations_stay_finite_on_saturating_inputs(any_math_runner):
         cpu_act.activate(want, ACTIVATION_ID[name])
         assert np.isfinite(y).all(), (name, y)
         np.testing.assert_allclose(y, want.reshape(-1), rtol=2e-5, atol=1e-6, err_msg=name)
+
+
+def test_the_fast_math_build_leaves_subnormals_alone(fast_math_runner):
+    # Loading it must not switch the process to flush-to-zero (the CPU reference would change).
+    tiny = np.array([1e-40], np.float32)
+    assert (tiny * np.float32(1.0))[0] != 0.0
+    assert fast_math_runner is not None
