@@ -66,6 +66,14 @@ class _LoadedProgram:
         self.steps = StepList(native, self.input_standin)
         self.input_aliases = {t for t in program.tensors if memory.owner[t] == input_owner}
 
+    def run(self, x: np.ndarray) -> None:
+        """One pass on ``x`` (the program's input shape and dtype), read in place."""
+        self.steps.run(x)
+
+    def read(self, t: Tensor) -> np.ndarray:
+        """A copy of tensor ``t`` after the last ``run``."""
+        return self.views[t].copy()
+
 
 class CpuBackend:
     """Executes a network's layers on the CPU in ``dtype`` (float32 or float64)."""
@@ -153,24 +161,10 @@ class CpuBackend:
 
     def build_training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
                                keep_deltas: bool = False) -> Program:
-        """The program of one mini-batch of ``batch`` images of a training iteration: each
-        op's training forward, then the backward from the last layer to ``first_backward``
-        (not bound to memory yet). ``keep_deltas``: every layer's delta stays readable after
-        a run."""
-        return build_program(
-            self.specs,
-            lambda spec, e: spec.emit_cpu_train(e, state.layer(spec.index)),
-            batch=batch,
-            keep=(),
-            mode="train",
-            itemsize=self.dtype.itemsize,
-            # Darknet's onlyforward: the layer's backward does not run (nor send gradients on).
-            emit_backward=lambda spec, e: None if spec.values.get("onlyforward")
-            else spec.emit_cpu_backward(e, state.layer(spec.index)),
-            clear=_clear,
-            first_backward=first_backward,
-            keep_deltas=keep_deltas,
-        )
+        """The program of one mini-batch of ``batch`` images of a training iteration (see
+        ``cpu_training_program``), not bound to memory yet."""
+        return cpu_training_program(self.specs, state, batch, first_backward=first_backward,
+                                    keep_deltas=keep_deltas, itemsize=self.dtype.itemsize)
 
     def training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
                          keep_deltas: bool = False) -> _LoadedProgram:
@@ -184,5 +178,29 @@ class CpuBackend:
         self._programs.clear()
 
 
-def _clear(e: LayerEmitter, t: Tensor) -> None:
+def cpu_training_program(specs: Sequence[LayerSpec], state: TrainState, batch: int, *,
+                         first_backward: int = 0, keep_deltas: bool = False,
+                         **options: Any) -> Program:
+    """The program of one mini-batch of ``batch`` images of a training iteration from the
+    ops' CPU training steps (bound to ``state``'s arrays): each op's training forward, then
+    the backward from the last layer to ``first_backward``. ``keep_deltas``: every layer's
+    delta stays readable after a run. ``options``: more ``build_program`` arguments."""
+    return build_program(
+        specs,
+        lambda spec, e: spec.emit_cpu_train(e, state.layer(spec.index)),
+        batch=batch,
+        keep=(),
+        mode="train",
+        # Darknet's onlyforward: the layer's backward does not run (nor send gradients on).
+        emit_backward=lambda spec, e: None if spec.values.get("onlyforward")
+        else spec.emit_cpu_backward(e, state.layer(spec.index)),
+        clear=clear_on_host,
+        first_backward=first_backward,
+        keep_deltas=keep_deltas,
+        **options,
+    )
+
+
+def clear_on_host(e: LayerEmitter, t: Tensor) -> None:
+    """Zeroes tensor ``t`` with a host step (a training program's ``clear``)."""
     e.host([], [t], lambda reads, writes: [fill_step(writes[0])])

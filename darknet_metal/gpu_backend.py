@@ -30,11 +30,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from darknet_metal.cpu.executor import StepList
+from darknet_metal.cpu_backend import cpu_training_program
 from darknet_metal.errors import ArgumentError, DeviceError
 from darknet_metal.layers import LayerSpec
 from darknet_metal.memory import MemoryPlan, plan_memory
@@ -52,6 +53,9 @@ from darknet_metal.program import (
     Tensor,
     build_program,
 )
+
+if TYPE_CHECKING:
+    from darknet_metal.training.state import TrainState
 
 #: Programs kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
 MAX_PROGRAMS = 4
@@ -143,6 +147,7 @@ class BoundProgram:
 
     def __init__(self, backend: GpuBackend, program: Program) -> None:
         device = backend.device
+        self.device = device
         self.program = program
         self.memory: MemoryPlan = plan_memory(program)
         self.buffers = [device.buffer(n) for n in self.memory.slot_bytes]
@@ -175,6 +180,10 @@ class BoundProgram:
     def buffer(self, t: Tensor) -> Any:
         return self.buffers[self.memory.slot_of[t]]
 
+    def device_commit_and_wait(self) -> None:
+        self.device.commit()
+        self.device.synchronize()
+
     def _pack(self, backend: GpuBackend, step: KernelStep) -> Dispatch:
         buffers = {
             role: None if ref is None
@@ -185,10 +194,37 @@ class BoundProgram:
         return pack(step.kernel, buffers, step.args, step.sizes)
 
     def _host(self, device: Any, step: HostStep) -> HostCall:
-        shapes = self.program.tensors
-        reads = [(self.buffer(t), np.empty(shapes[t].shape, np.float32)) for t in step.reads]
-        writes = [(self.buffer(t), np.empty(shapes[t].shape, np.float32)) for t in step.writes]
+        # One host array per memory owner: a tensor a step reads and writes (a gradient it
+        # adds into) or two aliases of one memory must be the same array on the host too.
+        owners: dict[Tensor, np.ndarray] = {}
+
+        def host(t: Tensor) -> np.ndarray:
+            owner = self.memory.owner[t]
+            if owner not in owners:
+                owners[owner] = self._host_array(owner)
+            return owners[owner].reshape(self.program.tensors[t].shape)
+
+        reads = [(self.buffer(t), host(t)) for t in step.reads]
+        writes = [(self.buffer(t), host(t)) for t in step.writes]
         return HostCall(device, step, reads, writes)
+
+    def _host_array(self, t: Tensor) -> np.ndarray:
+        spec = self.program.tensors[t]
+        return np.empty(spec.shape, np.float32 if spec.dtype is None else spec.dtype)
+
+    def run(self, x: np.ndarray) -> None:
+        """One pass on ``x`` (the program's input shape, float32): upload, encode every
+        segment, commit and wait."""
+        self.input_buffer.write(np.ascontiguousarray(x, np.float32))
+        for segment in self.segments:
+            segment()
+        self.device_commit_and_wait()
+
+    def read(self, t: Tensor) -> np.ndarray:
+        """A new host array with tensor ``t`` (downloaded after the last ``run``)."""
+        out = self._host_array(t)
+        self.buffer(self.memory.owner[t]).read_into(out)
+        return out
 
     def release(self) -> None:
         # The lists first: they hold the buffers, which return to the pool once both let go.
@@ -427,6 +463,32 @@ class GpuBackend:
             else:
                 result.append(None)
         return result
+
+    # -- training --------------------------------------------------------------------------
+
+    def build_training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
+                               keep_deltas: bool = False) -> Program:
+        """The program of one mini-batch of a training iteration (see
+        ``CpuBackend.build_training_program``). Every layer trains through its op's native
+        CPU steps, run as host steps inside the device program (each a commit, a wait and
+        the transfers of what it reads and writes), on the training state's host arrays:
+        the layers' training kernels take their place op by op."""
+        return cpu_training_program(
+            self.specs, state, batch, first_backward=first_backward, keep_deltas=keep_deltas,
+            simd=self.simd, param_nbytes={ref: buf.nbytes for ref, buf in self._params.items()})
+
+    def training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
+                         keep_deltas: bool = False) -> BoundProgram:
+        """``build_training_program`` bound to device memory (``run(x)`` a mini-batch,
+        ``read(tensor)`` a kept delta)."""
+        return BoundProgram(self, self.build_training_program(
+            state, batch, first_backward=first_backward, keep_deltas=keep_deltas))
+
+    def training_coverage(self) -> list[LayerPlacement]:
+        """Per layer, where its training steps run: every layer on the CPU so far."""
+        return [LayerPlacement(spec.index, spec.kind, "fallback",
+                               reason="no training kernels yet: the op's CPU training steps")
+                for spec in self.specs]
 
     def close(self) -> None:
         """Releases every device buffer this backend holds."""

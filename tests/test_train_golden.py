@@ -36,7 +36,7 @@ def _truths(truth: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def _case(name: str, tmp_path=None, dtype=np.float32):
+def _case(name: str, tmp_path=None, dtype=np.float32, device="cpu"):
     case = GOLDEN.load_case(TRAIN / name)
     index, arrays = case["index"], case["arrays"]
     folder = TRAIN / name
@@ -46,7 +46,7 @@ def _case(name: str, tmp_path=None, dtype=np.float32):
         off = tmp_path / cfg.name
         off.write_text(cfg.read_text().replace("adam=1", "adam=0"))
         cfg = off
-    net = dm.load(cfg, folder / "init.weights", dtype=dtype)
+    net = dm.load(cfg, folder / "init.weights", dtype=dtype, device=device)
     x = arrays["X"].astype(dtype)
     c, h, w = net.input_shape
     x = x.reshape(-1, c, h, w)
@@ -64,12 +64,14 @@ NAMES = {"weights": "weight_updates", "biases": "bias_updates", "scales": "scale
 CASES = ["micro-v4-sgd", "micro-v4-diou", "micro-v3-adam", "micro-layers"]
 
 
-@pytest.mark.parametrize(("name", "dtype"), [*((c, np.float32) for c in CASES),
-                                             ("micro-v4-sgd", np.float64),
-                                             ("micro-layers", np.float64)])
-def test_first_step_gradients_match_darknet(name, dtype):
+@pytest.mark.parametrize(("name", "dtype", "device"), [
+    *((c, np.float32, "cpu") for c in CASES),
     # float64 training: the same arrays, from Darknet's float32 within its rounding.
-    net, x, truths, index, arrays = _case(name, dtype=dtype)
+    ("micro-v4-sgd", np.float64, "cpu"), ("micro-layers", np.float64, "cpu"),
+    *((c, np.float32, "emu") for c in CASES),
+])
+def test_first_step_gradients_match_darknet(name, dtype, device):
+    net, x, truths, index, arrays = _case(name, dtype=dtype, device=device)
     before = {i: {k: v.copy() for k, v in p.items()} for i, p in net.params.items()}
     g = net.gradients(x, truths)
     assert abs(g.loss - index["steps"][0]["loss"]) <= 1e-4 * abs(index["steps"][0]["loss"])
@@ -91,9 +93,10 @@ def test_first_step_gradients_match_darknet(name, dtype):
     assert net.iteration == 0
 
 
+@pytest.mark.parametrize("device", ["cpu", "emu"])
 @pytest.mark.parametrize("name", CASES)
-def test_steps_match_darknet_weights(name, tmp_path):
-    net, x, truths, index, arrays = _case(name, tmp_path)
+def test_steps_match_darknet_weights(name, device, tmp_path):
+    net, x, truths, index, arrays = _case(name, tmp_path, device=device)
     assert not net.config.net.values["adam"]
     initial = {i: {n: a.copy() for n, a in p.items()} for i, p in net.params.items()}
     for k, step in enumerate(index["steps"], start=1):

@@ -110,9 +110,6 @@ class Trainer:
                 layer.extra["truth"] = self.truth
         self.first_backward = max(_first_backward(specs), len(self.frozen))
         backend = net._backend
-        if not hasattr(backend, "training_program"):
-            raise ArgumentError(f"training on {net.device!r} is not supported yet: use "
-                                "device='cpu'")
         self._check_memory(backend)
         self.program = backend.training_program(self.state, self.mini_batch,
                                                 first_backward=self.first_backward)
@@ -248,7 +245,7 @@ class Trainer:
         m = self.mini_batch
         for sub in range(self.subdivisions):
             self._load_truths(truths, sub * m)
-            loaded.steps.run(x[sub * m:(sub + 1) * m])
+            loaded.run(x[sub * m:(sub + 1) * m])
             total += self._network_cost()
             if stats is not None:
                 for index in self.heads:
@@ -366,8 +363,8 @@ class Trainer:
             deltas = {}
             for spec in self.specs:
                 t = Tensor(spec.index, "delta")
-                if t in loaded.views:
-                    deltas[spec.index] = loaded.views[t].copy()
+                if t in loaded.program.tensors:
+                    deltas[spec.index] = loaded.read(t)
         finally:
             self.state.restore(saved)
         return Gradients(loss, params, deltas)
