@@ -70,7 +70,7 @@ typedef struct dm_normalize_channels_args {
 } dm_normalize_channels_args;
 DM_STATIC_ASSERT(sizeof(dm_normalize_channels_args) == 12, "dm_normalize_channels_args size");
 
-/* im2col_fwd_f32: z = image*groups + group; channels is per group (C/groups); pad is the
+/* im2col_fwd_f32 and its adjoint col2im_bwd_f32: z = image*groups + group; channels is per group (C/groups); pad is the
  * layer's pad (the kernel pads pad*dilation pixels, as Darknet does). The column matrix of
  * slice z starts at z*channels*ksize*ksize*out_h*out_w, its input at z*channels*height*width. */
 typedef struct dm_im2col_args {
@@ -242,5 +242,30 @@ typedef struct dm_yolo_args {
     float scale_x_y;
 } dm_yolo_args;
 DM_STATIC_ASSERT(sizeof(dm_yolo_args) == 24, "dm_yolo_args size");
+
+/* bias_bwd_f32: bias_grad[c] += sum of delta[b, c, i] over b < batch, i < spatial (a
+ * connected layer's (batch, channels) delta has spatial = 1). */
+typedef struct dm_bias_args {
+    uint32_t batch;
+    uint32_t channels;
+    uint32_t spatial;
+} dm_bias_args;
+DM_STATIC_ASSERT(sizeof(dm_bias_args) == 12, "dm_bias_args size");
+
+/* batchnorm_{fwd_stats,fwd_norm,fwd_xnorm,bwd_sums,bwd_delta}_f32 on (batch, channels,
+ * spatial) (spatial = 1 for a connected layer). The running averages take
+ * r = r*momentum + one_minus_momentum*stat, both factors rounded to float from the double
+ * momentum on the host, as the CPU rounds them. exact: the backward's exact gradient instead
+ * of Darknet's formulas (batchnorm_bwd_delta_f32). */
+typedef struct dm_batchnorm_args {
+    uint32_t batch;
+    uint32_t channels;
+    uint32_t spatial;
+    float eps;
+    float momentum;
+    float one_minus_momentum;
+    uint32_t exact;
+} dm_batchnorm_args;
+DM_STATIC_ASSERT(sizeof(dm_batchnorm_args) == 28, "dm_batchnorm_args size");
 
 #endif /* DM_ARGS_H */

@@ -105,8 +105,8 @@ MINI_NETWORKS: list[tuple[str, str]] = [
 
 
 def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
-    """Kernels no layer dispatches at inference, the transposed-A GEMMs, against a float64
-    NumPy product."""
+    """Kernels no layer dispatches at inference: the transposed-A GEMMs against a float64
+    NumPy product, and the training kernels against the CPU reference."""
     rng = np.random.default_rng(5)
     results = []
     m, n, k = 17, 33, 29
@@ -119,6 +119,90 @@ def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
     for name in (gemm_kernel("tn", False), gemm_kernel("tn", True)):
         got = _run(device, name, {"a": a, "b": b, "bias": bias}, "c", (m, n), args, sizes)
         results.append((name, *_verdict(got, ref)))
+    return results + _training_checks(device, rng)
+
+
+def _training_checks(device: Any, rng: np.random.Generator) -> list[tuple[str, float, bool]]:
+    """The convolution's training kernels (train_conv.metal) against the CPU reference, each
+    adding into non-zero gradients where it accumulates."""
+    from darknet_metal.cpu import batchnorm, conv, im2col
+
+    def rand(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32)
+
+    results = []
+    # col2im: stride 2, padding, two groups of two channels, two images.
+    n, groups, cg, h, w, ksize, stride, pad = 2, 2, 2, 7, 6, 3, 2, 1
+    oh, ow = (h + 2 * pad - ksize) // stride + 1, (w + 2 * pad - ksize) // stride + 1
+    col, image = rand(n * groups, cg * ksize * ksize, oh * ow), rand(n, groups * cg, h, w)
+    want = image.copy()
+    for z in range(n * groups):
+        b, g = divmod(z, groups)
+        im2col.col2im_add(col[z], want[b, g * cg : (g + 1) * cg], ksize, stride, stride, pad, 1,
+                          oh, ow)
+    geometry = dict(channels=cg, height=h, width=w, ksize=ksize, stride_x=stride,
+                    stride_y=stride, pad=pad, dilation=1, out_h=oh, out_w=ow)
+    got = _run_roles(device, "col2im_bwd_f32", {"col": col, "image": image}, ("image",),
+                     geometry, {"spatial": h * w, "channels": cg, "slices": n * groups})
+    results.append(("col2im_bwd_f32", *_verdict(got["image"], want)))
+
+    # Bias gradient and batch norm on (N, C, H, W) = (2, 5, 3, 7).
+    shape = (2, 5, 3, 7)
+    c, spatial = shape[1], shape[2] * shape[3]
+    channels = {"channels": c}
+    values = {"spatial": spatial, "channels": c, "batch": shape[0]}
+    delta, bias_grad = rand(*shape), rand(c)
+    want = bias_grad.copy()
+    conv.bias_grad(delta, want)
+    got = _run_roles(device, "bias_bwd_f32", {"delta": delta, "bias_grad": bias_grad},
+                     ("bias_grad",), {"batch": shape[0], "channels": c, "spatial": spatial},
+                     channels)
+    results.append(("bias_bwd_f32", *_verdict(got["bias_grad"], want)))
+
+    x, scale, bias = rand(*shape) * np.float32(2.0) + np.float32(1.0), rand(c), rand(c)
+    rolling = (rand(c), np.abs(rand(c)))
+    mean, var, x_norm, out = (np.empty(c, np.float32), np.empty(c, np.float32),
+                              np.empty_like(x), np.empty_like(x))
+    rm, rv = rolling[0].copy(), rolling[1].copy()
+    momentum = batchnorm.MOMENTUM_CONV
+    batchnorm.batchnorm_forward_train(x, mean, var, x_norm, out, scale, bias, rm, rv, momentum)
+    args = dict(batch=shape[0], channels=c, spatial=spatial, eps=batchnorm.EPS,
+                momentum=momentum, one_minus_momentum=1.0 - momentum, exact=0)
+    stats = ("mean", "variance", "rolling_mean", "rolling_variance")
+    got = _run_roles(device, "batchnorm_fwd_stats_f32",
+                     {"x": x, "mean": mean, "variance": var, "rolling_mean": rolling[0],
+                      "rolling_variance": rolling[1]}, stats, args, channels)
+    results.append(("batchnorm_fwd_stats_f32",
+                    *_verdict(np.concatenate([got[s] for s in stats]),
+                              np.concatenate([mean, var, rm, rv]))))
+    got = _run_roles(device, "batchnorm_fwd_norm_f32",
+                     {"x": x, "mean": mean, "variance": var, "scale": scale, "bias": bias,
+                      "x_norm": np.empty_like(x), "out": np.empty_like(x)},
+                     ("x_norm", "out"), args, values)
+    results.append(("batchnorm_fwd_norm_f32",
+                    *_verdict(np.stack([got["x_norm"], got["out"]]), np.stack([x_norm, out]))))
+    got = _run_roles(device, "batchnorm_fwd_xnorm_f32",
+                     {"x": x, "mean": mean, "variance": var, "x_norm": np.empty_like(x)},
+                     ("x_norm",), args, values)
+    results.append(("batchnorm_fwd_xnorm_f32", *_verdict(got["x_norm"], x_norm)))
+
+    delta, grads = rand(*shape), (rand(c), rand(c))
+    want_delta, want_sg, want_bg = delta.copy(), grads[0].copy(), grads[1].copy()
+    batchnorm.batchnorm_backward(want_delta, x, mean, var, x_norm, scale, want_sg, want_bg)
+    sums = _run_roles(device, "batchnorm_bwd_sums_f32",
+                      {"delta": delta, "x": x, "mean": mean, "variance": var, "x_norm": x_norm,
+                       "scale": scale, "scale_grad": grads[0], "bias_grad": grads[1],
+                       "mean_delta": np.empty(c, np.float32),
+                       "var_delta": np.empty(c, np.float32)},
+                      ("scale_grad", "bias_grad", "mean_delta", "var_delta"), args, channels)
+    results.append(("batchnorm_bwd_sums_f32",
+                    *_verdict(np.concatenate([sums["scale_grad"], sums["bias_grad"]]),
+                              np.concatenate([want_sg, want_bg]))))
+    got = _run_roles(device, "batchnorm_bwd_delta_f32",
+                     {"x": x, "mean": mean, "variance": var, "scale": scale,
+                      "mean_delta": sums["mean_delta"], "var_delta": sums["var_delta"],
+                      "delta": delta}, ("delta",), args, values)
+    results.append(("batchnorm_bwd_delta_f32", *_verdict(got["delta"], want_delta)))
     return results
 
 
@@ -147,6 +231,29 @@ def _run(
         return result
     finally:
         for b in (*bufs.values(), out):
+            b.release()
+
+
+def _run_roles(
+    device: Any,
+    name: str,
+    arrays: dict[str, np.ndarray],
+    outputs: tuple[str, ...],
+    args: dict[str, int | float],
+    sizes: dict[str, int],
+) -> dict[str, np.ndarray]:
+    """Upload every role's array (an accumulated role's starting contents), dispatch kernel
+    ``name`` once and return the ``outputs`` roles read back."""
+    bufs = {role: device.upload(np.ascontiguousarray(a, np.float32)) for role, a in arrays.items()}
+    try:
+        device.dispatch(*pack(name, bufs, args, sizes))
+        result = {}
+        for role in outputs:
+            result[role] = np.empty(np.shape(arrays[role]), np.float32)
+            bufs[role].read_into(result[role])
+        return result
+    finally:
+        for b in bufs.values():
             b.release()
 
 

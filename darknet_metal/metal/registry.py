@@ -1,4 +1,4 @@
-"""The Metal kernel registry: every forward kernel in ``shaders/*.metal``, declared once as data.
+"""The Metal kernel registry: every kernel in ``shaders/*.metal``, declared once as data.
 
 For each kernel: its Metal function name (the registry key, ``<op>_<fwd|bwd>[_<part>]_<dtype>``
 or a direction-free op such as ``gemm_nn_f32``), the ``.metal`` file defining it, its argument
@@ -704,6 +704,105 @@ _FORWARD: tuple[Kernel, ...] = (
     ),
 )
 
+# Training kernels of convolutional and connected layers (train_conv.metal); the weight and
+# input gradients are GEMMs of gemm.metal.
+_PER_CHANNEL = Grid(("channels",), (256,), (1,))  # one threadgroup reduces each channel
+_BN_VALUES = "batch*channels*spatial"
+
+_CONV_TRAIN: tuple[Kernel, ...] = (
+    Kernel(
+        "col2im_bwd_f32",
+        "train_conv.metal",
+        "dm_im2col_args",
+        # Slice z reads (at most) the whole column matrix of slice z and adds into its input.
+        (
+            _in("col", "slices*channels*ksize*ksize*out_h*out_w"),
+            Binding("inout", "image", "slices*channels*height*width"),
+        ),
+        Grid(("spatial", "channels", "slices"), (64, 4, 1)),
+    ),
+    Kernel(
+        "bias_bwd_f32",
+        "train_conv.metal",
+        "dm_bias_args",
+        (_in("delta", "batch*channels*spatial"), Binding("inout", "bias_grad", "channels")),
+        _PER_CHANNEL,
+    ),
+    Kernel(
+        "batchnorm_fwd_stats_f32",
+        "train_conv.metal",
+        "dm_batchnorm_args",
+        (
+            _in("x", _BN_VALUES),
+            _out("mean", "channels"),
+            _out("variance", "channels"),
+            Binding("inout", "rolling_mean", "channels"),
+            Binding("inout", "rolling_variance", "channels"),
+        ),
+        _PER_CHANNEL,
+    ),
+    Kernel(
+        "batchnorm_fwd_norm_f32",
+        "train_conv.metal",
+        "dm_batchnorm_args",
+        (
+            _in("x", _BN_VALUES),
+            _in("mean", "channels"),
+            _in("variance", "channels"),
+            _in("scale", "channels"),
+            _in("bias", "channels"),
+            _out("x_norm", _BN_VALUES),
+            _out("out", _BN_VALUES),
+        ),
+        _SPATIAL_3D,
+    ),
+    Kernel(
+        "batchnorm_fwd_xnorm_f32",
+        "train_conv.metal",
+        "dm_batchnorm_args",
+        (
+            _in("x", _BN_VALUES),
+            _in("mean", "channels"),
+            _in("variance", "channels"),
+            _out("x_norm", _BN_VALUES),
+        ),
+        _SPATIAL_3D,
+    ),
+    Kernel(
+        "batchnorm_bwd_sums_f32",
+        "train_conv.metal",
+        "dm_batchnorm_args",
+        (
+            _in("delta", _BN_VALUES),
+            _in("x", _BN_VALUES),
+            _in("mean", "channels"),
+            _in("variance", "channels"),
+            _in("x_norm", _BN_VALUES),
+            _in("scale", "channels"),
+            Binding("inout", "scale_grad", "channels"),
+            Binding("inout", "bias_grad", "channels"),
+            _out("mean_delta", "channels"),
+            _out("var_delta", "channels"),
+        ),
+        _PER_CHANNEL,
+    ),
+    Kernel(
+        "batchnorm_bwd_delta_f32",
+        "train_conv.metal",
+        "dm_batchnorm_args",
+        (
+            _in("x", _BN_VALUES),
+            _in("mean", "channels"),
+            _in("variance", "channels"),
+            _in("scale", "channels"),
+            _in("mean_delta", "channels"),
+            _in("var_delta", "channels"),
+            Binding("inout", "delta", _BN_VALUES),
+        ),
+        _SPATIAL_3D,
+    ),
+)
+
 
 def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
     table: dict[str, Kernel] = {}
@@ -716,7 +815,7 @@ def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
 
 
 #: Every kernel, keyed by its Metal function name.
-KERNELS: dict[str, Kernel] = _table(_FORWARD)
+KERNELS: dict[str, Kernel] = _table(_FORWARD, _CONV_TRAIN)
 
 
 def kernel(name: str) -> Kernel:

@@ -1,0 +1,239 @@
+// Training kernels of convolutional and connected layers: the input gradient's col2im, the
+// bias gradient, and batch normalisation with mini-batch statistics (forward and backward).
+//
+// The weight and input gradients themselves are GEMMs (gemm.metal); see shaders/README.md
+// for the dispatches. Every reduction here sums in a fixed order (a serial stride per thread,
+// then a fixed tree in threadgroup memory), so results never depend on scheduling, and no
+// output element is written by two threads.
+#include <metal_stdlib>
+#include "dm_args.h"
+using namespace metal;
+
+// Threads of the one-threadgroup-per-channel reductions (the registry's grid group size).
+constant uint DM_REDUCE_THREADS = 256;
+
+// col2im as a gather, the adjoint of im2col_fwd_f32 with the same arguments: each image
+// element adds the column entries that im2col copied from it, in (ky, kx) order. A tap
+// (ky, kx) reaches pixel (iy, ix) from at most one output position, so this is the order in
+// which the CPU's col2im adds them and the sums agree bit for bit.
+// Grid (height*width, channels, images*groups); channels is per group, as in im2col.
+kernel void col2im_bwd_f32(constant dm_im2col_args& args [[buffer(0)]],
+                           device const float* col [[buffer(1)]],
+                           device float* image [[buffer(2)]],
+                           uint3 gid [[thread_position_in_grid]]) {
+    const uint plane = args.height * args.width;
+    if (gid.x >= plane || gid.y >= args.channels) return;
+    const uint spatial = args.out_h * args.out_w;
+    const uint k2 = args.ksize * args.ksize;
+    const int pad = int(args.pad * args.dilation);
+    const int iy = int(gid.x / args.width) + pad;
+    const int ix = int(gid.x % args.width) + pad;
+    device const float* src = col + (gid.z * args.channels + gid.y) * k2 * spatial;
+    const uint at = (gid.z * args.channels + gid.y) * plane + gid.x;
+    float acc = image[at];
+    for (uint ky = 0; ky < args.ksize; ++ky) {
+        // Output row oy reads this pixel through tap ky when oy*stride_y = iy + pad - ky*dil.
+        const int ty = iy - int(ky * args.dilation);
+        if (ty < 0 || uint(ty) % args.stride_y != 0) continue;
+        const uint oy = uint(ty) / args.stride_y;
+        if (oy >= args.out_h) continue;
+        for (uint kx = 0; kx < args.ksize; ++kx) {
+            const int tx = ix - int(kx * args.dilation);
+            if (tx < 0 || uint(tx) % args.stride_x != 0) continue;
+            const uint ox = uint(tx) / args.stride_x;
+            if (ox >= args.out_w) continue;
+            acc += src[(ky * args.ksize + kx) * spatial + oy * args.out_w + ox];
+        }
+    }
+    image[at] = acc;
+}
+
+// Sums part[0..DM_REDUCE_THREADS) into part[0] by halving; every thread of the group calls
+// it (barriers), and the tree's shape is fixed, so the result is too.
+inline void dm_tree_sum(threadgroup float* part, uint tid) {
+    for (uint s = DM_REDUCE_THREADS / 2; s > 0; s >>= 1) {
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (tid < s) part[tid] += part[tid + s];
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
+// The j-th of the batch*spatial values of channel c in a (batch, channels, spatial) array.
+inline uint dm_channel_index(constant dm_batchnorm_args& args, uint c, uint j) {
+    return ((j / args.spatial) * args.channels + c) * args.spatial + j % args.spatial;
+}
+
+// bias_grad[c] += sum of delta over images and positions: one threadgroup per channel.
+// Grid (channels) in groups of DM_REDUCE_THREADS threads.
+kernel void bias_bwd_f32(constant dm_bias_args& args [[buffer(0)]],
+                         device const float* delta [[buffer(1)]],
+                         device float* bias_grad [[buffer(2)]],
+                         uint c [[threadgroup_position_in_grid]],
+                         uint tid [[thread_index_in_threadgroup]]) {
+    threadgroup float part[DM_REDUCE_THREADS];
+    if (c >= args.channels) return;  // the whole group leaves together
+    const uint n = args.batch * args.spatial;
+    float acc = 0.0f;
+    for (uint j = tid; j < n; j += DM_REDUCE_THREADS) {
+        acc += delta[((j / args.spatial) * args.channels + c) * args.spatial + j % args.spatial];
+    }
+    part[tid] = acc;
+    dm_tree_sum(part, tid);
+    if (tid == 0) bias_grad[c] = bias_grad[c] + part[0];
+}
+
+// Mini-batch statistics of channel c: mean, then the unbiased variance around it (a second
+// pass, as the CPU does, rather than a sum of squares, which cancels), and the running
+// averages r = momentum*r + (1 - momentum)*stat in the CPU's two roundings.
+// Grid (channels) in groups of DM_REDUCE_THREADS threads.
+kernel void batchnorm_fwd_stats_f32(constant dm_batchnorm_args& args [[buffer(0)]],
+                                    device const float* x [[buffer(1)]],
+                                    device float* mean [[buffer(2)]],
+                                    device float* variance [[buffer(3)]],
+                                    device float* rolling_mean [[buffer(4)]],
+                                    device float* rolling_variance [[buffer(5)]],
+                                    uint c [[threadgroup_position_in_grid]],
+                                    uint tid [[thread_index_in_threadgroup]]) {
+    threadgroup float part[DM_REDUCE_THREADS];
+    if (c >= args.channels) return;
+    const uint n = args.batch * args.spatial;
+    float acc = 0.0f;
+    for (uint j = tid; j < n; j += DM_REDUCE_THREADS) acc += x[dm_channel_index(args, c, j)];
+    part[tid] = acc;
+    dm_tree_sum(part, tid);
+    // The CPU multiplies by the rounded reciprocal rather than dividing.
+    const float m = part[0] * (1.0f / float(n));
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone has read part[0]
+    acc = 0.0f;
+    for (uint j = tid; j < n; j += DM_REDUCE_THREADS) {
+        const float dev = x[dm_channel_index(args, c, j)] - m;
+        // One rounding per term, as the CPU's float sum of double squares has.
+        acc = fma(dev, dev, acc);
+    }
+    part[tid] = acc;
+    dm_tree_sum(part, tid);
+    if (tid != 0) return;
+    const float v = part[0] * (1.0f / float(n - 1));
+    mean[c] = m;
+    variance[c] = v;
+    float r = rolling_mean[c] * args.momentum;
+    rolling_mean[c] = r + args.one_minus_momentum * m;
+    r = rolling_variance[c] * args.momentum;
+    rolling_variance[c] = r + args.one_minus_momentum * v;
+}
+
+// x_norm = (x - mean)/sqrt(variance + eps) and out = x_norm*scale + bias. out may be x: each
+// element is read before it is written. Grid (spatial, channels, batch).
+kernel void batchnorm_fwd_norm_f32(constant dm_batchnorm_args& args [[buffer(0)]],
+                                   device const float* x [[buffer(1)]],
+                                   device const float* mean [[buffer(2)]],
+                                   device const float* variance [[buffer(3)]],
+                                   device const float* scale [[buffer(4)]],
+                                   device const float* bias [[buffer(5)]],
+                                   device float* x_norm [[buffer(6)]],
+                                   device float* out [[buffer(7)]],
+                                   uint3 gid [[thread_position_in_grid]]) {
+    if (gid.x >= args.spatial || gid.y >= args.channels || gid.z >= args.batch) return;
+    const uint c = gid.y;
+    const uint i = (gid.z * args.channels + c) * args.spatial + gid.x;
+    const float value = (x[i] - mean[c]) / sqrt(variance[c] + args.eps);
+    x_norm[i] = value;
+    out[i] = value * scale[c] + bias[c];
+}
+
+// The same x_norm alone, recomputed for the backward from what the forward read.
+// Grid (spatial, channels, batch).
+kernel void batchnorm_fwd_xnorm_f32(constant dm_batchnorm_args& args [[buffer(0)]],
+                                    device const float* x [[buffer(1)]],
+                                    device const float* mean [[buffer(2)]],
+                                    device const float* variance [[buffer(3)]],
+                                    device float* x_norm [[buffer(4)]],
+                                    uint3 gid [[thread_position_in_grid]]) {
+    if (gid.x >= args.spatial || gid.y >= args.channels || gid.z >= args.batch) return;
+    const uint c = gid.y;
+    const uint i = (gid.z * args.channels + c) * args.spatial + gid.x;
+    x_norm[i] = (x[i] - mean[c]) / sqrt(variance[c] + args.eps);
+}
+
+// The per-channel sums of the backward, from the incoming delta (the gradient with respect to
+// the batch norm's output): bias_grad += sum delta, scale_grad += sum delta*x_norm, and, with
+// delta scaled by scale[c] as the CPU scales it, Darknet's mean_delta and variance_delta for
+// batchnorm_bwd_delta_f32. Grid (channels) in groups of DM_REDUCE_THREADS threads.
+kernel void batchnorm_bwd_sums_f32(constant dm_batchnorm_args& args [[buffer(0)]],
+                                   device const float* delta [[buffer(1)]],
+                                   device const float* x [[buffer(2)]],
+                                   device const float* mean [[buffer(3)]],
+                                   device const float* variance [[buffer(4)]],
+                                   device const float* x_norm [[buffer(5)]],
+                                   device const float* scale [[buffer(6)]],
+                                   device float* scale_grad [[buffer(7)]],
+                                   device float* bias_grad [[buffer(8)]],
+                                   device float* mean_delta [[buffer(9)]],
+                                   device float* var_delta [[buffer(10)]],
+                                   uint c [[threadgroup_position_in_grid]],
+                                   uint tid [[thread_index_in_threadgroup]]) {
+    threadgroup float bias_part[DM_REDUCE_THREADS];
+    threadgroup float scale_part[DM_REDUCE_THREADS];
+    threadgroup float mean_part[DM_REDUCE_THREADS];
+    threadgroup float var_part[DM_REDUCE_THREADS];
+    if (c >= args.channels) return;
+    const uint n = args.batch * args.spatial;
+    const float s = scale[c], m = mean[c];
+    float bias_acc = 0.0f, scale_acc = 0.0f, mean_acc = 0.0f, var_acc = 0.0f;
+    for (uint j = tid; j < n; j += DM_REDUCE_THREADS) {
+        const uint i = dm_channel_index(args, c, j);
+        const float d = delta[i];
+        const float scaled = d * s;
+        bias_acc += d;
+        scale_acc += d * x_norm[i];
+        mean_acc += scaled;
+        var_acc += scaled * (x[i] - m);
+    }
+    bias_part[tid] = bias_acc;
+    scale_part[tid] = scale_acc;
+    mean_part[tid] = mean_acc;
+    var_part[tid] = var_acc;
+    for (uint h = DM_REDUCE_THREADS / 2; h > 0; h >>= 1) {
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (tid < h) {
+            bias_part[tid] += bias_part[tid + h];
+            scale_part[tid] += scale_part[tid + h];
+            mean_part[tid] += mean_part[tid + h];
+            var_part[tid] += var_part[tid + h];
+        }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (tid != 0) return;
+    bias_grad[c] = bias_grad[c] + bias_part[0];
+    scale_grad[c] = scale_grad[c] + scale_part[0];
+    const float ve = variance[c] + args.eps;
+    const float root = sqrt(ve);
+    mean_delta[c] = mean_part[0] * (-1.0f / root);
+    var_delta[c] = var_part[0] * (-0.5f / (ve * root));  // -1/2 (var + eps)^(-3/2)
+}
+
+// delta = delta*scale/den + var_delta*2(x - mean)/var_den + mean_delta/N, in place: Darknet's
+// normalize_delta_cpu has den = sqrt(var) + eps and var_den = N; exact != 0 gives the true
+// gradient of the forward, den = sqrt(var + eps) and var_den = N - 1. Run after
+// batchnorm_bwd_sums_f32, which read the incoming delta. Grid (spatial, channels, batch).
+kernel void batchnorm_bwd_delta_f32(constant dm_batchnorm_args& args [[buffer(0)]],
+                                    device const float* x [[buffer(1)]],
+                                    device const float* mean [[buffer(2)]],
+                                    device const float* variance [[buffer(3)]],
+                                    device const float* scale [[buffer(4)]],
+                                    device const float* mean_delta [[buffer(5)]],
+                                    device const float* var_delta [[buffer(6)]],
+                                    device float* delta [[buffer(7)]],
+                                    uint3 gid [[thread_position_in_grid]]) {
+    if (gid.x >= args.spatial || gid.y >= args.channels || gid.z >= args.batch) return;
+    const uint c = gid.y;
+    const uint i = (gid.z * args.channels + c) * args.spatial + gid.x;
+    const uint n = args.batch * args.spatial;
+    const float v = variance[c];
+    const bool exact = args.exact != 0u;
+    const float den = exact ? sqrt(v + args.eps) : sqrt(v) + args.eps;
+    const float var_den = float(exact ? n - 1 : n);
+    const float scaled = delta[i] * scale[c];
+    delta[i] = scaled / den + var_delta[c] * 2.0f * (x[i] - mean[c]) / var_den
+               + mean_delta[c] / float(n);
+}
