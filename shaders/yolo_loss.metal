@@ -13,9 +13,10 @@
 // 4. yolo_loss_bwd_stats_f32, one threadgroup: reduces the per-cell sums along a fixed tree
 //    and combines the per-image sums in image order into the stats (YOLO_STAT_NAMES order).
 //
-// Float32 follows the CPU's order of operations, so deltas agree bit for bit except where the
-// CPU rounds through double (CIoU's aspect term, DIoU's pow) and where the statistics sum in
-// another order (the CPU sums in double).
+// Float32 follows the CPU's order of operations, so deltas agree bit for bit: CIoU's aspect
+// terms, which the CPU rounds through double, are carried as float pairs. DIoU's pow of the
+// iou_thresh_kind test stays float (the CPU's is double), and the statistics sum in another
+// order (the CPU in double).
 //
 // Nothing here relies on NaN or infinity semantics: finiteness is tested on the exponent
 // bits, and a predicted size whose exp would overflow is caught from exp's argument. Such a
@@ -38,8 +39,11 @@ constant uint YL_STATS_THREADS = 256;
 constant uint YL_STATS_SHARED = YL_STATS_THREADS * 4;
 // expf(x) is finite exactly for x <= this (the float just below ln(FLT_MAX)).
 constant float YL_EXP_LIMIT = 88.72283f;
-// 4 / pi^2 of CIoU's aspect term.
-constant float YL_AR_SCALE = 0.40528473f;
+// 4 / pi^2 of CIoU's aspect term and CIoU's 1e-6, each as a float pair hi + lo.
+constant float YL_AR_HI = 0.405284733f;
+constant float YL_AR_LO = 1.98916617e-09f;
+constant float YL_EPS_HI = 9.99999997e-07f;
+constant float YL_EPS_LO = 2.52475725e-15f;
 
 inline bool yl_finite(float v) {
     return (as_type<uint>(v) & 0x7f800000u) != 0x7f800000u;
@@ -87,9 +91,43 @@ inline float yl_distance2(float4 a, float4 b) {
     return (a.x - b.x) * (a.x - b.x) + (a.y - b.y) * (a.y - b.y);
 }
 
-// CIoU's alpha; the CPU adds the 1e-6 in double.
+// The CPU computes CIoU's aspect terms in double and rounds them to float once. A float pair
+// (hi + lo, about 48 bits) rounded once to float gives the same float but in rare ties. The
+// error terms use fma; a compiler reassociating under fast math may drop them, leaving plain
+// float arithmetic (a few ulps off), never anything worse.
+inline float2 yl_two_sum(float a, float b) {
+    const float s = a + b;
+    const float bb = s - a;
+    return float2(s, (a - (s - bb)) + (b - bb));
+}
+
+// The pair a (hi, lo) times the float b.
+inline float2 yl_pair_mul(float2 a, float b) {
+    const float p = a.x * b;
+    const float err = fma(a.x, b, -p) + a.y * b;
+    return yl_two_sum(p, err);
+}
+
+// 4/pi^2 * gap * gap: CIoU's aspect-ratio loss, rounded once.
+inline float yl_ar_loss(float gap) {
+    const float2 v = yl_pair_mul(yl_pair_mul(float2(YL_AR_HI, YL_AR_LO), gap), gap);
+    return v.x + v.y;
+}
+
+// 2 * 4/pi^2 * gap * side, rounded once.
+inline float yl_ar_slope(float gap, float side) {
+    const float2 v = yl_pair_mul(yl_pair_mul(float2(2.0f * YL_AR_HI, 2.0f * YL_AR_LO), gap), side);
+    return v.x + v.y;
+}
+
+// CIoU's alpha = ar_loss / ((1 - iou + ar_loss) + 1e-6), the sum in float, the rest as the
+// CPU's double rounded once.
 inline float yl_ciou_alpha(float iou, float ar_loss) {
-    return ar_loss / ((1.0f - iou + ar_loss) + 0.000001f);
+    const float2 e = yl_two_sum(1.0f - iou + ar_loss, YL_EPS_HI);
+    const float2 den = yl_two_sum(e.x, e.y + YL_EPS_LO);
+    const float q = ar_loss / den.x;
+    const float r = fma(-q, den.x, ar_loss) - q * den.y;
+    return q + r / den.x;
 }
 
 // The IoU of kind (iou_thresh_kind) between two anchor shapes, both of finite size.
@@ -102,8 +140,7 @@ inline float yl_iou_of_kind(float4 a, float4 b, uint kind) {
     if (c == 0.0f) return iou;
     const float d = yl_distance2(a, b) / c;
     if (kind == YL_DIOU) return iou - pow(d, 0.6f);
-    const float gap = atan(b.z / b.w) - atan(a.z / a.w);
-    const float ar_loss = YL_AR_SCALE * gap * gap;
+    const float ar_loss = yl_ar_loss(atan(b.z / b.w) - atan(a.z / a.w));
     return iou - (d + yl_ciou_alpha(iou, ar_loss) * ar_loss);
 }
 
@@ -201,10 +238,9 @@ inline float4 yl_dx_box_iou(float4 pred, float4 truth, uint kind) {
     float eh = dc_h * s / (c * c);
     if (kind == YL_CIOU) {
         const float gap = atan(truth.z / truth.w) - atan(pred.z / pred.w);
-        const float ar_loss = YL_AR_SCALE * gap * gap;
-        const float alpha = yl_ciou_alpha(inter / joint, ar_loss);
-        ew = ew + alpha * (2.0f * YL_AR_SCALE * gap * pred.w);
-        eh = eh + alpha * (-2.0f * YL_AR_SCALE * gap * pred.z);
+        const float alpha = yl_ciou_alpha(inter / joint, yl_ar_loss(gap));
+        ew = ew + alpha * yl_ar_slope(gap, pred.w);
+        eh = eh + alpha * -yl_ar_slope(gap, pred.z);
     }
     if (c > 0.0f) grad = float4(grad.x + ex, grad.y + ey, grad.z + ew, grad.w + eh);
     if (iw <= 0.0f || ih <= 0.0f) grad = float4(ex, ey, ew, eh);
@@ -491,8 +527,8 @@ kernel void yolo_loss_bwd_truths_f32(constant dm_yolo_loss_args& args [[buffer(0
                                      device float* delta [[buffer(6)]],
                                      device float* images [[buffer(7)]],
                                      uint gid [[thread_position_in_grid]]) {
-    if (gid >= args.batch || args.total == 0u) return;
     const uint stride = args.height * args.width;
+    if (gid >= args.batch || args.total == 0u || stride == 0u) return;
     const uint outputs = args.anchors * (5u + args.classes) * stride;
     device const float* out = output + gid * outputs;
     device float* d = delta + gid * outputs;

@@ -186,7 +186,7 @@ def assert_matches_cpu(delta, stats, ref_delta, ref_stats, max_ulps=0, skip=()):
 
 # ---- every option against the CPU ------------------------------------------------------------
 
-CIOU_ULPS = 16
+CIOU_ULPS = 0
 # name -> (make_case keywords, loss options, ulps allowed)
 CASES = {
     "mse": ({}, {}, 0),
