@@ -268,4 +268,38 @@ typedef struct dm_batchnorm_args {
 } dm_batchnorm_args;
 DM_STATIC_ASSERT(sizeof(dm_batchnorm_args) == 28, "dm_batchnorm_args size");
 
+/* yolo_loss_bwd_*_f32: Darknet's [yolo] training loss (darknet_metal/cpu/yolo_loss.pyx) in
+ * four dispatches: cells, truths, squares, stats. output and delta are (batch,
+ * anchors*(5+classes), height, width); truths (batch, boxes, 5) rows (class, cx, cy, w, h);
+ * anchor_table the layer's `total` (w, h) pairs in pixels; mask the `anchors` int32 indices
+ * of this layer's anchors. iou_loss and iou_thresh_kind: 0 mse, 1 iou, 2 giou, 3 diou,
+ * 4 ciou. counters != 0: multipliers holds counters_per_class's per-class weights.
+ * max_delta = FLT_MAX does not clip. */
+typedef struct dm_yolo_loss_args {
+    uint32_t batch;
+    uint32_t anchors;
+    uint32_t classes;
+    uint32_t height;
+    uint32_t width;
+    uint32_t boxes;
+    uint32_t total;
+    uint32_t net_w;
+    uint32_t net_h;
+    uint32_t iou_loss;
+    uint32_t iou_thresh_kind;
+    uint32_t new_coords;
+    uint32_t focal_loss;
+    uint32_t objectness_smooth;
+    uint32_t counters;
+    float ignore_thresh;
+    float truth_thresh;
+    float iou_thresh;
+    float iou_normalizer;
+    float obj_normalizer;
+    float cls_normalizer;
+    float max_delta;
+    float label_smooth_eps;
+} dm_yolo_loss_args;
+DM_STATIC_ASSERT(sizeof(dm_yolo_loss_args) == 92, "dm_yolo_loss_args size");
+
 #endif /* DM_ARGS_H */

@@ -119,7 +119,7 @@ def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
     for name in (gemm_kernel("tn", False), gemm_kernel("tn", True)):
         got = _run(device, name, {"a": a, "b": b, "bias": bias}, "c", (m, n), args, sizes)
         results.append((name, *_verdict(got, ref)))
-    return results + _training_checks(device, rng)
+    return results + _training_checks(device, rng) + _yolo_loss_checks(device)
 
 
 def _training_checks(device: Any, rng: np.random.Generator) -> list[tuple[str, float, bool]]:
@@ -204,6 +204,67 @@ def _training_checks(device: Any, rng: np.random.Generator) -> list[tuple[str, f
                       "delta": delta}, ("delta",), args, values)
     results.append(("batchnorm_bwd_delta_f32", *_verdict(got["delta"], want_delta)))
     return results
+
+
+def _yolo_loss_checks(device: Any) -> list[tuple[str, float, bool]]:
+    """The [yolo] training loss kernels, dispatched in order on shared buffers, against the
+    CPU loss (delta and statistics) on a small head: two images, two truths on one cell,
+    CIoU with iou_thresh."""
+    from darknet_metal.cfg_schema import IOU_LOSSES
+    from darknet_metal.cpu import heads, yolo_loss
+
+    rng = np.random.default_rng(6)
+    n_img, classes, h, w, mask = 2, 3, 5, 7, [1, 2]
+    anchors = np.array([(6, 7), (10, 14), (16, 12), (22, 26)], np.float32)
+    logits = rng.standard_normal((n_img, len(mask) * (5 + classes), h, w)).astype(np.float32)
+    output = np.empty_like(logits)
+    heads.yolo_forward(logits, output, len(mask), classes, 1.05, False)
+    truths = np.zeros((n_img, 4, 5), np.float32)
+    truths[..., 0] = rng.integers(classes, size=(n_img, 4))
+    truths[..., 1:3] = rng.uniform(0.05, 0.95, (n_img, 4, 2))
+    truths[..., 3:] = rng.uniform(0.1, 0.3, (n_img, 4, 2))
+    truths[:, 3, 1:3] = truths[:, 0, 1:3]
+    options = dict(ignore_thresh=0.5, truth_thresh=0.9, iou_thresh=0.2, iou_normalizer=0.07,
+                   obj_normalizer=1.0, cls_normalizer=1.0, label_smooth_eps=0.0,
+                   max_delta=float(np.finfo(np.float32).max))
+    want = np.empty_like(output)
+    want_stats = np.zeros(len(yolo_loss.YOLO_STAT_NAMES))
+    yolo_loss.yolo_loss(output, want, truths, want_stats, anchors=anchors, mask=mask,
+                        classes=classes, net_w=64, net_h=64, iou_loss="ciou", **options)
+    args = dict(batch=n_img, anchors=len(mask), classes=classes, height=h, width=w,
+                boxes=truths.shape[1], total=len(anchors), net_w=64, net_h=64,
+                iou_loss=IOU_LOSSES.index("ciou"), iou_thresh_kind=IOU_LOSSES.index("iou"),
+                new_coords=0, focal_loss=0, objectness_smooth=0, counters=0, **options)
+    cells = {"spatial": h * w, "anchors": len(mask), "batch": n_img}
+    bufs = {
+        "output": device.upload(output), "truths": device.upload(truths),
+        "anchor_table": device.upload(anchors.reshape(-1)),
+        "mask": device.upload(np.array(mask, np.int32)),
+        "multipliers": device.upload(np.zeros(classes, np.float32)),
+        "delta": device.buffer(output.nbytes),
+        "partials": device.buffer(4 * 4 * n_img * len(mask) * h * w),
+        "images": device.buffer(4 * 10 * n_img), "stats": device.buffer(4 * len(want_stats)),
+    }
+    try:
+        for name, sizes in (("yolo_loss_bwd_cells_f32", cells),
+                            ("yolo_loss_bwd_truths_f32", {"batch": n_img}),
+                            ("yolo_loss_bwd_squares_f32", cells),
+                            ("yolo_loss_bwd_stats_f32", {"one": 1})):
+            roles = registry.kernel(name).roles
+            device.dispatch(*pack(name, {r: bufs[r] for r in roles}, args, sizes))
+        delta = np.empty_like(output)
+        bufs["delta"].read_into(delta)
+        stats = np.empty(len(want_stats), np.float32)
+        bufs["stats"].read_into(stats)
+    finally:
+        for b in bufs.values():
+            b.release()
+    diff, ok = _verdict(delta, want)
+    # Float32 sums on the device, double on the CPU.
+    ok = ok and bool(np.allclose(stats, want_stats, rtol=1e-4, atol=1e-6 * want_stats[5]))
+    names = ("yolo_loss_bwd_cells_f32", "yolo_loss_bwd_truths_f32",
+             "yolo_loss_bwd_squares_f32", "yolo_loss_bwd_stats_f32")
+    return [(name, diff, ok) for name in names]
 
 
 def _verdict(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:

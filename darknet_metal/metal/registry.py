@@ -803,6 +803,54 @@ _CONV_TRAIN: tuple[Kernel, ...] = (
     ),
 )
 
+# [yolo] training loss (yolo_loss.metal): four dispatches in order, see the file's comment.
+_YOLO_DELTA = "batch*anchors*(5 + classes)*height*width"
+_YOLO_PARTIALS = "batch*anchors*height*width*4"  # 4 sums per (image, anchor, cell)
+_YOLO_IMAGES = "batch*10"  # 10 sums per image
+_YOLO_CELLS = Grid(("spatial", "anchors", "batch"), (64, 1, 1))
+_YOLO_INPUTS = (
+    _in("output", _YOLO_DELTA),
+    _in("truths", "batch*boxes*5"),
+    _in("anchor_table", "2*total"),
+    Binding("in", "mask", "anchors", dtype="i32"),
+    _in("multipliers", "classes", used_if="counters"),
+)
+
+#: The [yolo] loss kernels.
+_YOLO_TRAIN: tuple[Kernel, ...] = (
+    Kernel(
+        "yolo_loss_bwd_cells_f32",
+        "yolo_loss.metal",
+        "dm_yolo_loss_args",
+        (*_YOLO_INPUTS, _out("delta", _YOLO_DELTA), _out("partials", _YOLO_PARTIALS)),
+        _YOLO_CELLS,
+    ),
+    Kernel(
+        "yolo_loss_bwd_truths_f32",
+        "yolo_loss.metal",
+        "dm_yolo_loss_args",
+        (*_YOLO_INPUTS, Binding("inout", "delta", _YOLO_DELTA), _out("images", _YOLO_IMAGES)),
+        Grid(("batch",), (32,)),
+    ),
+    Kernel(
+        "yolo_loss_bwd_squares_f32",
+        "yolo_loss.metal",
+        "dm_yolo_loss_args",
+        (Binding("inout", "delta", _YOLO_DELTA), _out("partials", _YOLO_PARTIALS)),
+        _YOLO_CELLS,
+    ),
+    Kernel(
+        "yolo_loss_bwd_stats_f32",
+        "yolo_loss.metal",
+        "dm_yolo_loss_args",
+        # The 17 stats in YOLO_STAT_NAMES order (nothing is written for an empty batch).
+        (_in("partials", _YOLO_PARTIALS), _in("images", _YOLO_IMAGES),
+         _out("stats", "17*min(batch, 1)")),
+        # One threadgroup: the host dispatches one = 1.
+        Grid(("one",), (256,), (1,)),
+    ),
+)
+
 
 def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
     table: dict[str, Kernel] = {}
@@ -815,7 +863,7 @@ def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
 
 
 #: Every kernel, keyed by its Metal function name.
-KERNELS: dict[str, Kernel] = _table(_FORWARD, _CONV_TRAIN)
+KERNELS: dict[str, Kernel] = _table(_FORWARD, _CONV_TRAIN, _YOLO_TRAIN)
 
 
 def kernel(name: str) -> Kernel:
