@@ -302,4 +302,35 @@ typedef struct dm_yolo_loss_args {
 } dm_yolo_loss_args;
 DM_STATIC_ASSERT(sizeof(dm_yolo_loss_args) == 92, "dm_yolo_loss_args size");
 
+/* shortcut_bwd_f32, shortcut_bwd_dot_f32: one input of a shortcut, table row `row` (0 = x,
+ * then the sources) with src_channels channels; channels is the layer's. Only the first
+ * min(channels, src_channels) channels take part. */
+typedef struct dm_shortcut_bwd_args {
+    uint32_t batch;
+    uint32_t channels;
+    uint32_t spatial;
+    uint32_t src_channels;
+    uint32_t row;
+    uint32_t weighted;
+} dm_shortcut_bwd_args;
+DM_STATIC_ASSERT(sizeof(dm_shortcut_bwd_args) == 24, "dm_shortcut_bwd_args size");
+
+/* shortcut_bwd_weights_f32: partial sums (batch rows of `channels`) into the gradient of
+ * input row's weight(s); accumulate=0 starts from zero instead of acc's old value. */
+typedef struct dm_shortcut_wgrad_args {
+    uint32_t batch;
+    uint32_t channels;
+    uint32_t src_channels;
+    uint32_t row;
+    uint32_t per_channel;
+    uint32_t accumulate;
+} dm_shortcut_wgrad_args;
+DM_STATIC_ASSERT(sizeof(dm_shortcut_wgrad_args) == 24, "dm_shortcut_wgrad_args size");
+
+/* softmax_fwd_xent_f32, cost_fwd_sse_f32: n elements of prediction and truth. */
+typedef struct dm_loss_args {
+    uint32_t n;
+} dm_loss_args;
+DM_STATIC_ASSERT(sizeof(dm_loss_args) == 4, "dm_loss_args size");
+
 #endif /* DM_ARGS_H */

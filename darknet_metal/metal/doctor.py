@@ -142,8 +142,8 @@ def _training_checks(device: Any, rng: np.random.Generator) -> list[tuple[str, f
                           oh, ow)
     geometry = dict(channels=cg, height=h, width=w, ksize=ksize, stride_x=stride,
                     stride_y=stride, pad=pad, dilation=1, out_h=oh, out_w=ow)
-    got = _run_roles(device, "col2im_bwd_f32", {"col": col, "image": image}, ("image",),
-                     geometry, {"spatial": h * w, "channels": cg, "slices": n * groups})
+    got = _run_roles(device, "col2im_bwd_f32", {"col": col, "image": image}, geometry,
+                     {"spatial": h * w, "channels": cg, "slices": n * groups})
     results.append(("col2im_bwd_f32", *_verdict(got["image"], want)))
 
     # Bias gradient and batch norm on (N, C, H, W) = (2, 5, 3, 7).
@@ -155,7 +155,7 @@ def _training_checks(device: Any, rng: np.random.Generator) -> list[tuple[str, f
     want = bias_grad.copy()
     conv.bias_grad(delta, want)
     got = _run_roles(device, "bias_bwd_f32", {"delta": delta, "bias_grad": bias_grad},
-                     ("bias_grad",), {"batch": shape[0], "channels": c, "spatial": spatial},
+                     {"batch": shape[0], "channels": c, "spatial": spatial},
                      channels)
     results.append(("bias_bwd_f32", *_verdict(got["bias_grad"], want)))
 
@@ -171,19 +171,18 @@ def _training_checks(device: Any, rng: np.random.Generator) -> list[tuple[str, f
     stats = ("mean", "variance", "rolling_mean", "rolling_variance")
     got = _run_roles(device, "batchnorm_fwd_stats_f32",
                      {"x": x, "mean": mean, "variance": var, "rolling_mean": rolling[0],
-                      "rolling_variance": rolling[1]}, stats, args, channels)
+                      "rolling_variance": rolling[1]}, args, channels)
     results.append(("batchnorm_fwd_stats_f32",
                     *_verdict(np.concatenate([got[s] for s in stats]),
                               np.concatenate([mean, var, rm, rv]))))
     got = _run_roles(device, "batchnorm_fwd_norm_f32",
                      {"x": x, "mean": mean, "variance": var, "scale": scale, "bias": bias,
-                      "x_norm": np.empty_like(x), "out": np.empty_like(x)},
-                     ("x_norm", "out"), args, values)
+                      "x_norm": np.empty_like(x), "out": np.empty_like(x)}, args, values)
     results.append(("batchnorm_fwd_norm_f32",
                     *_verdict(np.stack([got["x_norm"], got["out"]]), np.stack([x_norm, out]))))
     got = _run_roles(device, "batchnorm_fwd_xnorm_f32",
-                     {"x": x, "mean": mean, "variance": var, "x_norm": np.empty_like(x)},
-                     ("x_norm",), args, values)
+                     {"x": x, "mean": mean, "variance": var, "x_norm": np.empty_like(x)}, args,
+                     values)
     results.append(("batchnorm_fwd_xnorm_f32", *_verdict(got["x_norm"], x_norm)))
 
     delta, grads = rand(*shape), (rand(c), rand(c))
@@ -193,15 +192,14 @@ def _training_checks(device: Any, rng: np.random.Generator) -> list[tuple[str, f
                       {"delta": delta, "x": x, "mean": mean, "variance": var, "x_norm": x_norm,
                        "scale": scale, "scale_grad": grads[0], "bias_grad": grads[1],
                        "mean_delta": np.empty(c, np.float32),
-                       "var_delta": np.empty(c, np.float32)},
-                      ("scale_grad", "bias_grad", "mean_delta", "var_delta"), args, channels)
+                       "var_delta": np.empty(c, np.float32)}, args, channels)
     results.append(("batchnorm_bwd_sums_f32",
                     *_verdict(np.concatenate([sums["scale_grad"], sums["bias_grad"]]),
                               np.concatenate([want_sg, want_bg]))))
     got = _run_roles(device, "batchnorm_bwd_delta_f32",
                      {"x": x, "mean": mean, "variance": var, "scale": scale,
                       "mean_delta": sums["mean_delta"], "var_delta": sums["var_delta"],
-                      "delta": delta}, ("delta",), args, values)
+                      "delta": delta}, args, values)
     results.append(("batchnorm_bwd_delta_f32", *_verdict(got["delta"], want_delta)))
     return results
 
@@ -267,6 +265,213 @@ def _yolo_loss_checks(device: Any) -> list[tuple[str, float, bool]]:
     return [(name, diff, ok) for name in names]
 
 
+def _run_roles(
+    device: Any,
+    name: str,
+    arrays: dict[str, np.ndarray | None],
+    args: dict[str, int | float],
+    sizes: dict[str, int],
+) -> dict[str, np.ndarray]:
+    """Upload ``arrays`` (by role, their dtypes kept; None where the kernel does not touch
+    the role), dispatch kernel ``name`` once and return the roles it writes, read back."""
+    k = registry.kernel(name)
+    bufs = {role: None if a is None else device.upload(np.ascontiguousarray(a))
+            for role, a in arrays.items()}
+    placeholder = device.buffer(4)
+    try:
+        bound = {role: placeholder if b is None else b for role, b in bufs.items()}
+        device.dispatch(*pack(name, bound, args, sizes))
+        result = {}
+        for role in k.outputs:
+            result[role] = np.empty_like(arrays[role])
+            bufs[role].read_into(result[role])
+        return result
+    finally:
+        for b in (*bufs.values(), placeholder):
+            if b is not None:
+                b.release()
+
+
+def _layers_train_checks(device: Any) -> list[tuple[str, float, bool]]:
+    """The training kernels of train_layers.metal, which no inference pass dispatches,
+    against the CPU reference's steps on small odd shapes (each backward adding into a
+    random gradient)."""
+    from darknet_metal.cpu import combine, heads, pooling, resample, route
+
+    rng = np.random.default_rng(11)
+
+    def rand(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32)
+
+    results: list[tuple[str, float, bool]] = []
+
+    def check(name: str, got: np.ndarray, want: np.ndarray) -> None:
+        results.append((name, *_verdict(got.astype(np.float32), want.astype(np.float32))))
+
+    # Max pooling, 3x3 stride-1 windows (overlapping), ties from integer values.
+    x = rng.integers(-2, 2, (1, 3, 7, 5)).astype(np.float32)
+    pool = {"planes": 3, "height": 7, "width": 5, "out_h": 7, "out_w": 5, "size": 3,
+            "stride_x": 1, "stride_y": 1, "padding": 2}
+    y, idx = np.empty((1, 3, 7, 5), np.float32), np.empty((1, 3, 7, 5), np.int32)
+    pooling.maxpool_forward_train(x, y, idx, 3, 1, 1, 2)
+    got = _run_roles(device, "maxpool_fwd_train_f32",
+                     {"x": x, "y": np.zeros_like(y), "indexes": np.zeros_like(idx)}, pool,
+                     {"out_w": 5, "out_h": 7, "planes": 3})
+    check("maxpool_fwd_train_f32", np.concatenate([got["y"].ravel(), got["indexes"].ravel()]),
+          np.concatenate([y.ravel(), idx.ravel()]))
+    delta, grad = rand(1, 3, 7, 5), rand(1, 3, 7, 5)
+    want = grad.copy()
+    pooling.maxpool_backward(delta, idx, want)
+    got = _run_roles(device, "maxpool_bwd_f32", {"delta": delta, "indexes": idx, "x_grad": grad},
+                     pool, {"width": 5, "height": 7, "planes": 3})
+    check("maxpool_bwd_f32", got["x_grad"], want)
+
+    x = rand(2, 5, 3, 3)
+    depth = {"batch": 2, "channels": 5, "spatial": 9, "out_channels": 2}
+    y, idx = np.empty((2, 2, 3, 3), np.float32), np.empty((2, 2, 3, 3), np.int32)
+    pooling.maxpool_depth_forward_train(x, y, idx)
+    got = _run_roles(device, "maxpool_depth_fwd_train_f32",
+                     {"x": x, "y": np.zeros_like(y), "indexes": np.zeros_like(idx)}, depth,
+                     {"spatial": 9, "out_channels": 2, "batch": 2})
+    check("maxpool_depth_fwd_train_f32",
+          np.concatenate([got["y"].ravel(), got["indexes"].ravel()]),
+          np.concatenate([y.ravel(), idx.ravel()]))
+    delta, grad = rand(2, 2, 3, 3), rand(2, 5, 3, 3)
+    want = grad.copy()
+    pooling.maxpool_backward(delta, idx, want)
+    got = _run_roles(device, "maxpool_depth_bwd_f32",
+                     {"delta": delta, "indexes": idx, "x_grad": grad}, depth,
+                     {"spatial": 9, "channels": 5, "batch": 2})
+    check("maxpool_depth_bwd_f32", got["x_grad"], want)
+
+    delta, grad = rand(2, 3, 1, 1), rand(2, 3, 5, 7)
+    want = grad.copy()
+    pooling.avgpool_backward(delta, want)
+    got = _run_roles(device, "avgpool_bwd_f32", {"delta": delta, "x_grad": grad},
+                     {"planes": 6, "spatial": 35}, {"spatial": 35, "planes": 6})
+    check("avgpool_bwd_f32", got["x_grad"], want)
+
+    for stride, shape, out in ((2, (1, 3, 5, 3), (10, 6)), (-2, (1, 3, 7, 5), (3, 2))):
+        delta, grad = rand(1, 3, *out), rand(*shape)
+        want = grad.copy()
+        resample.upsample_backward(delta, want, stride, 0.5)
+        cols, rows = (shape[3], shape[2]) if stride > 0 else (out[1], out[0])
+        got = _run_roles(device, "upsample_bwd_f32", {"delta": delta, "x_grad": grad},
+                         {"planes": 3, "height": shape[2], "width": shape[3], "out_h": out[0],
+                          "out_w": out[1], "stride": stride, "scale": 0.5},
+                         {"cols": cols, "rows": rows, "planes": 3})
+        check(f"upsample_bwd_f32 stride={stride}", got["x_grad"], want)
+
+    for reverse, shape in ((False, (2, 4, 6, 4)), (True, (1, 8, 3, 5))):
+        out_shape = resample.reorg_output_shape(shape, 2, reverse)
+        delta, grad = rand(*out_shape), rand(*shape)
+        want = grad.copy()
+        resample.reorg_backward(delta, want, 2, reverse)  # [reorg]
+        n, c, h, w = shape
+        got = _run_roles(device, "reorg_bwd_f32", {"delta": delta, "x_grad": grad},
+                         {"batch": n, "width": w, "height": h, "channels": c, "stride": 2,
+                          "reverse": int(reverse)}, {"width": w, "height": h, "slices": n * c})
+        check(f"reorg_bwd_f32 reverse={int(reverse)}", got["x_grad"], want)
+
+    delta, grad = rand(2, 9, 3, 5), rand(2, 6, 3, 5)
+    want = grad.copy()
+    route.route_backward(delta, want, 3, 3, 4)
+    got = _run_roles(device, "route_bwd_f32", {"delta": delta, "x_grad": grad},
+                     {"batch": 2, "spatial": 15, "channels": 3, "src_channels": 6,
+                      "src_offset": 3, "dst_channels": 9, "dst_offset": 4},
+                     {"spatial": 15, "channels": 3, "batch": 2})
+    check("route_bwd_f32", got["x_grad"], want)
+
+    # Shortcut with per-channel softmax weights: one source with fewer channels, one more.
+    n, c, h, w = 2, 5, 3, 3
+    x, delta = rand(n, c, h, w), rand(n, c, h, w)
+    sources = [rand(n, 3, h, w), rand(n, 7, h, w)]
+    weights, wgrad = rand(3 * c), rand(3 * c)
+    grads = [rand(n, c, h, w), rand(n, 3, h, w), rand(n, 7, h, w)]
+    want_g = [g.copy() for g in grads]
+    want_w = wgrad.copy()
+    norm = 2  # softmax, in dm_shortcut_weights_args' numbering
+    combine.shortcut_backward(delta, x, sources, weights, "per_channel",
+                              combine.WEIGHTS_NORMALIZATIONS[norm], want_g[0], want_g[1:], want_w)
+    wargs = {"n_inputs": 3, "channels": c, "per_channel": 1, "normalization": norm}
+    table = _run_roles(device, "shortcut_weights_fwd_f32",
+                       {"weights": weights, "table": np.zeros(3 * c, np.float32)}, wargs,
+                       {"channels": c})["table"]
+    gnorm = np.zeros(3 * c, np.float32)
+    for row, inp in enumerate([x, *sources]):
+        bwd = {"batch": n, "channels": c, "spatial": h * w, "src_channels": inp.shape[1],
+               "row": row, "weighted": 1}
+        used = min(c, inp.shape[1])
+        got = _run_roles(device, "shortcut_bwd_f32",
+                         {"delta": delta, "table": table, "grad": grads[row]}, bwd,
+                         {"spatial": h * w, "channels": used, "batch": n})
+        check(f"shortcut_bwd_f32 input {row}", got["grad"], want_g[row])
+        partial = _run_roles(device, "shortcut_bwd_dot_f32",
+                             {"delta": delta, "input": inp,
+                              "partial": np.zeros(n * c, np.float32)},
+                             bwd, {"channels": used, "batch": n})["partial"]
+        gnorm = _run_roles(device, "shortcut_bwd_weights_f32",
+                           {"partial": partial, "acc": gnorm},
+                           {"batch": n, "channels": c, "src_channels": inp.shape[1],
+                            "row": row, "per_channel": 1, "accumulate": 0},
+                           {"columns": c})["acc"]
+    got = _run_roles(device, "shortcut_bwd_norm_f32",
+                     {"weights": weights, "g": gnorm, "weight_grad": wgrad}, wargs,
+                     {"columns": c})
+    results.append(("shortcut_bwd_{dot,weights,norm}_f32",
+                    *_verdict(got["weight_grad"], want_w)))
+
+    for scale_wh in (False, True):
+        x_from, delta = rand(2, 5, 3, 3), rand(2, 5, 3, 3)
+        scale = rand(2, 1, 3, 3) if scale_wh else rand(2, 5, 1, 1)
+        xg, sg = rand(2, 5, 3, 3), rand(*scale.shape)
+        want_x, want_s = xg.copy(), sg.copy()
+        combine.scale_channels_backward(delta, x_from, scale, want_x, want_s, scale_wh)
+        sargs = {"batch": 2, "channels": 5, "spatial": 9, "scale_wh": int(scale_wh)}
+        got = _run_roles(device, "scale_channels_bwd_f32",
+                         {"delta": delta, "scale": scale, "x_from_grad": xg}, sargs,
+                         {"spatial": 9, "channels": 5, "batch": 2})
+        check(f"scale_channels_bwd_f32 scale_wh={int(scale_wh)}", got["x_from_grad"], want_x)
+        got = _run_roles(device, "scale_channels_bwd_scale_f32",
+                         {"delta": delta, "x_from": x_from, "scale_grad": sg}, sargs,
+                         {"factors": scale.size})
+        check(f"scale_channels_bwd_scale_f32 scale_wh={int(scale_wh)}", got["scale_grad"],
+              want_s)
+
+    x_from, x, delta, g_from, g_x = (rand(2, 3, 5, 7) for _ in range(5))
+    want_from, want_x = g_from.copy(), g_x.copy()
+    combine.sam_backward(delta, x_from, x, want_from, want_x)
+    got = _run_roles(device, "sam_bwd_f32", {"delta": delta, "x_from": x_from, "x": x,
+                                             "x_from_grad": g_from, "x_grad": g_x},
+                     {"n": x.size}, {"n": x.size})
+    check("sam_bwd_f32", np.concatenate([got["x_from_grad"].ravel(), got["x_grad"].ravel()]),
+          np.concatenate([want_from.ravel(), want_x.ravel()]))
+
+    p = np.empty((3, 7), np.float32)
+    heads.softmax_forward(rand(3, 7), p)
+    truth = np.eye(3, 7, dtype=np.float32)
+    for name, cpu in (("softmax_fwd_xent_f32", heads.softmax_cross_entropy),
+                      ("cost_fwd_sse_f32", heads.cost_sse)):
+        want_d, want_l = np.empty_like(p), np.empty_like(p)
+        cpu(p, truth, want_d, want_l)
+        got = _run_roles(device, name, {"pred": p, "truth": truth, "delta": np.zeros_like(p),
+                                        "loss": np.zeros_like(p)}, {"n": p.size}, {"n": p.size})
+        check(name, np.concatenate([got["delta"].ravel(), got["loss"].ravel()]),
+              np.concatenate([want_d.ravel(), want_l.ravel()]))
+    return results
+
+
+def _kernel_names(check: str) -> set[str]:
+    """The kernels a check line names: its first word, with ``{a,b}`` alternatives expanded
+    (``shortcut_bwd_{dot,norm}_f32``)."""
+    word = check.split()[0]
+    if "{" not in word:
+        return {word}
+    head, rest = word.split("{", 1)
+    options, tail = rest.split("}", 1)
+    return {head + o + tail for o in options.split(",")}
+
+
 def _verdict(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:
     r = compare(got, want)
     return r["max_abs"], r["ok"]
@@ -292,29 +497,6 @@ def _run(
         return result
     finally:
         for b in (*bufs.values(), out):
-            b.release()
-
-
-def _run_roles(
-    device: Any,
-    name: str,
-    arrays: dict[str, np.ndarray],
-    outputs: tuple[str, ...],
-    args: dict[str, int | float],
-    sizes: dict[str, int],
-) -> dict[str, np.ndarray]:
-    """Upload every role's array (an accumulated role's starting contents), dispatch kernel
-    ``name`` once and return the ``outputs`` roles read back."""
-    bufs = {role: device.upload(np.ascontiguousarray(a, np.float32)) for role, a in arrays.items()}
-    try:
-        device.dispatch(*pack(name, bufs, args, sizes))
-        result = {}
-        for role in outputs:
-            result[role] = np.empty(np.shape(arrays[role]), np.float32)
-            bufs[role].read_into(result[role])
-        return result
-    finally:
-        for b in bufs.values():
             b.release()
 
 
@@ -394,8 +576,8 @@ def run_doctor(
                 )
                 ok &= not bad
     try:
-        for name, diff, passed in _direct_checks(dev):
-            exercised.add(name)
+        for name, diff, passed in [*_direct_checks(dev), *_layers_train_checks(dev)]:
+            exercised.update(_kernel_names(name))
             out(f"  {'ok  ' if passed else 'FAIL'} {name:<34} max abs diff {diff:.2e}")
             ok &= passed
     except Exception:

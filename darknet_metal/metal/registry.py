@@ -852,6 +852,220 @@ _YOLO_TRAIN: tuple[Kernel, ...] = (
 )
 
 
+#: The training kernels of the pooling, resampling, route, shortcut, scale_channels and sam
+#: layers, and the loss heads' forward (shaders/train_layers.metal). Backward kernels add
+#: into their gradient roles (inout).
+_LAYERS_TRAIN: tuple[Kernel, ...] = (
+    Kernel(
+        "maxpool_fwd_train_f32",
+        "train_layers.metal",
+        "dm_pool_args",
+        (
+            _in("x", "planes*height*width"),
+            _out("y", "planes*out_h*out_w"),
+            Binding("out", "indexes", "planes*out_h*out_w", dtype="i32"),
+        ),
+        _PLANE_3D,
+    ),
+    Kernel(
+        "maxpool_depth_fwd_train_f32",
+        "train_layers.metal",
+        "dm_maxpool_depth_args",
+        (
+            _in("x", "batch*channels*spatial"),
+            _out("y", "batch*out_channels*spatial"),
+            Binding("out", "indexes", "batch*out_channels*spatial", dtype="i32"),
+        ),
+        Grid(("spatial", "out_channels", "batch"), (64, 4, 1)),
+    ),
+    Kernel(
+        "maxpool_bwd_f32",
+        "train_layers.metal",
+        "dm_pool_args",
+        (
+            _in("delta", "planes*out_h*out_w"),
+            Binding("in", "indexes", "planes*out_h*out_w", dtype="i32"),
+            Binding("inout", "x_grad", "planes*height*width"),
+        ),
+        Grid(("width", "height", "planes"), (16, 16, 1)),
+    ),
+    Kernel(
+        "maxpool_depth_bwd_f32",
+        "train_layers.metal",
+        "dm_maxpool_depth_args",
+        (
+            _in("delta", "batch*out_channels*spatial"),
+            Binding("in", "indexes", "batch*out_channels*spatial", dtype="i32"),
+            Binding("inout", "x_grad", "batch*channels*spatial"),
+        ),
+        _SPATIAL_3D,
+    ),
+    Kernel(
+        "avgpool_bwd_f32",
+        "train_layers.metal",
+        "dm_avgpool_args",
+        (_in("delta", "planes"), Binding("inout", "x_grad", "planes*spatial")),
+        Grid(("spatial", "planes"), (64, 4)),
+    ),
+    Kernel(
+        "upsample_bwd_f32",
+        "train_layers.metal",
+        "dm_upsample_args",
+        # stride > 0: input pixel (y, x) reads delta rows y*s.., columns x*s.. of its plane;
+        # stride < 0: x_grad planes are out_h*out_w*s*s long, as the forward reads them.
+        (
+            _in(
+                "delta",
+                "min(1, max(stride, 0))*((planes - 1)*out_h*out_w "
+                "+ (height*stride - 1)*out_w + width*stride) "
+                "+ min(1, max(0 - stride, 0))*planes*out_h*out_w",
+            ),
+            Binding(
+                "inout",
+                "x_grad",
+                "min(1, max(stride, 0))*planes*height*width "
+                "+ min(1, max(0 - stride, 0))*planes*out_h*out_w*stride*stride",
+            ),
+        ),
+        # cols, rows: the input's width and height (stride > 0) or the output's (< 0).
+        Grid(("cols", "rows", "planes"), (16, 16, 1)),
+    ),
+    Kernel(
+        "reorg_bwd_f32",
+        "train_layers.metal",
+        "dm_reorg_args",
+        # The forward's extents with the sides swapped: delta is the forward's y.
+        (
+            _in(
+                "delta",
+                f"{_flag('reverse')}*({_REORG_LARGE}) + (1 - {_flag('reverse')})*{_REORG_SMALL}",
+            ),
+            Binding(
+                "inout",
+                "x_grad",
+                f"{_flag('reverse')}*{_REORG_SMALL} + (1 - {_flag('reverse')})*({_REORG_LARGE})",
+            ),
+        ),
+        Grid(("width", "height", "slices"), (16, 16, 1)),
+    ),
+    Kernel(
+        "route_bwd_f32",
+        "train_layers.metal",
+        "dm_route_args",
+        (
+            _in("delta", "((batch - 1)*dst_channels + dst_offset + channels)*spatial"),
+            Binding(
+                "inout", "x_grad", "((batch - 1)*src_channels + src_offset + channels)*spatial"
+            ),
+        ),
+        _SPATIAL_3D,
+    ),
+    Kernel(
+        "shortcut_bwd_f32",
+        "train_layers.metal",
+        "dm_shortcut_bwd_args",
+        (
+            _in("delta", "((batch - 1)*channels + min(channels, src_channels))*spatial"),
+            _in("table", "row*channels + min(channels, src_channels)", used_if="weighted"),
+            Binding(
+                "inout", "grad", "((batch - 1)*src_channels + min(channels, src_channels))*spatial"
+            ),
+        ),
+        _SPATIAL_3D,
+    ),
+    Kernel(
+        "shortcut_bwd_dot_f32",
+        "train_layers.metal",
+        "dm_shortcut_bwd_args",
+        (
+            _in("delta", "((batch - 1)*channels + min(channels, src_channels))*spatial"),
+            _in("input", "((batch - 1)*src_channels + min(channels, src_channels))*spatial"),
+            _out("partial", "(batch - 1)*channels + min(channels, src_channels)"),
+        ),
+        Grid(("channels", "batch"), (64, 4)),
+    ),
+    Kernel(
+        "shortcut_bwd_weights_f32",
+        "train_layers.metal",
+        "dm_shortcut_wgrad_args",
+        (
+            _in("partial", "(batch - 1)*channels + min(channels, src_channels)"),
+            Binding(
+                "inout",
+                "acc",
+                f"{_flag('per_channel')}*(row + 1)*channels "
+                f"+ (1 - {_flag('per_channel')})*(row + 1)",
+                read_if="accumulate",
+            ),
+        ),
+        Grid(("columns",), (64,)),
+    ),
+    Kernel(
+        "shortcut_bwd_norm_f32",
+        "train_layers.metal",
+        "dm_shortcut_weights_args",
+        (
+            _in("weights", f"n_inputs*max(1, {_flag('per_channel')}*channels)"),
+            _in("g", f"n_inputs*max(1, {_flag('per_channel')}*channels)"),
+            Binding("inout", "weight_grad", f"n_inputs*max(1, {_flag('per_channel')}*channels)"),
+        ),
+        Grid(("columns",), (64,)),
+    ),
+    Kernel(
+        "scale_channels_bwd_f32",
+        "train_layers.metal",
+        "dm_scale_channels_args",
+        (
+            _in("delta", "batch*channels*spatial"),
+            _in(
+                "scale",
+                f"batch*max({_flag('scale_wh')}*spatial, (1 - {_flag('scale_wh')})*channels)",
+            ),
+            Binding("inout", "x_from_grad", "batch*channels*spatial"),
+        ),
+        _SPATIAL_3D,
+    ),
+    Kernel(
+        "scale_channels_bwd_scale_f32",
+        "train_layers.metal",
+        "dm_scale_channels_args",
+        (
+            _in("delta", "batch*channels*spatial"),
+            _in("x_from", "batch*channels*spatial"),
+            Binding(
+                "inout",
+                "scale_grad",
+                f"batch*max({_flag('scale_wh')}*spatial, (1 - {_flag('scale_wh')})*channels)",
+            ),
+        ),
+        Grid(("factors",), (64,)),
+    ),
+    Kernel(
+        "sam_bwd_f32",
+        "train_layers.metal",
+        "dm_sam_args",
+        (
+            _in("delta", "n"),
+            _in("x_from", "n"),
+            _in("x", "n"),
+            Binding("inout", "x_from_grad", "n"),
+            Binding("inout", "x_grad", "n"),
+        ),
+        _ELEMENTS,
+    ),
+    *(
+        Kernel(
+            name,
+            "train_layers.metal",
+            "dm_loss_args",
+            (_in("pred", "n"), _in("truth", "n"), _out("delta", "n"), _out("loss", "n")),
+            _ELEMENTS,
+        )
+        for name in ("softmax_fwd_xent_f32", "cost_fwd_sse_f32")
+    ),
+)
+
+
 def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
     table: dict[str, Kernel] = {}
     for group in groups:
@@ -863,7 +1077,7 @@ def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
 
 
 #: Every kernel, keyed by its Metal function name.
-KERNELS: dict[str, Kernel] = _table(_FORWARD, _CONV_TRAIN, _YOLO_TRAIN)
+KERNELS: dict[str, Kernel] = _table(_FORWARD, _CONV_TRAIN, _YOLO_TRAIN, _LAYERS_TRAIN)
 
 
 def kernel(name: str) -> Kernel:

@@ -136,6 +136,10 @@ def _kernel_params(name, tables):
     return params
 
 
+#: The MSL element type of each role dtype.
+_MSL_ELEMENT = {"f32": "float", "i32": "int", "u32": "uint"}
+
+
 @pytest.mark.parametrize("name", sorted(registry.KERNELS))
 def test_buffers_match_signature(name, tables):
     k = registry.KERNELS[name]
@@ -155,7 +159,7 @@ def test_buffers_match_signature(name, tables):
         kind, pname = role.split(":")
         ptype, actual = buffers[i]
         assert actual == pname, f"{name}: buffer {i} is '{actual}', registry says '{pname}'"
-        element = {"f32": "float", "i32": "int", "u32": "uint"}[k.binding(pname).dtype]
+        element = _MSL_ELEMENT[k.binding(pname).dtype]
         if kind == "in":
             assert re.fullmatch(rf"device\s+const\s+{element}\s*\*", ptype), (name, ptype)
         else:
