@@ -20,7 +20,7 @@ from darknet_metal.network import load
 from darknet_metal.program import Param, build_program
 
 NAME = re.compile(
-    r"^(?:[a-z][a-z0-9]*(?:_[a-z0-9]+)*_(?:fwd|bwd)(?:_[a-z0-9]+)*"
+    r"^(?:[a-z][a-z0-9]*(?:_[a-z0-9]+)*_(?:fwd|bwd|upd|buf)(?:_[a-z0-9]+)*"
     r"|gemm_(?:nn|nt|tn)(?:_simd)?)_(?:f32|f16)$"
 )
 
@@ -60,6 +60,9 @@ def test_grammar_rejects_bad_names():
         "fwd_f32",
         "Maxpool_fwd_f32",
         "maxpool_fwd_f32_x",
+        "sgd_upd",
+        "buf_f32",
+        "fill_update_f32",
     ):
         assert not NAME.match(bad), bad
 
@@ -136,6 +139,9 @@ def _kernel_params(name, tables):
     return params
 
 
+_MSL_TYPES = {"f32": "float", "i32": "int", "u32": "uint"}
+
+
 @pytest.mark.parametrize("name", sorted(registry.KERNELS))
 def test_buffers_match_signature(name, tables):
     k = registry.KERNELS[name]
@@ -155,10 +161,11 @@ def test_buffers_match_signature(name, tables):
         kind, pname = role.split(":")
         ptype, actual = buffers[i]
         assert actual == pname, f"{name}: buffer {i} is '{actual}', registry says '{pname}'"
+        ctype = _MSL_TYPES[k.binding(pname).dtype]
         if kind == "in":
-            assert re.fullmatch(r"device\s+const\s+float\s*\*", ptype), (name, ptype)
+            assert re.fullmatch(rf"device\s+const\s+{ctype}\s*\*", ptype), (name, ptype)
         else:
-            assert re.fullmatch(r"device\s+float\s*\*", ptype), (name, ptype)
+            assert re.fullmatch(rf"device\s+{ctype}\s*\*", ptype), (name, ptype)
 
 
 @pytest.mark.parametrize("name", sorted(registry.KERNELS))
