@@ -24,7 +24,7 @@ kernel void activation_bwd_f32(constant dm_activation_args& args [[buffer(0)]],
 
 // Darknet's derivative of the normalize_channels family, per pixel from the output y:
 // g = sum_k y_k * delta_k in channel order, then delta_k *= g (MODE 0, plain
-// normalize_channels: only where y_k > 0; the two softmax variants share MODE 1).
+// normalize_channels: only where y_k > 0; 1 and 2, the softmax variants, are the same rule).
 // Grid (spatial, batch).
 template <int MODE>
 kernel void normalize_channels_bwd(constant dm_normalize_channels_args& args [[buffer(0)]],
@@ -50,7 +50,7 @@ template [[host_name("normalize_channels_bwd_f32")]] kernel normalize_channels_b
 template [[host_name("normalize_channels_softmax_bwd_f32")]] kernel normalize_channels_bwd_t
     normalize_channels_bwd<1>;
 template [[host_name("normalize_channels_softmax_maxval_bwd_f32")]] kernel
-    normalize_channels_bwd_t normalize_channels_bwd<1>;
+    normalize_channels_bwd_t normalize_channels_bwd<2>;
 
 // ---- buffer utilities ----------------------------------------------------------------------
 
