@@ -325,8 +325,11 @@ def _run_roles(
     """Upload every role's array (an accumulated role's starting contents; integer roles keep
     their type, the others are float32), dispatch kernel ``name`` once and return the
     ``outputs`` roles read back."""
-    arrays = {role: np.ascontiguousarray(a, None if np.asarray(a).dtype.kind in "iu" else
-                                         np.float32) for role, a in arrays.items()}
+    arrays = {
+        role: np.ascontiguousarray(
+            a, None if np.issubdtype(np.asarray(a).dtype, np.integer) else np.float32)
+        for role, a in arrays.items()
+    }
     bufs = {role: device.upload(a) for role, a in arrays.items()}
     try:
         device.dispatch(*pack(name, bufs, args, sizes))
