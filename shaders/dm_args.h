@@ -333,4 +333,83 @@ typedef struct dm_loss_args {
 } dm_loss_args;
 DM_STATIC_ASSERT(sizeof(dm_loss_args) == 4, "dm_loss_args size");
 
+/* ---- training: elementwise kernels (train_elementwise.metal) ---- */
+
+/* activation_bwd_f32 takes dm_activation_args (delta[i] *= f'(y_or_x[i]), i < n), and
+ * normalize_channels*_bwd_f32 take dm_normalize_channels_args. */
+
+/* fill_buf_f32: x[i] = value for i < n. */
+typedef struct dm_fill_args {
+    uint32_t n;
+    float value;
+} dm_fill_args;
+DM_STATIC_ASSERT(sizeof(dm_fill_args) == 8, "dm_fill_args size");
+
+/* copy_buf_f32: dst[i] = src[i] for i < n. */
+typedef struct dm_copy_args {
+    uint32_t n;
+} dm_copy_args;
+DM_STATIC_ASSERT(sizeof(dm_copy_args) == 4, "dm_copy_args size");
+
+/* add_buf_f32: dst[i] = dst[i] + scale*src[i] for i < n. */
+typedef struct dm_add_args {
+    uint32_t n;
+    float scale;
+} dm_add_args;
+DM_STATIC_ASSERT(sizeof(dm_add_args) == 8, "dm_add_args size");
+
+/* uniform_buf_f32: rand[i] = U[0, 1) draw i of (seed, counter) for i < n; the 64-bit seed
+ * as two words (seed = seed_hi << 32 | seed_lo). */
+typedef struct dm_uniform_args {
+    uint32_t n;
+    uint32_t seed_lo;
+    uint32_t seed_hi;
+} dm_uniform_args;
+DM_STATIC_ASSERT(sizeof(dm_uniform_args) == 12, "dm_uniform_args size");
+
+/* uniform_buf_advance_f32: counters 0 .. count-1 (two words each, low first) += 1. */
+typedef struct dm_counter_args {
+    uint32_t count;
+} dm_counter_args;
+DM_STATIC_ASSERT(sizeof(dm_counter_args) == 4, "dm_counter_args size");
+
+/* dropout_fwd_train_f32 / dropout_bwd_f32: v[i] = rand[i] < probability ? 0 : v[i]*scale,
+ * scale = 1/(1 - probability) rounded to float by the host (as Darknet stores it). */
+typedef struct dm_dropout_args {
+    uint32_t n;
+    float probability;
+    float scale;
+} dm_dropout_args;
+DM_STATIC_ASSERT(sizeof(dm_dropout_args) == 12, "dm_dropout_args size");
+
+/* sgd_upd_f32: Darknet's SGD step of n parameters; batch = images per iteration,
+ * apply_decay: nonzero where Darknet decays (weights), lr_scale: the layer's multiplier. */
+typedef struct dm_sgd_args {
+    uint32_t n;
+    uint32_t batch;
+    uint32_t apply_decay;
+    float decay;
+    float momentum;
+    float lr_scale;
+} dm_sgd_args;
+DM_STATIC_ASSERT(sizeof(dm_sgd_args) == 24, "dm_sgd_args size");
+
+/* adam_upd_f32: Darknet's (GPU) Adam step of n parameters. */
+typedef struct dm_adam_args {
+    uint32_t n;
+    uint32_t batch;
+    float decay;
+    float b1;
+    float b2;
+    float eps;
+    float lr_scale;
+} dm_adam_args;
+DM_STATIC_ASSERT(sizeof(dm_adam_args) == 28, "dm_adam_args size");
+
+/* finite_buf_f32: flag[0] = 0 if any of x[0 .. n-1] is a NaN or an infinity (else kept). */
+typedef struct dm_finite_args {
+    uint32_t n;
+} dm_finite_args;
+DM_STATIC_ASSERT(sizeof(dm_finite_args) == 4, "dm_finite_args size");
+
 #endif /* DM_ARGS_H */

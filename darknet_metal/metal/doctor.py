@@ -119,7 +119,8 @@ def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
     for name in (gemm_kernel("tn", False), gemm_kernel("tn", True)):
         got = _run(device, name, {"a": a, "b": b, "bias": bias}, "c", (m, n), args, sizes)
         results.append((name, *_verdict(got, ref)))
-    return results + _training_checks(device, rng) + _yolo_loss_checks(device)
+    return (results + _training_checks(device, rng) + _yolo_loss_checks(device)
+            + _elementwise_training_checks(device))
 
 
 def _training_checks(device: Any, rng: np.random.Generator) -> list[tuple[str, float, bool]]:
@@ -272,11 +273,14 @@ def _run_roles(
     args: dict[str, int | float],
     sizes: dict[str, int],
 ) -> dict[str, np.ndarray]:
-    """Upload ``arrays`` (by role, their dtypes kept; None where the kernel does not touch
-    the role), dispatch kernel ``name`` once and return the roles it writes, read back."""
+    """Upload ``arrays`` (by role; integer arrays keep their type, the others become
+    float32; None where the kernel does not touch the role), dispatch kernel ``name`` once
+    and return the roles it writes, read back."""
     k = registry.kernel(name)
-    bufs = {role: None if a is None else device.upload(np.ascontiguousarray(a))
-            for role, a in arrays.items()}
+    arrays = {role: None if a is None else np.ascontiguousarray(
+        a, None if np.issubdtype(np.asarray(a).dtype, np.integer) else np.float32)
+        for role, a in arrays.items()}
+    bufs = {role: None if a is None else device.upload(a) for role, a in arrays.items()}
     placeholder = device.buffer(4)
     try:
         bound = {role: placeholder if b is None else b for role, b in bufs.items()}
@@ -470,6 +474,86 @@ def _kernel_names(check: str) -> set[str]:
     head, rest = word.split("{", 1)
     options, tail = rest.split("}", 1)
     return {head + o + tail for o in options.split(",")}
+
+
+def _elementwise_training_checks(device: Any) -> list[tuple[str, float, bool]]:
+    """The elementwise training kernels (no layer dispatches them yet) against their CPU
+    reference steps; the draws and the updates must agree bit for bit."""
+    from darknet_metal.cpu import activations as cpu_act
+    from darknet_metal.cpu import dropout, fill, update
+
+    rng = np.random.default_rng(6)
+    n = 1001
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    delta = rng.standard_normal(n).astype(np.float32)
+    results = []
+
+    def check(name, buffers, out, want, args, sizes, exact=False):
+        got = _run_roles(device, name, buffers, args, sizes)[out]
+        diff, ok = _verdict(got.astype(np.float64), want.astype(np.float64))
+        results.append((name, diff, ok and (not exact or got.tobytes() == want.tobytes())))
+
+    act = "mish"
+    want = delta.copy().reshape(1, -1)
+    cpu_act.gradient(x.reshape(1, -1), act, want)
+    check("activation_bwd_f32", {"y_or_x": x, "delta": delta}, "delta", want.reshape(-1),
+          {"n": n, "act": ACTIVATIONS.index(act)}, {"n": n})
+    shape = (2, 7, 13, 11)
+    y = rng.standard_normal(shape).astype(np.float32)
+    d4 = rng.standard_normal(shape).astype(np.float32)
+    for variant in sorted(CHANNEL_ACTIVATIONS):
+        yv, want = y.copy(), d4.copy()
+        cpu_act.activate(yv, variant)
+        cpu_act.gradient(yv, variant, want)
+        check(f"{variant}_bwd_f32", {"y": yv, "delta": d4}, "delta", want,
+              {"batch": 2, "channels": 7, "spatial": 143}, {"spatial": 143, "batch": 2})
+    want = np.full(n, 0.25, np.float32)
+    check("fill_buf_f32", {"x": x}, "x", want, {"n": n, "value": 0.25}, {"n": n}, exact=True)
+    check("copy_buf_f32", {"src": x, "dst": delta}, "dst", x, {"n": n}, {"n": n}, exact=True)
+    want = delta.copy()
+    fill.add_step(x, want, 0.5).run()
+    check("add_buf_f32", {"src": x, "dst": delta}, "dst", want, {"n": n, "scale": 0.5},
+          {"n": n}, exact=True)
+    start, seed = 2**32 - 1, 2**40 + 17
+    counter = np.array([start], np.uint64)
+    rand = np.empty(n, np.float32)
+    dropout.uniform_fill(rand, seed, counter)
+    words = np.array([start], np.uint64).view(np.uint32)
+    check("uniform_buf_f32", {"counter": words, "rand": x}, "rand", rand,
+          {"n": n, "seed_lo": seed & 0xFFFFFFFF, "seed_hi": seed >> 32}, {"n": n}, exact=True)
+    check("uniform_buf_advance_f32", {"counter": words}, "counter", counter.view(np.uint32),
+          {"count": 1}, {"count": 1}, exact=True)
+    p = np.float32(0.4)
+    scale = np.float32(1.0 / (1.0 - float(p)))
+    for name, role, step in (("dropout_fwd_train_f32", "x", dropout.dropout_forward_train),
+                             ("dropout_bwd_f32", "delta", dropout.dropout_backward)):
+        want = x.copy()
+        step(want, rand, float(p))
+        check(name, {"rand": rand, role: x}, role, want,
+              {"n": n, "probability": p, "scale": scale}, {"n": n}, exact=True)
+    w = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    lr = np.array([0.01], np.float32)
+    want = w.copy()
+    update.sgd_update(want, delta.copy(), lr, 0.0005, 0.9, 64, True, 0.5)
+    args = {"n": n, "batch": 64, "apply_decay": 1, "decay": 0.0005, "momentum": 0.9,
+            "lr_scale": 0.5}
+    check("sgd_upd_f32", {"lr": lr, "param": w, "grad_acc": delta}, "param", want, args,
+          {"n": n}, exact=True)
+    m, v, t = np.abs(delta) * 0.1, delta * delta, np.array([3.0], np.float32)
+    want = w.copy()
+    update.adam_update(want, delta.copy(), m.copy(), v.copy(), lr, t, 0.0005, 0.9, 0.999, 1e-7,
+                       64)
+    args = {"n": n, "batch": 64, "decay": 0.0005, "b1": 0.9, "b2": 0.999, "eps": 1e-7,
+            "lr_scale": 1.0}
+    check("adam_upd_f32", {"lr": lr, "t": t, "param": w, "grad_acc": delta, "m": m, "v": v},
+          "param", want, args, {"n": n})
+    bad = x.copy()
+    bad[n // 2] = np.inf
+    flag = np.ones(1, np.float32)
+    update.all_finite_step(bad, flag).run()
+    check("finite_buf_f32", {"x": bad, "flag": np.ones(1, np.float32)}, "flag", flag,
+          {"n": n}, {"n": n}, exact=True)
+    return results
 
 
 def _verdict(got: np.ndarray, want: np.ndarray) -> tuple[float, bool]:

@@ -1,7 +1,10 @@
 """The Metal kernel registry: every kernel in ``shaders/*.metal``, declared once as data.
 
-For each kernel: its Metal function name (the registry key, ``<op>_<fwd|bwd>[_<part>]_<dtype>``
-or a direction-free op such as ``gemm_nn_f32``), the ``.metal`` file defining it, its argument
+For each kernel: its Metal function name (the registry key,
+``<op>_<direction>[_<part>]_<dtype>`` or a direction-free op such as ``gemm_nn_f32``; the
+direction is ``fwd`` or ``bwd`` for a layer's forward or backward pass, ``upd`` for an optimizer
+update such as ``sgd_upd_f32``, ``buf`` for a buffer utility such as ``fill_buf_f32``; the dtype
+is that of the data the kernel computes on), the ``.metal`` file defining it, its argument
 struct (``shaders/dm_args.h``, read from the header itself so the host packs exactly what the
 shaders declare; tests check that layout against what a C compiler sees), its buffers in index
 order and the grid rule (what the host dispatches over). Which kernels a layer uses is its
@@ -477,6 +480,10 @@ def _in(role: str, extent: str, used_if: str = "") -> Binding:
 
 def _out(role: str, extent: str) -> Binding:
     return Binding("out", role, extent)
+
+
+def _inout(role: str, extent: str) -> Binding:
+    return Binding("inout", role, extent)
 
 
 def _io(x: str, y: str) -> tuple[Binding, ...]:
@@ -1066,6 +1073,103 @@ _LAYERS_TRAIN: tuple[Kernel, ...] = (
 )
 
 
+#: Training kernels that work element by element (train_elementwise.metal): activation
+#: derivatives, buffer utilities, dropout and its draws, optimizer updates.
+_ELEMENTWISE: tuple[Kernel, ...] = (
+    Kernel(
+        "activation_bwd_f32",
+        "train_elementwise.metal",
+        "dm_activation_args",
+        (_in("y_or_x", "n"), _inout("delta", "n")),
+        _ELEMENTS,
+    ),
+    *(
+        Kernel(
+            f"{variant}_bwd_f32",
+            "train_elementwise.metal",
+            "dm_normalize_channels_args",
+            (_in("y", "batch*channels*spatial"), _inout("delta", "batch*channels*spatial")),
+            Grid(("spatial", "batch"), (64, 1)),
+        )
+        for variant in (
+            "normalize_channels",
+            "normalize_channels_softmax",
+            "normalize_channels_softmax_maxval",
+        )
+    ),
+    Kernel("fill_buf_f32", "train_elementwise.metal", "dm_fill_args", (_out("x", "n"),), _ELEMENTS),
+    Kernel(
+        "copy_buf_f32",
+        "train_elementwise.metal",
+        "dm_copy_args",
+        (_in("src", "n"), _out("dst", "n")),
+        _ELEMENTS,
+    ),
+    Kernel(
+        "add_buf_f32",
+        "train_elementwise.metal",
+        "dm_add_args",
+        (_in("src", "n"), _inout("dst", "n")),
+        _ELEMENTS,
+    ),
+    Kernel(
+        "uniform_buf_f32",
+        "train_elementwise.metal",
+        "dm_uniform_args",
+        # The 64-bit counter as two uint32 words, low first (a uint64 array's bytes).
+        (Binding("in", "counter", "2*min(n, 1)", dtype="u32"), _out("rand", "n")),
+        _ELEMENTS,
+    ),
+    Kernel(
+        "uniform_buf_advance_f32",
+        "train_elementwise.metal",
+        "dm_counter_args",
+        (Binding("inout", "counter", "2*count", dtype="u32"),),
+        Grid(("count",), (32,)),
+    ),
+    *(
+        Kernel(
+            name,
+            "train_elementwise.metal",
+            "dm_dropout_args",
+            (_in("rand", "n"), _inout(role, "n")),
+            _ELEMENTS,
+        )
+        for name, role in (("dropout_fwd_train_f32", "x"), ("dropout_bwd_f32", "delta"))
+    ),
+    Kernel(
+        "sgd_upd_f32",
+        "train_elementwise.metal",
+        "dm_sgd_args",
+        (
+            _in("lr", "min(n, 1)"),
+            _inout("param", "n"),
+            _inout("grad_acc", "n"),
+        ),
+        _ELEMENTS,
+    ),
+    Kernel(
+        "adam_upd_f32",
+        "train_elementwise.metal",
+        "dm_adam_args",
+        (
+            _in("lr", "min(n, 1)"),
+            _in("t", "min(n, 1)"),
+            *(_inout(role, "n") for role in ("param", "grad_acc", "m", "v")),
+        ),
+        _ELEMENTS,
+    ),
+    Kernel(
+        "finite_buf_f32",
+        "train_elementwise.metal",
+        "dm_finite_args",
+        # The flag keeps its value unless the kernel finds a non-finite element.
+        (_in("x", "n"), _inout("flag", "min(n, 1)")),
+        _ELEMENTS,
+    ),
+)
+
+
 def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
     table: dict[str, Kernel] = {}
     for group in groups:
@@ -1077,7 +1181,8 @@ def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
 
 
 #: Every kernel, keyed by its Metal function name.
-KERNELS: dict[str, Kernel] = _table(_FORWARD, _CONV_TRAIN, _YOLO_TRAIN, _LAYERS_TRAIN)
+KERNELS: dict[str, Kernel] = _table(_FORWARD, _CONV_TRAIN, _YOLO_TRAIN, _LAYERS_TRAIN,
+                                    _ELEMENTWISE)
 
 
 def kernel(name: str) -> Kernel:

@@ -20,7 +20,7 @@ from darknet_metal.network import load
 from darknet_metal.program import Param, build_program
 
 NAME = re.compile(
-    r"^(?:[a-z][a-z0-9]*(?:_[a-z0-9]+)*_(?:fwd|bwd)(?:_[a-z0-9]+)*"
+    r"^(?:[a-z][a-z0-9]*(?:_[a-z0-9]+)*_(?:fwd|bwd|upd|buf)(?:_[a-z0-9]+)*"
     r"|gemm_(?:nn|nt|tn)(?:_simd)?)_(?:f32|f16)$"
 )
 
@@ -60,6 +60,9 @@ def test_grammar_rejects_bad_names():
         "fwd_f32",
         "Maxpool_fwd_f32",
         "maxpool_fwd_f32_x",
+        "sgd_upd",
+        "buf_f32",
+        "fill_update_f32",
     ):
         assert not NAME.match(bad), bad
 
