@@ -79,6 +79,8 @@ class CpuBackend:
     """Executes a network's layers on the CPU in ``dtype`` (float32 or float64)."""
 
     name = "cpu"
+    #: The training state's allocator: NumPy's (nothing shares the arrays).
+    training_zeros = None
 
     def __init__(
         self, specs: list[LayerSpec], params: dict[int, Params], dtype: np.dtype | type = np.float32

@@ -28,18 +28,18 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from darknet_metal.cpu.executor import StepList
-from darknet_metal.cpu_backend import cpu_training_program
 from darknet_metal.errors import ArgumentError, DeviceError
 from darknet_metal.layers import LayerSpec
 from darknet_metal.memory import MemoryPlan, plan_memory
 from darknet_metal.metal import get_device, registry
+from darknet_metal.metal._shim import aligned_empty
 from darknet_metal.metal.dispatch import Dispatch, pack
 from darknet_metal.ops import Unsupported
 from darknet_metal.params import Params
@@ -283,6 +283,9 @@ class GpuBackend:
             OrderedDict()
         )
         self._placements = self._place(set(fallback))
+        self._training_state: TrainState | None = None
+        self._training_fallback: dict[int, str] | None = None
+        self._wrapped: dict[Param, tuple[np.ndarray, Any]] = {}
         self.load_params(params)
 
     # -- load time -------------------------------------------------------------------------
@@ -371,8 +374,23 @@ class GpuBackend:
         self.device.commit()
 
     def param_buffer(self, ref: Param) -> Any:
-        """The device buffer of a parameter."""
-        return self._params[ref]
+        """The device buffer of a parameter, or of a training array (the training state's
+        own memory, wrapped once per array)."""
+        if not ref.group:
+            return self._params[ref]
+        array = self._training_state.layer(ref.layer).group(ref.group)[ref.name]
+        held = self._wrapped.get(ref)
+        if held is None or held[0] is not array:
+            if held is not None:
+                held[1].release()
+            buf = self.device.upload(array, zero_copy=True)
+            if not buf.wrapped:
+                buf.release()
+                raise DeviceError(f"layer {ref.layer}: training array {ref.name!r} "
+                                  f"({ref.group}) is not page-aligned, so the device would "
+                                  "train a copy of it")
+            held = self._wrapped[ref] = (array, buf)
+        return held[1]
 
     def _release_params(self) -> None:
         for b in self._params.values():
@@ -466,34 +484,128 @@ class GpuBackend:
 
     # -- training --------------------------------------------------------------------------
 
+    def training_zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A zeroed page-aligned host array the device uses in place (the training state's
+        allocator: parameters, gradients, moments and kept arrays are shared, not copied)."""
+        a = aligned_empty(shape, dtype, int(self.device.info["page_size"]))
+        a.fill(0)
+        return a
+
+    def _training_placement(self, state: TrainState, batch: int,
+                            first_backward: int) -> dict[int, str]:
+        """Layers whose training runs on their CPU steps, with the reason: an op raising
+        ``Unsupported`` for its training forward or backward kernels. Found by building
+        throwaway programs until no new layer falls back (a backward found unsupported
+        moves its forward to the CPU too)."""
+        fallback: dict[int, str] = {}
+        while True:
+            found = dict(fallback)
+
+            def attempt(spec: LayerSpec, e: LayerEmitter, device: Callable[..., None],
+                        cpu: Callable[..., None], found: dict[int, str] = found) -> None:
+                ts = state.layer(spec.index)
+                if spec.index not in found:
+                    try:
+                        device(e, ts)
+                        return
+                    except Unsupported as exc:
+                        found[spec.index] = str(exc)
+                cpu(e, ts)
+
+            build_program(
+                self.specs, lambda spec, e: attempt(spec, e, spec.emit_device_train,
+                                                    spec.emit_cpu_train),
+                batch=batch, keep=(), mode="train", simd=self.simd, param_nbytes=None,
+                emit_backward=lambda spec, e: None if spec.values.get("onlyforward")
+                else attempt(spec, e, spec.emit_device_backward, spec.emit_cpu_backward),
+                clear=_clear_on_device, first_backward=first_backward)
+            if found == fallback:
+                return fallback
+            fallback = found
+
     def build_training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
                                keep_deltas: bool = False) -> Program:
         """The program of one mini-batch of a training iteration (see
-        ``CpuBackend.build_training_program``). Every layer trains through its op's native
-        CPU steps, run as host steps inside the device program (each a commit, a wait and
-        the transfers of what it reads and writes), on the training state's host arrays:
-        the layers' training kernels take their place op by op."""
-        return cpu_training_program(
-            self.specs, state, batch, first_backward=first_backward, keep_deltas=keep_deltas,
-            simd=self.simd, param_nbytes={ref: buf.nbytes for ref, buf in self._params.items()})
+        ``cpu_training_program``): each layer's training kernels, binding the training
+        state's arrays in place (``LayerTrainState.ref``), or, where its op has none, its
+        CPU training steps as host steps inside the device program (each a commit, a wait
+        and the transfers of what it reads and writes)."""
+        fallback = self._training_placement(state, batch, first_backward)
+        self._training_fallback = fallback
+
+        def emit(spec: LayerSpec, e: LayerEmitter, backward: bool) -> None:
+            ts = state.layer(spec.index)
+            if spec.index in fallback:
+                (spec.emit_cpu_backward if backward else spec.emit_cpu_train)(e, ts)
+            else:
+                (spec.emit_device_backward if backward else spec.emit_device_train)(e, ts)
+
+        return build_program(
+            self.specs, lambda spec, e: emit(spec, e, False), batch=batch, keep=(),
+            mode="train", simd=self.simd, param_nbytes=_ParamSizes(self._params, state),
+            emit_backward=lambda spec, e: None if spec.values.get("onlyforward")
+            else emit(spec, e, True),
+            clear=_clear_on_device, first_backward=first_backward, keep_deltas=keep_deltas)
 
     def training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
                          keep_deltas: bool = False) -> BoundProgram:
         """``build_training_program`` bound to device memory (``run(x)`` a mini-batch,
         ``read(tensor)`` a kept delta)."""
+        self._training_state = state
         return BoundProgram(self, self.build_training_program(
             state, batch, first_backward=first_backward, keep_deltas=keep_deltas))
 
     def training_coverage(self) -> list[LayerPlacement]:
-        """Per layer, where its training steps run: every layer on the CPU so far."""
-        return [LayerPlacement(spec.index, spec.kind, "fallback",
-                               reason="no training kernels yet: the op's CPU training steps")
+        """Per layer, where its training steps run (after a training program was built):
+        "kernels", or "fallback" with the reason."""
+        fallback = self._training_fallback
+        if fallback is None:
+            raise ArgumentError("no training program has been built yet")
+        return [LayerPlacement(spec.index, spec.kind, "fallback", reason=fallback[spec.index])
+                if spec.index in fallback else
+                LayerPlacement(spec.index, spec.kind, "kernels")
                 for spec in self.specs]
 
     def close(self) -> None:
         """Releases every device buffer this backend holds."""
         self._drop_programs()
         self._release_params()
+        for _, buf in self._wrapped.values():
+            buf.release()
+        self._wrapped = {}
+
+
+def _clear_on_device(e: LayerEmitter, t: Tensor) -> None:
+    n = int(np.prod(e.shape(t)))
+    e.kernel("fill_buf_f32", {"x": t}, {"n": n}, n=n, value=0.0)
+
+
+class _ParamSizes(Mapping[Param, int]):
+    """Bytes of each array a training program may bind: the inference parameters' buffers
+    and the training state's arrays (looked up when bound: kept arrays appear as the ops
+    declare them)."""
+
+    def __init__(self, buffers: Mapping[Param, Any], state: TrainState) -> None:
+        self.buffers = buffers
+        self.state = state
+
+    def __getitem__(self, ref: Param) -> int:
+        if not ref.group:
+            return int(self.buffers[ref].nbytes)
+        return int(self.state.layer(ref.layer).group(ref.group)[ref.name].nbytes)
+
+    def __contains__(self, ref: object) -> bool:
+        try:
+            self[ref]  # type: ignore[index]
+        except (KeyError, AttributeError, TypeError):
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[Param]:
+        return iter(self.buffers)
+
+    def __len__(self) -> int:
+        return len(self.buffers)
 
 
 def _never_run(reads: list[Any], writes: list[Any]) -> list[Any]:

@@ -43,10 +43,14 @@ class Tensor(NamedTuple):
 
 
 class Param(NamedTuple):
-    """A parameter array resident on the device: ``name`` of layer ``layer``."""
+    """An array resident on the device: ``name`` of layer ``layer``. ``group`` "" is an
+    inference parameter (what ``device_params`` gives: batch norm folded); a training
+    array is one of ``training.state.GROUPS`` ("value", "grad", ...), the layer's
+    ``LayerTrainState`` array of that name."""
 
     layer: int
     name: str
+    group: str = ""
 
 
 #: The network input, (N, C, H, W).

@@ -271,12 +271,14 @@ def test_a_held_layer_starts_updating_with_one_iterations_gradient(tmp_path, lin
 def test_training_on_emu_runs_where_coverage_says_and_inference_sees_it(tmp_path):
     net = _net(tmp_path, burn_in=0, learning_rate=0.01)
     emu = dm.load(net.config.path, CASE / "init.weights", device="emu")
-    coverage = emu._backend.training_coverage()
-    assert [p.index for p in coverage] == [s.index for s in emu.layers]
-    assert all(p.where == "fallback" and p.reason for p in coverage)
     x, truths = _batch(emu)
     emu.forward(x[:1])  # device parameters uploaded before training changes them
     report = emu.train_step(x, truths)
+    coverage = emu._backend.training_coverage()
+    assert [p.index for p in coverage] == [s.index for s in emu.layers]
+    on_kernels = {p.type for p in coverage if p.where == "kernels"}
+    assert on_kernels == {"route", "maxpool", "upsample"}
+    assert all(p.reason for p in coverage if p.where == "fallback")
     assert report.iteration == 1 and np.isfinite(report.loss)
     path = tmp_path / "trained.weights"
     emu.save_weights(path)

@@ -206,6 +206,22 @@ class LayerSpec:
         """The kernel steps of this layer's inference forward. Raises ``Unsupported``."""
         raise Unsupported(f"no Metal kernels for layer kind {self.kind!r}")
 
+    # -- GPU training ----------------------------------------------------------------------
+
+    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        """The kernel steps of this layer's training forward, binding its training arrays
+        as ``ts.ref(name, group)``. By default the inference forward, for the ops whose CPU
+        training forward is their inference forward (no parameters to train). Raises
+        ``Unsupported`` (before emitting anything) where there are no such kernels."""
+        if type(self).emit_cpu_train is not LayerSpec.emit_cpu_train:
+            raise Unsupported(f"no training-forward kernels for [{self.kind}] yet")
+        self.emit_device_forward(e)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        """The kernel steps of this layer's backward (as ``emit_cpu_backward``, with
+        kernels). Raises ``Unsupported`` (before emitting anything) where there are none."""
+        raise Unsupported(f"no backward kernels for [{self.kind}] yet")
+
     # -- presentation ----------------------------------------------------------------------
 
     def describe(self) -> str:
@@ -225,6 +241,17 @@ def emit_input_gradient(e: LayerEmitter, make: Callable[..., NativeStep],
     into = e.input_delta(0)
     if into is not None:
         e.host([e.delta, *saved, into], [into], lambda r, w: [make(*r[:-1], w[0])])
+
+
+def emit_device_input_gradient(e: LayerEmitter, kernel: str, sizes: Mapping[str, int],
+                               saved: Mapping[str, Tensor] | None = None,
+                               **args: int | float) -> None:
+    """``emit_input_gradient`` with a kernel: ``kernel`` reads ``delta`` (and the ``saved``
+    tensors by role) and adds into ``x_grad``, the input's delta; nothing when the input
+    gets no gradient."""
+    into = e.input_delta(0)
+    if into is not None:
+        e.kernel(kernel, {"delta": e.delta, **(saved or {}), "x_grad": into}, sizes, **args)
 
 
 def positive(section: Section, shape: Shape, what: str) -> Shape:

@@ -9,7 +9,13 @@ import numpy as np
 from darknet_metal.cfg import Section
 from darknet_metal.cpu import pooling as cpu_pooling
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.ops.base import LayerSpec, Shape, emit_input_gradient, positive
+from darknet_metal.ops.base import (
+    LayerSpec,
+    Shape,
+    emit_device_input_gradient,
+    emit_input_gradient,
+    positive,
+)
 from darknet_metal.program import LayerEmitter, Tensor
 
 if TYPE_CHECKING:
@@ -68,37 +74,37 @@ class MaxpoolOp(LayerSpec):
         emit_input_gradient(e, cpu_pooling.maxpool_backward_step,
                             [Tensor(self.index, "indexes")])
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
+    def _kernel_args(self, batch: int) -> tuple[str, dict[str, int], dict[str, int]]:
+        """(kernel prefix, output grid sizes, argument fields) of this maxpool's kernels."""
         v = self.values
         c, h, w = self.in_shape
         oc, oh, ow = self.out_shape
-        batch = e.batch
-        buffers = {"x": e.inputs[0], "y": e.output}
         if v["maxpool_depth"]:
-            e.kernel(
-                "maxpool_depth_fwd_f32",
-                buffers,
-                {"spatial": h * w, "out_channels": oc, "batch": batch},
-                batch=batch,
-                channels=c,
-                spatial=h * w,
-                out_channels=oc,
-            )
-            return
-        e.kernel(
-            "maxpool_fwd_f32",
-            buffers,
-            {"out_w": ow, "out_h": oh, "planes": batch * c},
-            planes=batch * c,
-            height=h,
-            width=w,
-            out_h=oh,
-            out_w=ow,
-            size=v["size"],
-            stride_x=v["stride_x"],
-            stride_y=v["stride_y"],
-            padding=v["padding"],
-        )
+            return ("maxpool_depth", {"spatial": h * w, "out_channels": oc, "batch": batch},
+                    dict(batch=batch, channels=c, spatial=h * w, out_channels=oc))
+        return ("maxpool", {"out_w": ow, "out_h": oh, "planes": batch * c},
+                dict(planes=batch * c, height=h, width=w, out_h=oh, out_w=ow, size=v["size"],
+                     stride_x=v["stride_x"], stride_y=v["stride_y"], padding=v["padding"]))
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        prefix, sizes, args = self._kernel_args(e.batch)
+        e.kernel(f"{prefix}_fwd_f32", {"x": e.inputs[0], "y": e.output}, sizes, **args)
+
+    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        prefix, sizes, args = self._kernel_args(e.batch)
+        indexes = e.tensor("indexes", e.shape(e.output), dtype="int32")
+        e.kernel(f"{prefix}_fwd_train_f32", {"x": e.inputs[0], "y": e.output,
+                                             "indexes": indexes}, sizes, **args)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # The backward gathers over the input: its grid is the input's.
+        prefix, _, args = self._kernel_args(e.batch)
+        c, h, w = self.in_shape
+        sizes = ({"spatial": h * w, "channels": c, "batch": e.batch}
+                 if self.values["maxpool_depth"]
+                 else {"width": w, "height": h, "planes": e.batch * c})
+        emit_device_input_gradient(e, f"{prefix}_bwd_f32", sizes,
+                                   {"indexes": Tensor(self.index, "indexes")}, **args)
 
     def describe(self) -> str:
         v = self.values
@@ -125,3 +131,9 @@ class AvgpoolOp(LayerSpec):
         planes = e.batch * c
         e.kernel("avgpool_fwd_f32", {"x": e.inputs[0], "y": e.output}, {"planes": planes},
                  planes=planes, spatial=h * w)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        c, h, w = self.in_shape
+        planes = e.batch * c
+        emit_device_input_gradient(e, "avgpool_bwd_f32", {"spatial": h * w, "planes": planes},
+                                   planes=planes, spatial=h * w)

@@ -9,7 +9,13 @@ import numpy as np
 from darknet_metal.cfg import Section
 from darknet_metal.cpu import resample as cpu_resample
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.ops.base import LayerSpec, Shape, emit_input_gradient, positive
+from darknet_metal.ops.base import (
+    LayerSpec,
+    Shape,
+    emit_device_input_gradient,
+    emit_input_gradient,
+    positive,
+)
 from darknet_metal.program import LayerEmitter
 
 if TYPE_CHECKING:
@@ -46,22 +52,25 @@ class UpsampleOp(LayerSpec):
         emit_input_gradient(e, lambda delta, into: cpu_resample.upsample_backward_step(
             delta, into, v["stride"], v["scale"]))
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
+    def _args(self, batch: int) -> dict[str, int | float]:
         c, h, w = self.in_shape
         _, oh, ow = self.out_shape
-        planes = e.batch * c
-        e.kernel(
-            "upsample_fwd_f32",
-            {"x": e.inputs[0], "y": e.output},
-            {"out_w": ow, "out_h": oh, "planes": planes},
-            planes=planes,
-            height=h,
-            width=w,
-            out_h=oh,
-            out_w=ow,
-            stride=self.values["stride"],
-            scale=self.values["scale"],
-        )
+        return dict(planes=batch * c, height=h, width=w, out_h=oh, out_w=ow,
+                    stride=self.values["stride"], scale=self.values["scale"])
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        args = self._args(e.batch)
+        e.kernel("upsample_fwd_f32", {"x": e.inputs[0], "y": e.output},
+                 {"out_w": args["out_w"], "out_h": args["out_h"], "planes": args["planes"]},
+                 **args)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # A gather over the input's pixels (stride > 0), or over the outputs (stride < 0,
+        # where no two outputs share an input).
+        args = self._args(e.batch)
+        side = ("width", "height") if self.values["stride"] > 0 else ("out_w", "out_h")
+        emit_device_input_gradient(e, "upsample_bwd_f32", {
+            "cols": args[side[0]], "rows": args[side[1]], "planes": args["planes"]}, **args)
 
     def describe(self) -> str:
         return _describe_stride(self)
@@ -106,19 +115,19 @@ class ReorgOp(LayerSpec):
         emit_input_gradient(e, lambda delta, into: cpu_resample.reorg_backward_step(
             delta, into, v["stride"], v["reverse"], self.kind))
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
+    def _dims_args(self, batch: int) -> tuple[dict[str, int], dict[str, int]]:
         c, h, w = self.out_shape if self.maps_output_dims else self.in_shape
-        e.kernel(
-            "reorg_fwd_f32",
-            {"x": e.inputs[0], "y": e.output},
-            {"width": w, "height": h, "slices": e.batch * c},
-            batch=e.batch,
-            width=w,
-            height=h,
-            channels=c,
-            stride=self.values["stride"],
-            reverse=int(bool(self.values["reverse"])),
-        )
+        return ({"width": w, "height": h, "slices": batch * c},
+                dict(batch=batch, width=w, height=h, channels=c, stride=self.values["stride"],
+                     reverse=int(bool(self.values["reverse"]))))
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        sizes, args = self._dims_args(e.batch)
+        e.kernel("reorg_fwd_f32", {"x": e.inputs[0], "y": e.output}, sizes, **args)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        sizes, args = self._dims_args(e.batch)
+        emit_device_input_gradient(e, "reorg_bwd_f32", sizes, **args)
 
     def describe(self) -> str:
         return _describe_stride(self)

@@ -68,26 +68,28 @@ class RouteOp(LayerSpec):
                            r[0], w[0], start, width, offset)])
             offset += width
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
+    def _emit_copies(self, e: LayerEmitter, kernel: str, backward: bool) -> None:
+        # One dispatch per source: its group's channels to or from the output's run.
         groups, group_id = self.values["groups"], self.values["group_id"]
         oc, oh, ow = self.out_shape
         offset = 0
-        for source in e.inputs:
+        for k, source in enumerate(e.inputs):
             src_c = e.shape(source)[1]
             width = src_c // groups
-            e.kernel(
-                "route_fwd_f32",
-                {"x": source, "y": e.output},
-                {"spatial": oh * ow, "channels": width, "batch": e.batch},
-                batch=e.batch,
-                spatial=oh * ow,
-                channels=width,
-                src_channels=src_c,
-                src_offset=group_id * width,
-                dst_channels=oc,
-                dst_offset=offset,
-            )
+            buffers = ({"delta": e.delta, "x_grad": e.input_delta(k)} if backward
+                       else {"x": source, "y": e.output})
+            if all(t is not None for t in buffers.values()):
+                e.kernel(kernel, buffers,
+                         {"spatial": oh * ow, "channels": width, "batch": e.batch},
+                         batch=e.batch, spatial=oh * ow, channels=width, src_channels=src_c,
+                         src_offset=group_id * width, dst_channels=oc, dst_offset=offset)
             offset += width
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        self._emit_copies(e, "route_fwd_f32", backward=False)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        self._emit_copies(e, "route_bwd_f32", backward=True)
 
     def describe(self) -> str:
         v = self.values

@@ -11,12 +11,17 @@ refused for non-finite values).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from darknet_metal.errors import ArgumentError
 from darknet_metal.params import Params
+from darknet_metal.program import Param
+
+#: The groups of a layer's training arrays, as ``Param.group`` names them on a device.
+GROUPS = ("value", "grad", "adam_m", "adam_v", "extra")
 
 #: The accumulator names Darknet gives each trainable array (for messages and summaries).
 ACCUMULATOR_NAMES = {"weights": "weight_updates", "biases": "bias_updates",
@@ -41,6 +46,8 @@ class LayerTrainState:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     seed: int = 0
     net_size: tuple[int, int] = (0, 0)
+    #: Allocates a zeroed array (shape, dtype): page-aligned where a device shares it.
+    zeros: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.zeros
 
     def buffer(self, name: str, shape: tuple[int, ...],
                dtype: np.dtype | type | None = None) -> np.ndarray:
@@ -50,13 +57,24 @@ class LayerTrainState:
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         a = self.extra.get(name)
         if a is None or a.shape != tuple(shape) or a.dtype != dtype:
-            a = self.extra[name] = np.zeros(shape, dtype)
+            a = self.extra[name] = self.zeros(tuple(shape), dtype)
         return a
 
     def arrays(self) -> list[np.ndarray]:
         """Every array a training step may write."""
         return [*self.values.values(), *self.grads.values(), *self.adam_m.values(),
                 *self.adam_v.values(), *self.extra.values()]
+
+    def ref(self, name: str, group: str = "value") -> Param:
+        """How a device program binds this layer's array ``name`` of ``group`` (GROUPS)."""
+        if group not in GROUPS:
+            raise ArgumentError(f"group must be one of {GROUPS}, not {group!r}")
+        return Param(self.index, name, group)
+
+    def group(self, group: str) -> dict[str, np.ndarray]:
+        """The arrays of ``group`` (GROUPS), by name."""
+        return {"value": self.values, "grad": self.grads, "adam_m": self.adam_m,
+                "adam_v": self.adam_v, "extra": self.extra}[group]
 
 
 class TrainState:
@@ -65,33 +83,39 @@ class TrainState:
     ``params``: the network's parameter arrays; for float32 they are used in place (the
     network's own arrays are trained), for float64 they are copied, and ``write_back`` copies
     the trained values into them. ``adam``: allocate Adam's moments. ``frozen``: indices of
-    layers that never train (no accumulators, no moments: ``train_only_bn``)."""
+    layers that never train (no accumulators, no moments: ``train_only_bn``). ``zeros``:
+    allocates every array (zeroed; default NumPy's): a device that shares host memory
+    gives page-aligned ones, and then the parameters are copied into them."""
 
     def __init__(self, specs: Sequence, params: Mapping[int, Params], dtype: np.dtype | type,
-                 *, adam: bool = False, frozen: Collection[int] = ()) -> None:
+                 *, adam: bool = False, frozen: Collection[int] = (),
+                 zeros: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None) -> None:
         self.dtype = np.dtype(dtype)
         self._params = params
         self.layers: dict[int, LayerTrainState] = {}
+        allocate = np.zeros if zeros is None else zeros
         for spec in specs:
             layer = params.get(spec.index, {})
             values: Params = {}
             for name, array in layer.items():
-                if self.dtype == np.float32 and array.dtype == np.float32 and \
-                        array.flags.c_contiguous and array.flags.writeable:
+                if zeros is None and self.dtype == np.float32 and array.dtype == np.float32 \
+                        and array.flags.c_contiguous and array.flags.writeable:
                     values[name] = array
                 else:
-                    values[name] = np.ascontiguousarray(array, self.dtype).copy()
+                    values[name] = allocate(array.shape, self.dtype)
+                    np.copyto(values[name], array, casting="unsafe")
                     if self.dtype == np.float32:
                         layer[name] = values[name]  # the network trains this array from now
             trainable = [] if spec.index in frozen else \
                 [n for n in spec.trainable_params if n in values]
-            state = LayerTrainState(
-                spec.index, self.dtype, values,
-                {n: np.zeros_like(values[n]) for n in trainable},
-            )
+
+            def like(names: list[str], values: Params = values) -> Params:
+                return {n: allocate(values[n].shape, self.dtype) for n in names}
+
+            state = LayerTrainState(spec.index, self.dtype, values, like(trainable),
+                                    zeros=allocate)
             if adam:
-                state.adam_m = {n: np.zeros_like(values[n]) for n in trainable}
-                state.adam_v = {n: np.zeros_like(values[n]) for n in trainable}
+                state.adam_m, state.adam_v = like(trainable), like(trainable)
             self.layers[spec.index] = state
 
     def layer(self, index: int) -> LayerTrainState:

@@ -94,8 +94,9 @@ class Trainer:
         self.specs = specs
         # A resized network keeps its training state (the parameters do not depend on size).
         self.frozen = _frozen(specs)
+        backend = net._backend
         self.state = state or TrainState(specs, net.params, net.dtype, adam=self.adam,
-                                         frozen=self.frozen)
+                                         frozen=self.frozen, zeros=backend.training_zeros)
         dtype = self.state.dtype
         c, h, w = net.input_shape
         self.heads = [s.index for s in specs if s.detection_head is not None]
@@ -109,7 +110,6 @@ class Trainer:
             if spec.index in self.loss_layers:
                 layer.extra["truth"] = self.truth
         self.first_backward = max(_first_backward(specs), len(self.frozen))
-        backend = net._backend
         self._check_memory(backend)
         self.program = backend.training_program(self.state, self.mini_batch,
                                                 first_backward=self.first_backward)
