@@ -151,6 +151,7 @@ class BoundProgram:
         self.program = program
         self.memory: MemoryPlan = plan_memory(program)
         self.buffers = [device.buffer(n) for n in self.memory.slot_bytes]
+        self.placeholder = device.buffer(4)
         self.lists: list[Any] = []
         try:
             self.input_buffer = self.buffer(INPUT)
@@ -160,10 +161,17 @@ class BoundProgram:
                 else self._host(device, step)
                 for step in program.steps
             ]
+            #: Per step with offsets: the byte offset of each bound buffer, in index order.
+            self.offsets: dict[int, tuple[int, ...]] = {
+                i: tuple(4 * step.offsets.get(role, 0)
+                         for role in registry.kernel(step.kernel).roles)
+                for i, step in enumerate(program.steps)
+                if isinstance(step, KernelStep) and step.offsets
+            }
             #: What a pass runs, in order: a dispatch list's ``encode`` or a host step.
             self.segments: list[Callable[[], None]] = []
             current = None
-            for step in self.steps:
+            for i, step in enumerate(self.steps):
                 if isinstance(step, HostCall):
                     self.segments.append(step)
                     current = None
@@ -172,7 +180,7 @@ class BoundProgram:
                     current = device.dispatch_list(len(self.steps))
                     self.lists.append(current)
                     self.segments.append(current.encode)
-                current.add(*step)
+                current.add(*step, offsets=self.offsets.get(i))
         except BaseException:
             self.release()
             raise
@@ -191,7 +199,11 @@ class BoundProgram:
             else self.buffer(ref)
             for role, ref in step.buffers.items()
         }
-        return pack(step.kernel, buffers, step.args, step.sizes)
+        name, args, bound, grid, group = pack(step.kernel, buffers, step.args, step.sizes)
+        # A role the kernel leaves alone still needs a buffer at its index (Metal's
+        # validation and the emulator refuse an unbound one).
+        bound = tuple(self.placeholder if b is None else b for b in bound)
+        return name, args, bound, grid, group
 
     def _host(self, device: Any, step: HostStep) -> HostCall:
         # One host array per memory owner: a tensor a step reads and writes (a gradient it
@@ -235,6 +247,7 @@ class BoundProgram:
         for b in self.buffers:
             b.release()
         self.buffers = []
+        self.placeholder.release()
 
 
 class GpuBackend:
@@ -463,11 +476,12 @@ class GpuBackend:
             first = 0
             for end in bound.program.layer_ends:
                 t0 = time.perf_counter()
-                for step in bound.steps[first:end]:
+                for i in range(first, end):
+                    step = bound.steps[i]
                     if isinstance(step, HostCall):
                         step()
                     else:
-                        dispatch(*step)
+                        dispatch(*step, offsets=bound.offsets.get(i))
                 self.device.synchronize()
                 timings.append(time.perf_counter() - t0)
                 first = end

@@ -88,7 +88,9 @@ class KernelStep:
     ``buffers``: role name -> ``Tensor``, ``Param`` or None (a role the kernel does not read
     with these arguments); ``args``: the fields of its argument struct; ``sizes``: its grid
     axes. ``reads``/``writes``: the tensors bound to ``in``/``inout`` and ``out``/``inout``
-    roles."""
+    roles (whole: the planner keeps a tensor alive whatever part a step touches).
+    ``offsets``: per role, elements into its buffer where the kernel's view starts (one
+    image of a batch tensor); absent roles start at 0."""
 
     layer: int
     kernel: str
@@ -97,6 +99,7 @@ class KernelStep:
     sizes: Mapping[str, int]
     reads: tuple[Tensor, ...]
     writes: tuple[Tensor, ...]
+    offsets: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -182,12 +185,15 @@ class LayerEmitter:
         name: str,
         buffers: Mapping[str, Tensor | Param | None],
         sizes: Mapping[str, int],
+        *,
+        offsets: Mapping[str, int] | None = None,
         **args: int | float,
     ) -> None:
-        """Appends a dispatch of ``name`` with buffers bound by role. Raises ``BindingError``
+        """Appends a dispatch of ``name`` with buffers bound by role (``offsets``: elements
+        into a role's buffer where the kernel's view starts). Raises ``BindingError``
         (before anything is encoded) for a missing or unknown role, a buffer smaller than the
-        kernel touches, or a read of a tensor no earlier step has written."""
-        self._builder.kernel(self.spec.index, name, buffers, sizes, args)
+        kernel touches past its offset, or a read of a tensor no earlier step has written."""
+        self._builder.kernel(self.spec.index, name, buffers, sizes, args, offsets or {})
 
     def host(
         self,
@@ -293,22 +299,28 @@ class _Builder:
         buffers: Mapping[str, Tensor | Param | None],
         sizes: Mapping[str, int],
         args: Mapping[str, int | float],
+        offsets: Mapping[str, int],
     ) -> None:
         from darknet_metal.metal import registry
 
         k = registry.kernel(name)
+        for role, offset in offsets.items():
+            if buffers.get(role) is None or offset < 0:
+                raise BindingError(f"{name}: offset {offset} for role {role!r}, which is "
+                                   f"{'unbound' if buffers.get(role) is None else 'bound'}")
         stand_ins: dict[str, Any] = {}
         for role, ref in buffers.items():
+            skipped = 4 * offsets.get(role, 0)
             if isinstance(ref, Tensor):
                 if ref not in self.tensors:
                     raise BindingError(f"{name}: role {role!r} is bound to undeclared {ref}")
-                stand_ins[role] = _Sized(str(ref), self.tensors[ref].nbytes)
+                stand_ins[role] = _Sized(str(ref), self.tensors[ref].nbytes - skipped)
             elif isinstance(ref, Param) and self.param_nbytes is None:
                 stand_ins[role] = _Sized(str(ref), 1 << 62)  # sizes not known yet: unchecked
             elif isinstance(ref, Param):
                 if ref not in self.param_nbytes:
                     raise BindingError(f"{name}: role {role!r} is bound to unknown {ref}")
-                stand_ins[role] = _Sized(str(ref), self.param_nbytes[ref])
+                stand_ins[role] = _Sized(str(ref), self.param_nbytes[ref] - skipped)
             else:
                 stand_ins[role] = ref
         k.bind(stand_ins, args, sizes)
@@ -317,7 +329,8 @@ class _Builder:
         writes = tuple(t for role in written_roles if isinstance(t := buffers.get(role), Tensor))
         self._check_reads(layer, f"kernel {name}", reads)
         self.program.steps.append(
-            KernelStep(layer, name, dict(buffers), dict(args), dict(sizes), reads, writes)
+            KernelStep(layer, name, dict(buffers), dict(args), dict(sizes), reads, writes,
+                       dict(offsets))
         )
         self._mark_written(writes)
 

@@ -2,15 +2,12 @@
 // bias gradient, and batch normalisation with mini-batch statistics (forward and backward).
 //
 // The weight and input gradients themselves are GEMMs (gemm.metal); see shaders/README.md
-// for the dispatches. Every reduction here sums in a fixed order (a serial stride per thread,
-// then a fixed tree in threadgroup memory), so results never depend on scheduling, and no
+// for the dispatches. Every reduction here is one thread per channel summing in Darknet's
+// serial order, so results never depend on scheduling and match Darknet's float sums; no
 // output element is written by two threads.
 #include <metal_stdlib>
 #include "dm_args.h"
 using namespace metal;
-
-// Threads of the one-threadgroup-per-channel reductions (the registry's grid group size).
-constant uint DM_REDUCE_THREADS = 256;
 
 // col2im as a gather, the adjoint of im2col_fwd_f32 with the same arguments: each image
 // element adds the column entries that im2col copied from it, in (ky, kx) order. A tap
@@ -48,72 +45,54 @@ kernel void col2im_bwd_f32(constant dm_im2col_args& args [[buffer(0)]],
     image[at] = acc;
 }
 
-// Sums part[0..DM_REDUCE_THREADS) into part[0] by halving; every thread of the group calls
-// it (barriers), and the tree's shape is fixed, so the result is too.
-inline void dm_tree_sum(threadgroup float* part, uint tid) {
-    for (uint s = DM_REDUCE_THREADS / 2; s > 0; s >>= 1) {
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        if (tid < s) part[tid] += part[tid + s];
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-}
-
 // The j-th of the batch*spatial values of channel c in a (batch, channels, spatial) array.
 inline uint dm_channel_index(constant dm_batchnorm_args& args, uint c, uint j) {
     return ((j / args.spatial) * args.channels + c) * args.spatial + j % args.spatial;
 }
 
-// bias_grad[c] += sum of delta over images and positions: one threadgroup per channel.
-// Grid (channels) in groups of DM_REDUCE_THREADS threads.
+// bias_grad[c] += the sum of delta over positions, image by image (Darknet's backward_bias):
+// one thread per channel, in Darknet's serial order. Grid (channels).
 kernel void bias_bwd_f32(constant dm_bias_args& args [[buffer(0)]],
                          device const float* delta [[buffer(1)]],
                          device float* bias_grad [[buffer(2)]],
-                         uint c [[threadgroup_position_in_grid]],
-                         uint tid [[thread_index_in_threadgroup]]) {
-    threadgroup float part[DM_REDUCE_THREADS];
-    if (c >= args.channels) return;  // the whole group leaves together
-    const uint n = args.batch * args.spatial;
-    float acc = 0.0f;
-    for (uint j = tid; j < n; j += DM_REDUCE_THREADS) {
-        acc += delta[((j / args.spatial) * args.channels + c) * args.spatial + j % args.spatial];
+                         uint c [[thread_position_in_grid]]) {
+    if (c >= args.channels) return;
+    float acc = bias_grad[c];
+    for (uint b = 0; b < args.batch; ++b) {
+        device const float* row = delta + (b * args.channels + c) * args.spatial;
+        float total = 0.0f;
+        for (uint i = 0; i < args.spatial; ++i) total += row[i];
+        acc += total;
     }
-    part[tid] = acc;
-    dm_tree_sum(part, tid);
-    if (tid == 0) bias_grad[c] = bias_grad[c] + part[0];
+    bias_grad[c] = acc;
 }
 
 // Mini-batch statistics of channel c: mean, then the unbiased variance around it (a second
-// pass, as the CPU does, rather than a sum of squares, which cancels), and the running
-// averages r = momentum*r + (1 - momentum)*stat in the CPU's two roundings.
-// Grid (channels) in groups of DM_REDUCE_THREADS threads.
+// pass, as the CPU does), and the running averages r = momentum*r + (1 - momentum)*stat in
+// the CPU's two roundings. One thread per channel sums in Darknet's serial float order:
+// some of these sums cancel, and a value a hair's breadth from an activation's kink or a
+// loss threshold moves the whole training step, so the order is Darknet's, not a tree's.
+// Grid (channels).
 kernel void batchnorm_fwd_stats_f32(constant dm_batchnorm_args& args [[buffer(0)]],
                                     device const float* x [[buffer(1)]],
                                     device float* mean [[buffer(2)]],
                                     device float* variance [[buffer(3)]],
                                     device float* rolling_mean [[buffer(4)]],
                                     device float* rolling_variance [[buffer(5)]],
-                                    uint c [[threadgroup_position_in_grid]],
-                                    uint tid [[thread_index_in_threadgroup]]) {
-    threadgroup float part[DM_REDUCE_THREADS];
+                                    uint c [[thread_position_in_grid]]) {
     if (c >= args.channels) return;
     const uint n = args.batch * args.spatial;
     float acc = 0.0f;
-    for (uint j = tid; j < n; j += DM_REDUCE_THREADS) acc += x[dm_channel_index(args, c, j)];
-    part[tid] = acc;
-    dm_tree_sum(part, tid);
+    for (uint j = 0; j < n; ++j) acc += x[dm_channel_index(args, c, j)];
     // The CPU multiplies by the rounded reciprocal rather than dividing.
-    const float m = part[0] * (1.0f / float(n));
-    threadgroup_barrier(mem_flags::mem_threadgroup);  // everyone has read part[0]
+    const float m = acc * (1.0f / float(n));
     acc = 0.0f;
-    for (uint j = tid; j < n; j += DM_REDUCE_THREADS) {
+    for (uint j = 0; j < n; ++j) {
         const float dev = x[dm_channel_index(args, c, j)] - m;
         // One rounding per term, as the CPU's float sum of double squares has.
         acc = fma(dev, dev, acc);
     }
-    part[tid] = acc;
-    dm_tree_sum(part, tid);
-    if (tid != 0) return;
-    const float v = part[0] * (1.0f / float(n - 1));
+    const float v = acc * (1.0f / float(n - 1));
     mean[c] = m;
     variance[c] = v;
     float r = rolling_mean[c] * args.momentum;
@@ -156,9 +135,10 @@ kernel void batchnorm_fwd_xnorm_f32(constant dm_batchnorm_args& args [[buffer(0)
 }
 
 // The per-channel sums of the backward, from the incoming delta (the gradient with respect to
-// the batch norm's output): bias_grad += sum delta, scale_grad += sum delta*x_norm, and, with
-// delta scaled by scale[c] as the CPU scales it, Darknet's mean_delta and variance_delta for
-// batchnorm_bwd_delta_f32. Grid (channels) in groups of DM_REDUCE_THREADS threads.
+// the batch norm's output): bias_grad += sum delta (image by image), scale_grad += sum
+// delta*x_norm, and, with delta scaled by scale[c] as the CPU scales it, Darknet's
+// mean_delta and variance_delta for batchnorm_bwd_delta_f32. One thread per channel, each
+// sum in Darknet's serial order (see batchnorm_fwd_stats_f32). Grid (channels).
 kernel void batchnorm_bwd_sums_f32(constant dm_batchnorm_args& args [[buffer(0)]],
                                    device const float* delta [[buffer(1)]],
                                    device const float* x [[buffer(2)]],
@@ -170,46 +150,34 @@ kernel void batchnorm_bwd_sums_f32(constant dm_batchnorm_args& args [[buffer(0)]
                                    device float* bias_grad [[buffer(8)]],
                                    device float* mean_delta [[buffer(9)]],
                                    device float* var_delta [[buffer(10)]],
-                                   uint c [[threadgroup_position_in_grid]],
-                                   uint tid [[thread_index_in_threadgroup]]) {
-    threadgroup float bias_part[DM_REDUCE_THREADS];
-    threadgroup float scale_part[DM_REDUCE_THREADS];
-    threadgroup float mean_part[DM_REDUCE_THREADS];
-    threadgroup float var_part[DM_REDUCE_THREADS];
+                                   uint c [[thread_position_in_grid]]) {
     if (c >= args.channels) return;
     const uint n = args.batch * args.spatial;
     const float s = scale[c], m = mean[c];
-    float bias_acc = 0.0f, scale_acc = 0.0f, mean_acc = 0.0f, var_acc = 0.0f;
-    for (uint j = tid; j < n; j += DM_REDUCE_THREADS) {
+    float bias_acc = bias_grad[c];
+    for (uint b = 0; b < args.batch; ++b) {
+        device const float* row = delta + (b * args.channels + c) * args.spatial;
+        float total = 0.0f;
+        for (uint i = 0; i < args.spatial; ++i) total += row[i];
+        bias_acc += total;
+    }
+    bias_grad[c] = bias_acc;
+    float scale_acc = 0.0f, mean_acc = 0.0f, var_acc = 0.0f;
+    for (uint j = 0; j < n; ++j) {
         const uint i = dm_channel_index(args, c, j);
-        const float d = delta[i];
-        const float scaled = d * s;
-        bias_acc += d;
-        scale_acc += d * x_norm[i];
+        scale_acc += delta[i] * x_norm[i];
+    }
+    scale_grad[c] = scale_grad[c] + scale_acc;
+    for (uint j = 0; j < n; ++j) {
+        const uint i = dm_channel_index(args, c, j);
+        const float scaled = delta[i] * s;
         mean_acc += scaled;
         var_acc += scaled * (x[i] - m);
     }
-    bias_part[tid] = bias_acc;
-    scale_part[tid] = scale_acc;
-    mean_part[tid] = mean_acc;
-    var_part[tid] = var_acc;
-    for (uint h = DM_REDUCE_THREADS / 2; h > 0; h >>= 1) {
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        if (tid < h) {
-            bias_part[tid] += bias_part[tid + h];
-            scale_part[tid] += scale_part[tid + h];
-            mean_part[tid] += mean_part[tid + h];
-            var_part[tid] += var_part[tid + h];
-        }
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    if (tid != 0) return;
-    bias_grad[c] = bias_grad[c] + bias_part[0];
-    scale_grad[c] = scale_grad[c] + scale_part[0];
     const float ve = variance[c] + args.eps;
     const float root = sqrt(ve);
-    mean_delta[c] = mean_part[0] * (-1.0f / root);
-    var_delta[c] = var_part[0] * (-0.5f / (ve * root));  // -1/2 (var + eps)^(-3/2)
+    mean_delta[c] = mean_acc * (-1.0f / root);
+    var_delta[c] = var_acc * (-0.5f / (ve * root));  // -1/2 (var + eps)^(-3/2)
 }
 
 // delta = delta*scale/den + var_delta*2(x - mean)/var_den + mean_delta/N, in place: Darknet's

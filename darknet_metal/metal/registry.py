@@ -713,7 +713,7 @@ _FORWARD: tuple[Kernel, ...] = (
 
 # Training kernels of convolutional and connected layers (train_conv.metal); the weight and
 # input gradients are GEMMs of gemm.metal.
-_PER_CHANNEL = Grid(("channels",), (256,), (1,))  # one threadgroup reduces each channel
+_PER_CHANNEL = Grid(("channels",), (32,))  # one thread sums each channel, serially
 _BN_VALUES = "batch*channels*spatial"
 
 _CONV_TRAIN: tuple[Kernel, ...] = (

@@ -89,3 +89,28 @@ def emit_cpu_activation_gradient(e: LayerEmitter, act: int, pre: Tensor) -> None
     source = pre if act in INPUT_GRADIENT else e.output
     e.host([source, e.delta], [e.delta],
            lambda r, w: [cpu_activations.activation_gradient_step(r[0], w[0], act)])
+
+
+def emit_device_activation_train(e: LayerEmitter, act: int, pre: Tensor) -> None:
+    """``emit_cpu_activation_train`` with kernels: ``output = act(pre)``."""
+    if pre == e.output and act == LINEAR:
+        return
+    if is_channel_activation(act):
+        emit_activation_after(e, act, fused=False)  # pre is the output for these
+        return
+    total = int(np.prod(e.shape(e.output)))
+    e.kernel("activation_fwd_f32", {"x": pre, "y": e.output}, {"n": total}, n=total, act=act)
+
+
+def emit_device_activation_gradient(e: LayerEmitter, act: int, pre: Tensor) -> None:
+    """``emit_cpu_activation_gradient`` with kernels: ``delta *= act'``."""
+    if act == LINEAR:
+        return
+    n, c, h, w = e.shape(e.output)
+    if is_channel_activation(act):
+        e.kernel(f"{ACTIVATIONS[act]}_bwd_f32", {"y": e.output, "delta": e.delta},
+                 {"spatial": h * w, "batch": n}, batch=n, channels=c, spatial=h * w)
+        return
+    total = n * c * h * w
+    e.kernel("activation_bwd_f32", {"y_or_x": pre if act in INPUT_GRADIENT else e.output,
+                                    "delta": e.delta}, {"n": total}, n=total, act=act)

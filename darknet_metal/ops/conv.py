@@ -19,7 +19,14 @@ from darknet_metal.cpu import batchnorm as cpu_batchnorm
 from darknet_metal.cpu import conv as cpu_conv
 from darknet_metal.cpu import winograd
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.metal.dispatch import BIAS_COLS, BIAS_ROWS, gemm_kernel, gemm_step
+from darknet_metal.metal.dispatch import (
+    BIAS_COLS,
+    BIAS_NONE,
+    BIAS_ROWS,
+    gemm_args,
+    gemm_kernel,
+    gemm_step,
+)
 from darknet_metal.ops.activation import (
     LINEAR,
     activation_input,
@@ -27,6 +34,8 @@ from darknet_metal.ops.activation import (
     emit_activation_after,
     emit_cpu_activation_gradient,
     emit_cpu_activation_train,
+    emit_device_activation_gradient,
+    emit_device_activation_train,
     fused_activation,
 )
 from darknet_metal.ops.base import LayerSpec, Params, Shape, positive
@@ -105,6 +114,64 @@ def emit_bias_gradient(e: LayerEmitter, ts: LayerTrainState, flat: bool = False)
     e.host([e.delta, *saved, x_norm], [e.delta], lambda r, w: [
         cpu_batchnorm.batchnorm_backward_step(shape(w[0]), shape(r[1]), r[2], r[3],
                                               shape(r[4]), scales, scale_grad, bias_grad)])
+
+
+def _batchnorm_args(e: LayerEmitter, raw: Tensor, momentum: float) -> tuple[dict, dict, dict]:
+    """(per-channel grid, per-element grid, argument fields) of the batch-norm kernels over
+    ``raw`` ((N, C, H, W), or a connected layer's (N, C, 1, 1))."""
+    n, c = e.shape(raw)[:2]
+    spatial = int(np.prod(e.shape(raw)[2:]))
+    # Rounded as the CPU rounds them: 1 - momentum in double, then to float.
+    args = dict(batch=n, channels=c, spatial=spatial, eps=cpu_batchnorm.EPS,
+                momentum=momentum, one_minus_momentum=float(np.float32(1.0 - momentum)),
+                exact=0)
+    return {"channels": c}, {"spatial": spatial, "channels": c, "batch": n}, args
+
+
+def emit_device_batchnorm_train(e: LayerEmitter, ts: LayerTrainState, raw: Tensor,
+                                out: Tensor, momentum: float) -> None:
+    """``emit_batchnorm_train`` with kernels: the mini-batch statistics (rolling averages
+    updated in place), then ``out = scales*x_norm + biases``."""
+    per_channel, per_element, args = _batchnorm_args(e, raw, momentum)
+    c = per_channel["channels"]
+    mean, variance = e.tensor("mean", (c,)), e.tensor("variance", (c,))
+    e.kernel("batchnorm_fwd_stats_f32",
+             {"x": raw, "mean": mean, "variance": variance,
+              "rolling_mean": ts.ref("rolling_mean"),
+              "rolling_variance": ts.ref("rolling_variance")}, per_channel, **args)
+    # x_norm is recomputed by the backward (one tensor less alive through the pass).
+    e.kernel("batchnorm_fwd_norm_f32",
+             {"x": raw, "mean": mean, "variance": variance, "scale": ts.ref("scales"),
+              "bias": ts.ref("biases"), "x_norm": e.tensor("x_norm", e.shape(raw)),
+              "out": out}, per_element, **args)
+
+
+def emit_device_bias_gradient(e: LayerEmitter, ts: LayerTrainState) -> None:
+    """``emit_bias_gradient`` with kernels."""
+    n, c = e.shape(e.delta)[:2]
+    spatial = int(np.prod(e.shape(e.delta)[2:]))
+    if "scales" not in ts.values:
+        e.kernel("bias_bwd_f32", {"delta": e.delta, "bias_grad": ts.ref("biases", "grad")},
+                 {"channels": c}, batch=n, channels=c, spatial=spatial)
+        return
+    layer = e.spec.index
+    raw, mean, variance = (Tensor(layer, role) for role in ("raw", "mean", "variance"))
+    per_channel, per_element, args = _batchnorm_args(e, raw, 0.0)
+    x_norm = e.tensor("x_norm_again", e.shape(raw))
+    e.kernel("batchnorm_fwd_xnorm_f32",
+             {"x": raw, "mean": mean, "variance": variance, "x_norm": x_norm},
+             per_element, **args)
+    mean_delta, var_delta = e.tensor("mean_delta", (c,)), e.tensor("var_delta", (c,))
+    scales = ts.ref("scales")
+    e.kernel("batchnorm_bwd_sums_f32",
+             {"delta": e.delta, "x": raw, "mean": mean, "variance": variance,
+              "x_norm": x_norm, "scale": scales, "scale_grad": ts.ref("scales", "grad"),
+              "bias_grad": ts.ref("biases", "grad"), "mean_delta": mean_delta,
+              "var_delta": var_delta}, per_channel, **args)
+    e.kernel("batchnorm_bwd_delta_f32",
+             {"x": raw, "mean": mean, "variance": variance, "scale": scales,
+              "mean_delta": mean_delta, "var_delta": var_delta, "delta": e.delta},
+             per_element, **args)
 
 
 class _Gemm(LayerSpec):
@@ -291,57 +358,109 @@ class ConvolutionalOp(_Gemm):
         v = self.values
         return v["size"] == 1 and v["stride_x"] == 1 and v["stride_y"] == 1 and v["padding"] == 0
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
+    def _im2col_args(self) -> dict[str, int]:
         v = self.values
         c, h, w = self.in_shape
-        f, oh, ow = self.out_shape
-        size, groups = v["size"], v["groups"]
-        cg, fg = c // groups, f // groups
-        k, n = cg * size * size, oh * ow
-        batch = e.batch
+        _, oh, ow = self.out_shape
+        return dict(channels=c // v["groups"], height=h, width=w, ksize=v["size"],
+                    stride_x=v["stride_x"], stride_y=v["stride_y"], pad=v["padding"],
+                    dilation=v["dilation"], out_h=oh, out_w=ow)
+
+    def _columns(self, e: LayerEmitter, role: str) -> tuple[Tensor, int, int]:
+        """(the GEMM's column operand, its image stride, its group stride): the input
+        itself for a 1x1 stride-1 unpadded convolution, else its im2col into tensor
+        ``role``."""
+        c, h, w = self.in_shape
+        groups = self.values["groups"]
+        cg = c // groups
+        k, n = cg * self.values["size"] ** 2, self.out_shape[1] * self.out_shape[2]
         if self.reads_input_as_columns:
-            operand, b_batch, b_group = e.inputs[0], c * h * w, cg * h * w
-        else:
-            operand = e.tensor("workspace", (batch * groups * k * n,))
-            b_batch, b_group = groups * k * n, k * n
-            e.kernel(
-                "im2col_fwd_f32",
-                {"image": e.inputs[0], "col": operand},
-                {"spatial": n, "rows": k, "slices": batch * groups},
-                channels=cg,
-                height=h,
-                width=w,
-                ksize=size,
-                stride_x=v["stride_x"],
-                stride_y=v["stride_y"],
-                pad=v["padding"],
-                dilation=v["dilation"],
-                out_h=oh,
-                out_w=ow,
-            )
+            return e.inputs[0], c * h * w, cg * h * w
+        cols = e.tensor(role, (e.batch * groups * k * n,))
+        e.kernel("im2col_fwd_f32", {"image": e.inputs[0], "col": cols},
+                 {"spatial": n, "rows": k, "slices": e.batch * groups}, **self._im2col_args())
+        return cols, groups * k * n, k * n
+
+    def _emit_gemm(self, e: LayerEmitter, weights: Param, bias: Param | None, out: Tensor,
+                   act: int, workspace: str) -> None:
+        """out = act(W * columns (+ bias)) per image and group."""
+        v = self.values
+        c = self.in_shape[0]
+        f, oh, ow = self.out_shape
+        groups = v["groups"]
+        fg, k, n = f // groups, c // groups * v["size"] ** 2, oh * ow
+        operand, b_batch, b_group = self._columns(e, workspace)
         gemm_step(
             e,
             gemm_kernel("nn", e.simd),
-            {"a": Param(self.index, "weights"), "b": operand,
-             "bias": Param(self.index, "biases"), "c": e.output},
-            M=fg,
-            N=n,
-            K=k,
-            lda=k,
-            ldb=n,
-            ldc=n,
-            groups=groups,
-            slices=batch * groups,
-            a_group_stride=fg * k,
-            b_batch_stride=b_batch,
-            b_group_stride=b_group,
-            c_batch_stride=f * n,
-            c_group_stride=fg * n,
-            bias_group_stride=fg,
-            bias_mode=BIAS_ROWS,
-            act=fused_activation(self.activation),
+            {"a": weights, "b": operand, "bias": bias, "c": out},
+            M=fg, N=n, K=k, lda=k, ldb=n, ldc=n, groups=groups, slices=e.batch * groups,
+            a_group_stride=fg * k, b_batch_stride=b_batch, b_group_stride=b_group,
+            c_batch_stride=f * n, c_group_stride=fg * n, bias_group_stride=fg,
+            bias_mode=BIAS_NONE if bias is None else BIAS_ROWS, act=act,
         )
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        self._emit_gemm(e, Param(self.index, "weights"), Param(self.index, "biases"),
+                        e.output, fused_activation(self.activation), "workspace")
         emit_activation_after(e, self.activation, fused=True)
+
+    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # As emit_cpu_train: the convolution (no bias with batch norm), batch norm on the
+        # mini-batch statistics, then the activation, each result kept for the backward.
+        act = self.activation
+        pre = activation_input(e, act)
+        if "scales" not in ts.values:
+            self._emit_gemm(e, ts.ref("weights"), ts.ref("biases"), pre, LINEAR, "workspace")
+        else:
+            raw = e.tensor("raw", e.shape(e.output))
+            self._emit_gemm(e, ts.ref("weights"), None, raw, LINEAR, "workspace")
+            emit_device_batchnorm_train(e, ts, raw, pre, cpu_batchnorm.MOMENTUM_CONV)
+        emit_device_activation_train(e, act, pre)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        v = self.values
+        emit_device_activation_gradient(e, self.activation,
+                                        Tensor(self.index, "activation_input"))
+        emit_device_bias_gradient(e, ts)
+        c, h, w = self.in_shape
+        f, oh, ow = self.out_shape
+        groups = v["groups"]
+        fg, cg, n = f // groups, c // groups, oh * ow
+        k = cg * v["size"] ** 2
+        # Weight gradient: per image (they all add into one array), per group
+        # W_grad += delta * columns^T.
+        operand, b_batch, b_group = self._columns(e, "backward_workspace")
+        for image in range(e.batch):
+            e.kernel(gemm_kernel("nt", e.simd),
+                     {"a": e.delta, "b": operand, "bias": None,
+                      "c": ts.ref("weights", "grad")},
+                     {"N": k, "M": fg, "slices": groups},
+                     offsets={"a": image * f * n, "b": image * b_batch},
+                     **gemm_args(M=fg, N=k, K=n, lda=n, ldb=n, ldc=k, groups=groups,
+                                 slices=groups, beta=1.0, a_group_stride=fg * n,
+                                 b_group_stride=b_group, c_group_stride=fg * k,
+                                 bias_mode=BIAS_NONE, act=LINEAR)[0])
+        into = e.input_delta(0)
+        if into is None:
+            return
+        # Input gradient: W^T * delta per image and group, into columns folded back by
+        # col2im (or straight into the input's delta when the input was the columns).
+        direct = self.reads_input_as_columns
+        target = into if direct else e.tensor("backward_columns", (e.batch * groups * k * n,))
+        gemm_step(
+            e, gemm_kernel("tn", e.simd),
+            {"a": ts.ref("weights"), "b": e.delta, "bias": None, "c": target},
+            M=k, N=n, K=fg, lda=k, ldb=n, ldc=n, groups=groups, slices=e.batch * groups,
+            beta=1.0 if direct else 0.0, a_group_stride=fg * k, b_batch_stride=f * n,
+            b_group_stride=fg * n,
+            c_batch_stride=c * h * w if direct else groups * k * n,
+            c_group_stride=cg * h * w if direct else k * n, bias_mode=BIAS_NONE, act=LINEAR,
+        )
+        if not direct:
+            e.kernel("col2im_bwd_f32", {"col": target, "image": into},
+                     {"spatial": h * w, "channels": cg, "slices": e.batch * groups},
+                     **self._im2col_args())
 
     def describe(self) -> str:
         v = self.values
