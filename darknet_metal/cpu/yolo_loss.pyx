@@ -876,6 +876,17 @@ def _class_multipliers(counters_per_class, int classes, double max_delta, dtype)
     return np.ascontiguousarray(np.minimum(table, dtype(max_delta)), dtype=dtype)
 
 
+def loss_tables(anchors, mask, int classes, counters_per_class=None,
+                double max_delta=NO_CLIP) -> tuple:
+    """The constant inputs of the loss of one ``[yolo]`` layer, checked as ``yolo_loss_step``
+    checks them: (anchor table, flat float32 (w, h) pairs in pixels; mask, int32 anchor
+    indices; class multipliers of ``counters_per_class``, float32, or None)."""
+    anchor_table = _anchor_table(anchors, np.float32)
+    mask_table = _mask_table(mask, anchor_table.shape[0] // 2).astype(np.int32)
+    return (anchor_table, mask_table,
+            _class_multipliers(counters_per_class, classes, max_delta, np.float32))
+
+
 def check_truths(truths, classes, max_boxes=200) -> None:
     """Raise ArgumentError unless ``truths`` is an (N, boxes, 5) float32/float64 array of rows
     (class, cx, cy, w, h) the loss can use: at most ``max_boxes`` rows per image (the [yolo]

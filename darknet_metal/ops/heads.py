@@ -8,10 +8,12 @@ import numpy as np
 
 from darknet_metal.boxes import YoloHead
 from darknet_metal.cfg import Section
+from darknet_metal.cfg_schema import IOU_LOSSES
 from darknet_metal.cpu import fill as cpu_fill
 from darknet_metal.cpu import heads as cpu_heads
 from darknet_metal.cpu import yolo_loss
 from darknet_metal.cpu.step import NativeStep
+from darknet_metal.metal import registry
 from darknet_metal.ops.base import LayerSpec, Shape, emit_input_gradient
 from darknet_metal.program import LayerEmitter
 from darknet_metal.training.keys import DATA, IMPLEMENTED, INFERENCE_ONLY
@@ -134,6 +136,55 @@ class YoloOp(LayerSpec):
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         # Darknet's backward_yolo_layer: the delta its forward computed goes to its input.
         emit_input_gradient(e, cpu_fill.add_step)
+
+    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # The forward, then Darknet's loss in four dispatches on shared buffers (see
+        # shaders/yolo_loss.metal): the delta, then the statistics.
+        v = self.values
+        anchors, mask, multipliers = yolo_loss.loss_tables(
+            np.reshape(v["anchors"], (-1, 2)), v["mask"], v["classes"],
+            v["counters_per_class"], v["max_delta"])
+        n, classes = len(mask), v["classes"]
+        _, oh, ow = self.out_shape
+        truths = ts.extra["truth"]
+        tables = {"anchor_table": anchors, "mask": mask,
+                  "multipliers": np.zeros(classes, np.float32) if multipliers is None
+                  else multipliers}
+        for name, table in tables.items():
+            np.copyto(ts.buffer(name, table.shape, table.dtype), table)
+        ts.buffer("stats", (len(yolo_loss.YOLO_STAT_NAMES),), np.float32)
+        self.emit_device_forward(e)
+        net_w, net_h = ts.net_size
+        args = dict(
+            batch=e.batch, anchors=n, classes=classes, height=oh, width=ow,
+            boxes=truths.shape[1], total=anchors.shape[0] // 2, net_w=net_w, net_h=net_h,
+            iou_loss=IOU_LOSSES.index(v["iou_loss"]),
+            iou_thresh_kind=IOU_LOSSES.index(v["iou_thresh_kind"]),
+            new_coords=int(bool(v["new_coords"])), focal_loss=int(bool(v["focal_loss"])),
+            objectness_smooth=int(bool(v["objectness_smooth"])),
+            counters=int(multipliers is not None),
+            **{key: v[key] for key in ("ignore_thresh", "truth_thresh", "iou_thresh",
+                                       "iou_normalizer", "obj_normalizer", "cls_normalizer",
+                                       "max_delta", "label_smooth_eps")})
+        buffers = {"output": e.output, "truths": ts.ref("truth", "extra"),
+                   **{name: ts.ref(name, "extra") for name in tables},
+                   "delta": e.own_delta(),
+                   "partials": e.tensor("loss_partials", (e.batch * n * oh * ow * 4,)),
+                   "images": e.tensor("loss_images", (e.batch * 10,)),
+                   "stats": ts.ref("stats", "extra")}
+        cells = {"spatial": oh * ow, "anchors": n, "batch": e.batch}
+        for name, sizes in (("yolo_loss_bwd_cells_f32", cells),
+                            ("yolo_loss_bwd_truths_f32", {"batch": e.batch}),
+                            ("yolo_loss_bwd_squares_f32", cells),
+                            ("yolo_loss_bwd_stats_f32", {"one": 1})):
+            roles = registry.kernel(name).roles
+            e.kernel(name, {role: buffers[role] for role in roles}, sizes, **args)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        n = int(np.prod(e.shape(e.delta)))
+        into = e.input_delta(0)
+        if into is not None:
+            e.kernel("add_buf_f32", {"src": e.delta, "dst": into}, {"n": n}, n=n, scale=1.0)
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         v = self.values

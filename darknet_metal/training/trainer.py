@@ -95,6 +95,8 @@ class Trainer:
         # A resized network keeps its training state (the parameters do not depend on size).
         self.frozen = _frozen(specs)
         backend = net._backend
+        # A device that shares host memory gets page-aligned arrays it uses in place.
+        self._zeros = backend.training_zeros or np.zeros
         self.state = state or TrainState(specs, net.params, net.dtype, adam=self.adam,
                                          frozen=self.frozen, zeros=backend.training_zeros)
         dtype = self.state.dtype
@@ -160,9 +162,9 @@ class Trainer:
     def _truth_array(self, dtype: np.dtype) -> np.ndarray:
         if self.heads:
             boxes = max(self.specs[i].values["max"] for i in self.heads)
-            return np.zeros((self.mini_batch, boxes, 5), dtype)
+            return self._zeros((self.mini_batch, boxes, 5), dtype)
         classes = self.specs[self.loss_layers[0]].out_size if self.loss_layers else 0
-        return np.zeros((self.mini_batch, classes), dtype)
+        return self._zeros((self.mini_batch, classes), dtype)
 
     def check_batch(self, x: np.ndarray, truths: Any) -> tuple[np.ndarray, list[np.ndarray]]:
         """``x`` as a C-contiguous (batch, C, H, W) array of the compute dtype, and the truths
