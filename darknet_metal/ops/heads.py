@@ -62,7 +62,7 @@ class SoftmaxOp(LayerSpec):
         super().emit_cpu_train(e, ts)
         if self.values["noloss"]:
             return
-        truth, loss = ts.extra["truth"], ts.buffer("loss", (e.batch, self.out_size))
+        truth, loss = ts.truth(e.batch), ts.buffer("loss", (e.batch, self.out_size))
         e.host([e.output], [e.own_delta()], lambda r, w: [
             cpu_heads.softmax_cross_entropy_step(_rows(r[0]), truth, _rows(w[0]), loss)])
 
@@ -123,7 +123,7 @@ class YoloOp(LayerSpec):
     def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         super().emit_cpu_train(e, ts)
         v = self.values
-        truths = ts.extra["truth"]
+        truths = ts.truth(e.batch)
         stats = ts.buffer("stats", (len(yolo_loss.YOLO_STAT_NAMES),), np.float64)
         net_w, net_h = ts.net_size
         options = {key: v[key] for key in _LOSS_OPTIONS}
@@ -146,7 +146,7 @@ class YoloOp(LayerSpec):
             v["counters_per_class"], v["max_delta"])
         n, classes = len(mask), v["classes"]
         _, oh, ow = self.out_shape
-        truths = ts.extra["truth"]
+        truths = ts.truth(e.batch)
         tables = {"anchor_table": anchors, "mask": mask,
                   "multipliers": np.zeros(classes, np.float32) if multipliers is None
                   else multipliers}

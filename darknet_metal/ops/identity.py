@@ -64,7 +64,7 @@ class CostOp(_Identity):
                      "ratio": "keeping only the largest deltas (ratio) is not supported"}
 
     def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        truth = ts.extra["truth"]
+        truth = ts.truth(e.batch)
         errors = ts.buffer("errors", (e.batch, self.out_size))
         e.host([e.output], [e.own_delta()], lambda r, w: [
             cpu_heads.cost_sse_step(_rows(r[0]), truth, _rows(w[0]), errors)])

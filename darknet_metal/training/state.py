@@ -48,6 +48,9 @@ class LayerTrainState:
     net_size: tuple[int, int] = (0, 0)
     #: Allocates a zeroed array (shape, dtype): page-aligned where a device shares it.
     zeros: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.zeros
+    #: A loss layer's truth per image: (boxes, 5) rows for [yolo], (classes,) for
+    #: [softmax]/[cost]; () for the other layers.
+    truth_shape: tuple[int, ...] = ()
 
     def buffer(self, name: str, shape: tuple[int, ...],
                dtype: np.dtype | type | None = None) -> np.ndarray:
@@ -59,6 +62,13 @@ class LayerTrainState:
         if a is None or a.shape != tuple(shape) or a.dtype != dtype:
             a = self.extra[name] = self.zeros(tuple(shape), dtype)
         return a
+
+    def truth(self, batch: int) -> np.ndarray:
+        """The truths of a mini-batch of ``batch`` images (``extra["truth"]``), which the
+        trainer fills before each pass."""
+        if not self.truth_shape:
+            raise ArgumentError(f"layer {self.index} takes no truths")
+        return self.buffer("truth", (batch, *self.truth_shape))
 
     def arrays(self) -> list[np.ndarray]:
         """Every array a training step may write."""

@@ -96,7 +96,6 @@ class Trainer:
         self.frozen = _frozen(specs)
         backend = net._backend
         # A device that shares host memory gets page-aligned arrays it uses in place.
-        self._zeros = backend.training_zeros or np.zeros
         self.state = state or TrainState(specs, net.params, net.dtype, adam=self.adam,
                                          frozen=self.frozen, zeros=backend.training_zeros)
         dtype = self.state.dtype
@@ -104,13 +103,13 @@ class Trainer:
         self.heads = [s.index for s in specs if s.detection_head is not None]
         self.loss_layers = self.heads or [s.index for s in specs
                                           if s.computes_loss and not s.values.get("noloss")]
-        self.truth = self._truth_array(dtype)
+        self.truth_shape = self._truth_shape()
         for spec in specs:
             layer = self.state.layer(spec.index)
             layer.seed = (seed * 1_000_003 + spec.index) % 2**64
             layer.net_size = (w, h)
             if spec.index in self.loss_layers:
-                layer.extra["truth"] = self.truth
+                layer.truth_shape = self.truth_shape
         self.first_backward = max(_first_backward(specs), len(self.frozen))
         self._check_memory(backend)
         self.program = backend.training_program(self.state, self.mini_batch,
@@ -159,12 +158,12 @@ class Trainer:
 
     # -- truths ---------------------------------------------------------------------------
 
-    def _truth_array(self, dtype: np.dtype) -> np.ndarray:
+    def _truth_shape(self) -> tuple[int, ...]:
+        """A truth per image: (boxes, 5) rows for detectors, every head reading the same
+        truths; (classes,) targets for classifiers."""
         if self.heads:
-            boxes = max(self.specs[i].values["max"] for i in self.heads)
-            return self._zeros((self.mini_batch, boxes, 5), dtype)
-        classes = self.specs[self.loss_layers[0]].out_size if self.loss_layers else 0
-        return self._zeros((self.mini_batch, classes), dtype)
+            return max(self.specs[i].values["max"] for i in self.heads), 5
+        return (self.specs[self.loss_layers[0]].out_size if self.loss_layers else 0,)
 
     def check_batch(self, x: np.ndarray, truths: Any) -> tuple[np.ndarray, list[np.ndarray]]:
         """``x`` as a C-contiguous (batch, C, H, W) array of the compute dtype, and the truths
@@ -188,13 +187,13 @@ class Trainer:
             a = np.asarray(t, dtype=np.float64)
             if self.heads:
                 a = a.reshape(-1, 5) if a.size else np.zeros((0, 5))
-                if a.shape[0] > self.truth.shape[1]:
+                if a.shape[0] > self.truth_shape[0]:
                     raise ArgumentError(f"truths[{i}] has {a.shape[0]} boxes, more than the "
-                                        f"[yolo] max={self.truth.shape[1]}")
+                                        f"[yolo] max={self.truth_shape[0]}")
                 try:
                     check_truths(a[None].astype(self.state.dtype),
                                  self.specs[self.heads[0]].values["classes"],
-                                 self.truth.shape[1])
+                                 self.truth_shape[0])
                 except ArgumentError as e:
                     raise ArgumentError(f"truths[{i}]: {e}") from None
                 if a.shape[0] and (a[:, 3:5] <= 0).any():
@@ -206,7 +205,7 @@ class Trainer:
         return x, out
 
     def _class_row(self, i: int, a: np.ndarray) -> np.ndarray:
-        classes = self.truth.shape[1]
+        classes = self.truth_shape[0]
         if a.ndim == 0:
             k = float(a)
             if not (k.is_integer() and 0 <= k < classes):
@@ -219,13 +218,15 @@ class Trainer:
         return a
 
     def _load_truths(self, truths: list[np.ndarray], first: int) -> None:
-        self.truth.fill(0)
-        for j in range(self.mini_batch):
-            t = truths[first + j]
-            if self.heads:
-                self.truth[j, : t.shape[0]] = t
-            else:
-                self.truth[j] = t
+        for index in self.loss_layers:
+            array = self.state.layer(index).truth(self.mini_batch)
+            array.fill(0)
+            for j in range(self.mini_batch):
+                t = truths[first + j]
+                if self.heads:
+                    array[j, : t.shape[0]] = t
+                else:
+                    array[j] = t
 
     # -- passes ---------------------------------------------------------------------------
 
