@@ -277,7 +277,8 @@ def test_training_on_emu_runs_where_coverage_says_and_inference_sees_it(tmp_path
     coverage = emu._backend.training_coverage()
     assert [p.index for p in coverage] == [s.index for s in emu.layers]
     on_kernels = {p.type for p in coverage if p.where == "kernels"}
-    assert on_kernels == {"convolutional", "route", "maxpool", "upsample", "yolo"}
+    assert on_kernels == {"convolutional", "route", "maxpool", "upsample", "yolo", "shortcut"}
+    assert all(p.where == "kernels" for p in coverage)
     assert all(p.reason for p in coverage if p.where == "fallback")
     assert report.iteration == 1 and np.isfinite(report.loss)
     path = tmp_path / "trained.weights"

@@ -18,8 +18,10 @@ from darknet_metal.ops.activation import (
     emit_activation_after,
     emit_cpu_activation_gradient,
     emit_cpu_activation_train,
+    emit_device_activation_gradient,
+    emit_device_activation_train,
 )
-from darknet_metal.ops.base import LayerSpec, Params, Shape
+from darknet_metal.ops.base import LayerSpec, Params, Shape, Unsupported
 from darknet_metal.program import LayerEmitter, Param, Tensor
 
 if TYPE_CHECKING:
@@ -83,6 +85,44 @@ class _Combining(LayerSpec):
         n = len(e.inputs)
         e.host([e.delta, *e.inputs, *read], grads,
                lambda r, w: self.combine_backward(r[0], r[1:n + 1], w, ts))
+
+    # -- device ------------------------------------------------------------------------------
+
+    def emit_device_combine(self, e: LayerEmitter, out: Tensor) -> None:
+        """The kernel steps writing ``out`` from the inputs (inference parameters)."""
+        raise NotImplementedError
+
+    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor]) -> None:
+        """The kernel steps adding the gradients of ``e.delta`` (after the activation's)
+        into each input's delta ``grads``."""
+        raise NotImplementedError
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        self.emit_device_combine(e, e.output)
+        emit_activation_after(e, self.activation, fused=False)
+
+    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        if ts.values:
+            raise Unsupported(f"no training kernels for a weighted [{self.kind}] yet")
+        pre = activation_input(e, self.activation)
+        self.emit_device_combine(e, pre)
+        emit_device_activation_train(e, self.activation, pre)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        if ts.values:
+            raise Unsupported(f"no training kernels for a weighted [{self.kind}] yet")
+        emit_device_activation_gradient(e, self.activation,
+                                        Tensor(self.index, "activation_input"))
+        grads = []
+        for k, source in enumerate(e.inputs):
+            delta = e.input_delta(k)
+            if delta is None:
+                # An input that gets no gradient: a zeroed scratch the kernels add into.
+                delta = e.tensor(f"unused_gradient_{k}", e.shape(source))
+                n = int(np.prod(e.shape(source)))
+                e.kernel("fill_buf_f32", {"x": delta}, {"n": n}, n=n, value=0.0)
+            grads.append(delta)
+        self.emit_device_combine_backward(e, grads)
 
 
 class ShortcutOp(_Combining):
@@ -155,7 +195,7 @@ class ShortcutOp(_Combining):
             delta, sources[0], sources[1:], ts.values.get("weights"), v["weights_type"],
             v["weights_normalization"], grads[0], grads[1:], ts.grads.get("weights"))
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
+    def emit_device_combine(self, e: LayerEmitter, out: Tensor) -> None:
         oc, oh, ow = self.out_shape
         # Unweighted, the kernel never reads its table, but Metal needs every buffer it
         # declares bound: x stands in.
@@ -163,8 +203,8 @@ class ShortcutOp(_Combining):
         for i, source in enumerate(e.inputs[1:]):
             e.kernel(
                 "shortcut_fwd_f32",
-                {"x": e.inputs[0] if i == 0 else e.output, "source": source, "table": table,
-                 "y": e.output},
+                {"x": e.inputs[0] if i == 0 else out, "source": source, "table": table,
+                 "y": out},
                 {"spatial": oh * ow, "channels": oc, "batch": e.batch},
                 batch=e.batch,
                 channels=oc,
@@ -174,7 +214,17 @@ class ShortcutOp(_Combining):
                 first=int(i == 0),
                 weighted=int(self.weighted),
             )
-        emit_activation_after(e, self.activation, fused=False)
+
+    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor]) -> None:
+        # One dispatch per input, x first: where one array receives two inputs' gradients
+        # they add in the CPU's order.
+        oc, oh, ow = self.out_shape
+        for row, (source, grad) in enumerate(zip(e.inputs, grads, strict=True)):
+            src_c = e.shape(source)[1]
+            e.kernel("shortcut_bwd_f32", {"delta": e.delta, "table": None, "grad": grad},
+                     {"spatial": oh * ow, "channels": min(oc, src_c), "batch": e.batch},
+                     batch=e.batch, channels=oc, spatial=oh * ow, src_channels=src_c, row=row,
+                     weighted=0)
 
     def describe(self) -> str:
         return _describe_from(self)
@@ -208,18 +258,28 @@ class ScaleChannelsOp(_Combining):
                                                          grads[1], grads[0],
                                                          self.values["scale_wh"])]
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
+    def _args(self, batch: int) -> dict[str, int]:
         oc, oh, ow = self.out_shape
-        e.kernel(
-            "scale_channels_fwd_f32",
-            {"x_from": e.inputs[1], "scale": e.inputs[0], "y": e.output},
-            {"spatial": oh * ow, "channels": oc, "batch": e.batch},
-            batch=e.batch,
-            channels=oc,
-            spatial=oh * ow,
-            scale_wh=int(bool(self.values["scale_wh"])),
-        )
-        emit_activation_after(e, self.activation, fused=False)
+        return dict(batch=batch, channels=oc, spatial=oh * ow,
+                    scale_wh=int(bool(self.values["scale_wh"])))
+
+    def emit_device_combine(self, e: LayerEmitter, out: Tensor) -> None:
+        args = self._args(e.batch)
+        e.kernel("scale_channels_fwd_f32",
+                 {"x_from": e.inputs[1], "scale": e.inputs[0], "y": out},
+                 {"spatial": args["spatial"], "channels": args["channels"], "batch": e.batch},
+                 **args)
+
+    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor]) -> None:
+        args = self._args(e.batch)
+        e.kernel("scale_channels_bwd_f32",
+                 {"delta": e.delta, "scale": e.inputs[0], "x_from_grad": grads[1]},
+                 {"spatial": args["spatial"], "channels": args["channels"], "batch": e.batch},
+                 **args)
+        factors = e.batch * (args["spatial"] if args["scale_wh"] else args["channels"])
+        e.kernel("scale_channels_bwd_scale_f32",
+                 {"delta": e.delta, "x_from": e.inputs[1], "scale_grad": grads[0]},
+                 {"factors": factors}, **args)
 
     def describe(self) -> str:
         return _describe_from(self)
@@ -248,11 +308,15 @@ class SamOp(_Combining):
         return [cpu_combine.sam_backward_step(delta, sources[1], sources[0], grads[1],
                                               grads[0])]
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
+    def emit_device_combine(self, e: LayerEmitter, out: Tensor) -> None:
         n = e.batch * self.out_size
-        e.kernel("sam_fwd_f32", {"x_from": e.inputs[1], "x": e.inputs[0], "y": e.output},
+        e.kernel("sam_fwd_f32", {"x_from": e.inputs[1], "x": e.inputs[0], "y": out},
                  {"n": n}, n=n)
-        emit_activation_after(e, self.activation, fused=False)
+
+    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor]) -> None:
+        n = e.batch * self.out_size
+        e.kernel("sam_bwd_f32", {"delta": e.delta, "x_from": e.inputs[1], "x": e.inputs[0],
+                                 "x_from_grad": grads[1], "x_grad": grads[0]}, {"n": n}, n=n)
 
     def describe(self) -> str:
         return _describe_from(self)
