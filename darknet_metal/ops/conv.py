@@ -528,25 +528,51 @@ class ConnectedOp(_Gemm):
             cpu_conv.connected_backward_step(_rows(r[0]), weights, _rows(r[1]), weight_grad,
                                              _rows(w[0]) if w else None)])
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
+    def _emit_gemm(self, e: LayerEmitter, weights: Param, bias: Param | None, out: Tensor,
+                   act: int) -> None:
+        """out = act(x * W^T (+ bias)): one row per image."""
         c, h, w = self.in_shape
-        k = c * h * w
-        oc = self.out_shape[0]
-        gemm_step(
-            e,
-            gemm_kernel("nt", e.simd),
-            {"a": e.inputs[0], "b": Param(self.index, "weights"),
-             "bias": Param(self.index, "biases"), "c": e.output},
-            M=e.batch,
-            N=oc,
-            K=k,
-            lda=k,
-            ldb=k,
-            ldc=oc,
-            bias_mode=BIAS_COLS,
-            act=fused_activation(self.activation),
-        )
+        k, oc = c * h * w, self.out_shape[0]
+        gemm_step(e, gemm_kernel("nt", e.simd),
+                  {"a": e.inputs[0], "b": weights, "bias": bias, "c": out},
+                  M=e.batch, N=oc, K=k, lda=k, ldb=k, ldc=oc,
+                  bias_mode=BIAS_NONE if bias is None else BIAS_COLS, act=act)
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        self._emit_gemm(e, Param(self.index, "weights"), Param(self.index, "biases"),
+                        e.output, fused_activation(self.activation))
         emit_activation_after(e, self.activation, fused=True)
+
+    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # As emit_cpu_train, with batch norm over the images alone.
+        act = self.activation
+        pre = activation_input(e, act)
+        if "scales" not in ts.values:
+            self._emit_gemm(e, ts.ref("weights"), ts.ref("biases"), pre, LINEAR)
+        else:
+            raw = e.tensor("raw", e.shape(e.output))
+            self._emit_gemm(e, ts.ref("weights"), None, raw, LINEAR)
+            emit_device_batchnorm_train(e, ts, raw, pre, cpu_batchnorm.MOMENTUM_CONNECTED)
+        emit_device_activation_train(e, act, pre)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        emit_device_activation_gradient(e, self.activation,
+                                        Tensor(self.index, "activation_input"))
+        emit_device_bias_gradient(e, ts)
+        c, h, w = self.in_shape
+        k, oc = c * h * w, self.out_shape[0]
+        # W_grad += delta^T * x; the input's delta += delta * W.
+        gemm_step(e, gemm_kernel("tn", e.simd),
+                  {"a": e.delta, "b": e.inputs[0], "bias": None,
+                   "c": ts.ref("weights", "grad")},
+                  M=oc, N=k, K=e.batch, lda=oc, ldb=k, ldc=k, beta=1.0,
+                  bias_mode=BIAS_NONE, act=LINEAR)
+        into = e.input_delta(0)
+        if into is not None:
+            gemm_step(e, gemm_kernel("nn", e.simd),
+                      {"a": e.delta, "b": ts.ref("weights"), "bias": None, "c": into},
+                      M=e.batch, N=k, K=oc, lda=oc, ldb=k, ldc=k, beta=1.0,
+                      bias_mode=BIAS_NONE, act=LINEAR)
 
     def describe(self) -> str:
         return f"{self.values['output']:5d}"

@@ -69,11 +69,38 @@ class SoftmaxOp(LayerSpec):
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         emit_input_gradient(e, cpu_heads.softmax_backward_step)
 
+    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        self.emit_device_forward(e)
+        if not self.values["noloss"]:
+            emit_device_loss(e, ts, "softmax_fwd_xent_f32", "loss")
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        emit_device_add_into_input(e, 1.0)
+
     def emit_device_forward(self, e: LayerEmitter) -> None:
         groups = self.values["groups"]
         rows = e.batch * groups
         e.kernel("softmax_fwd_f32", {"x": e.inputs[0], "y": e.output}, {"rows": rows},
                  rows=rows, n=self.out_size // groups, temperature=self.values["temperature"])
+
+
+def emit_device_loss(e: LayerEmitter, ts: LayerTrainState, kernel: str, name: str) -> None:
+    """A loss head's training forward on the device: ``kernel`` (softmax cross-entropy or
+    sse) writes the layer's delta (truth minus prediction) and the per-element loss into
+    ``ts.extra[name]``, from its output and the mini-batch's truths."""
+    n = e.batch * e.spec.out_size
+    ts.truth(e.batch)
+    ts.buffer(name, (e.batch, e.spec.out_size))
+    e.kernel(kernel, {"pred": e.output, "truth": ts.ref("truth", "extra"),
+                      "delta": e.own_delta(), "loss": ts.ref(name, "extra")}, {"n": n}, n=n)
+
+
+def emit_device_add_into_input(e: LayerEmitter, scale: float) -> None:
+    """Backward of a loss head: its delta, times ``scale``, added into its input's."""
+    into = e.input_delta(0)
+    if into is not None:
+        n = int(np.prod(e.shape(e.delta)))
+        e.kernel("add_buf_f32", {"src": e.delta, "dst": into}, {"n": n}, n=n, scale=scale)
 
 
 class YoloOp(LayerSpec):
@@ -181,10 +208,8 @@ class YoloOp(LayerSpec):
             e.kernel(name, {role: buffers[role] for role in roles}, sizes, **args)
 
     def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        n = int(np.prod(e.shape(e.delta)))
-        into = e.input_delta(0)
-        if into is not None:
-            e.kernel("add_buf_f32", {"src": e.delta, "dst": into}, {"n": n}, n=n, scale=1.0)
+        # Darknet's backward_yolo_layer: the delta its forward computed goes to its input.
+        emit_device_add_into_input(e, 1.0)
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         v = self.values

@@ -12,6 +12,7 @@ import numpy as np
 from darknet_metal.cpu import dropout
 from darknet_metal.cpu import heads as cpu_heads
 from darknet_metal.ops.base import LayerSpec, emit_input_gradient
+from darknet_metal.ops.heads import emit_device_add_into_input, emit_device_loss
 from darknet_metal.program import LayerEmitter, Tensor
 from darknet_metal.training.keys import IMPLEMENTED
 
@@ -55,6 +56,30 @@ class DropoutOp(_Identity):
         e.host([e.delta, Tensor(self.index, "rand")], [e.delta], lambda r, w: [
             dropout.dropout_backward_step(w[0], r[1], p)])
 
+    def _device_args(self, e: LayerEmitter) -> dict[str, int | float]:
+        p = self.values["probability"]
+        # scale as the CPU rounds it: 1/(1 - p) in double, then to float.
+        return dict(n=int(np.prod(e.shape(e.output))), probability=p,
+                    scale=float(np.float32(1.0 / (1.0 - p))))
+
+    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # The same draws as the CPU's (seed, counter, element), then the counter advances
+        # in its own dispatch (the draw's threads all read it).
+        args = self._device_args(e)
+        ts.buffer("draws", (1,), np.uint64)
+        counter = ts.ref("draws", "extra")
+        rand = e.tensor("rand", e.shape(e.output))
+        e.kernel("uniform_buf_f32", {"counter": counter, "rand": rand}, {"n": args["n"]},
+                 n=args["n"], seed_lo=ts.seed & 0xFFFFFFFF, seed_hi=ts.seed >> 32)
+        e.kernel("uniform_buf_advance_f32", {"counter": counter}, {"count": 1}, count=1)
+        e.kernel("dropout_fwd_train_f32", {"rand": rand, "x": e.output}, {"n": args["n"]},
+                 **args)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        args = self._device_args(e)
+        e.kernel("dropout_bwd_f32", {"rand": Tensor(self.index, "rand"), "delta": e.delta},
+                 {"n": args["n"]}, **args)
+
 
 class CostOp(_Identity):
     kind = "cost"
@@ -73,3 +98,9 @@ class CostOp(_Identity):
         scale = self.values["scale"]
         emit_input_gradient(e, lambda delta, into: cpu_heads.cost_backward_step(delta, into,
                                                                                 scale))
+
+    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        emit_device_loss(e, ts, "cost_fwd_sse_f32", "errors")
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        emit_device_add_into_input(e, self.values["scale"])

@@ -88,3 +88,25 @@ def test_one_image_gradients_on_emu_equal_the_cpus(model):
             assert _rel(got.params[i][name], g) <= 1e-4, (i, name, _rel(got.params[i][name], g))
     for i, delta in want.deltas.items():
         assert _rel(got.deltas[i], delta) <= 1e-4, (i, _rel(got.deltas[i], delta))
+
+
+def test_the_golden_classifier_trains_on_emu_as_on_the_cpu():
+    # Every layer kind of micro-classifier (batch-norm and grouped convolutions, pooling,
+    # [connected] with and without batch norm, [dropout] drawing the CPU's seeded stream,
+    # [softmax] cross-entropy and [cost]) on kernels; two steps against the CPU.
+    from training_golden import TRAIN, read_golden
+
+    folder = TRAIN / "micro-classifier"
+    case = read_golden().load_case(folder)
+    cfg, weights = folder / case["index"]["cfg"], folder / "init.weights"
+    cpu, emu = dm.load(cfg, weights), dm.load(cfg, weights, device="emu")
+    c, h, w = cpu.input_shape
+    x = case["arrays"]["X"].astype(np.float32).reshape(-1, c, h, w)
+    truths = list(case["arrays"]["truth"].reshape(x.shape[0], -1))
+    for _ in range(2):
+        want, got = cpu.train_step(x, truths), emu.train_step(x, truths)
+        assert abs(got.loss - want.loss) <= 1e-6 * abs(want.loss)
+    assert all(p.where == "kernels" for p in emu._backend.training_coverage())
+    for i, params in cpu.params.items():
+        for name, value in params.items():
+            assert _rel(emu.params[i][name], value) <= 1e-5, (i, name)
