@@ -21,7 +21,7 @@ from darknet_metal.ops.activation import (
     emit_device_activation_gradient,
     emit_device_activation_train,
 )
-from darknet_metal.ops.base import LayerSpec, Params, Shape, Unsupported
+from darknet_metal.ops.base import LayerSpec, Params, Shape
 from darknet_metal.program import LayerEmitter, Param, Tensor
 
 if TYPE_CHECKING:
@@ -88,29 +88,28 @@ class _Combining(LayerSpec):
 
     # -- device ------------------------------------------------------------------------------
 
-    def emit_device_combine(self, e: LayerEmitter, out: Tensor) -> None:
-        """The kernel steps writing ``out`` from the inputs (inference parameters)."""
+    def emit_device_combine(self, e: LayerEmitter, out: Tensor,
+                            ts: LayerTrainState | None) -> None:
+        """The kernel steps writing ``out`` from the inputs: with the inference parameters,
+        or the live training ones of ``ts``."""
         raise NotImplementedError
 
-    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor]) -> None:
+    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor],
+                                     ts: LayerTrainState) -> None:
         """The kernel steps adding the gradients of ``e.delta`` (after the activation's)
-        into each input's delta ``grads``."""
+        into each input's delta ``grads`` (and the weights' accumulator in ``ts``)."""
         raise NotImplementedError
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
-        self.emit_device_combine(e, e.output)
+        self.emit_device_combine(e, e.output, None)
         emit_activation_after(e, self.activation, fused=False)
 
     def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        if ts.values:
-            raise Unsupported(f"no training kernels for a weighted [{self.kind}] yet")
         pre = activation_input(e, self.activation)
-        self.emit_device_combine(e, pre)
+        self.emit_device_combine(e, pre, ts)
         emit_device_activation_train(e, self.activation, pre)
 
     def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        if ts.values:
-            raise Unsupported(f"no training kernels for a weighted [{self.kind}] yet")
         emit_device_activation_gradient(e, self.activation,
                                         Tensor(self.index, "activation_input"))
         grads = []
@@ -122,7 +121,7 @@ class _Combining(LayerSpec):
                 n = int(np.prod(e.shape(source)))
                 e.kernel("fill_buf_f32", {"x": delta}, {"n": n}, n=n, value=0.0)
             grads.append(delta)
-        self.emit_device_combine_backward(e, grads)
+        self.emit_device_combine_backward(e, grads, ts)
 
 
 class ShortcutOp(_Combining):
@@ -166,21 +165,22 @@ class ShortcutOp(_Combining):
         return {"weights": np.ascontiguousarray(params["weights"], np.float32),
                 "table": table_bytes}
 
-    def emit_device_setup(self, e: LayerEmitter) -> None:
-        # The normalised weight table, once per load rather than once per pass.
-        if not self.weighted:
-            return
+    def _table_args(self) -> dict[str, int]:
         v = self.values
-        channels = self.out_shape[0]
-        e.kernel(
-            "shortcut_weights_fwd_f32",
-            {"weights": Param(self.index, "weights"), "table": Param(self.index, "table")},
-            {"channels": channels},
-            n_inputs=len(self.inputs),
-            channels=channels,
-            per_channel=int(v["weights_type"] == "per_channel"),
-            normalization=_NORMALIZATION[v["weights_normalization"]],
-        )
+        return dict(n_inputs=len(self.inputs), channels=self.out_shape[0],
+                    per_channel=int(v["weights_type"] == "per_channel"),
+                    normalization=_NORMALIZATION[v["weights_normalization"]])
+
+    def _emit_table(self, e: LayerEmitter, weights: Param, table: Param | Tensor) -> None:
+        # The normalised weights per (input, channel).
+        args = self._table_args()
+        e.kernel("shortcut_weights_fwd_f32", {"weights": weights, "table": table},
+                 {"channels": args["channels"]}, **args)
+
+    def emit_device_setup(self, e: LayerEmitter) -> None:
+        # Once per load rather than once per pass.
+        if self.weighted:
+            self._emit_table(e, Param(self.index, "weights"), Param(self.index, "table"))
 
     def combine(self, sources: list[np.ndarray], out: np.ndarray,
                 weights: np.ndarray | None) -> list[NativeStep]:
@@ -195,11 +195,16 @@ class ShortcutOp(_Combining):
             delta, sources[0], sources[1:], ts.values.get("weights"), v["weights_type"],
             v["weights_normalization"], grads[0], grads[1:], ts.grads.get("weights"))
 
-    def emit_device_combine(self, e: LayerEmitter, out: Tensor) -> None:
+    def emit_device_combine(self, e: LayerEmitter, out: Tensor,
+                            ts: LayerTrainState | None) -> None:
         oc, oh, ow = self.out_shape
-        # Unweighted, the kernel never reads its table, but Metal needs every buffer it
-        # declares bound: x stands in.
-        table = Param(self.index, "table") if self.weighted else e.inputs[0]
+        table: Param | Tensor | None = None
+        if self.weighted and ts is None:
+            table = Param(self.index, "table")
+        elif self.weighted:
+            # Training: the table of this pass's weights, kept for the backward.
+            table = e.tensor("table", (len(self.inputs) * oc,))
+            self._emit_table(e, ts.ref("weights"), table)
         for i, source in enumerate(e.inputs[1:]):
             e.kernel(
                 "shortcut_fwd_f32",
@@ -215,16 +220,43 @@ class ShortcutOp(_Combining):
                 weighted=int(self.weighted),
             )
 
-    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor]) -> None:
+    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor],
+                                     ts: LayerTrainState) -> None:
         # One dispatch per input, x first: where one array receives two inputs' gradients
-        # they add in the CPU's order.
+        # they add in the CPU's order. Weighted: then each input's weight gradient, summed
+        # per pixel, then over images and channels; through the normalisation's exact
+        # derivative when there is one.
         oc, oh, ow = self.out_shape
+        table = Tensor(self.index, "table") if self.weighted else None
         for row, (source, grad) in enumerate(zip(e.inputs, grads, strict=True)):
             src_c = e.shape(source)[1]
-            e.kernel("shortcut_bwd_f32", {"delta": e.delta, "table": None, "grad": grad},
+            e.kernel("shortcut_bwd_f32", {"delta": e.delta, "table": table, "grad": grad},
                      {"spatial": oh * ow, "channels": min(oc, src_c), "batch": e.batch},
                      batch=e.batch, channels=oc, spatial=oh * ow, src_channels=src_c, row=row,
-                     weighted=0)
+                     weighted=int(self.weighted))
+        if not self.weighted:
+            return
+        args = self._table_args()
+        normalized = args["normalization"] != 0
+        acc = (e.tensor("weight_gradient_raw", (len(self.inputs) * oc,)) if normalized
+               else ts.ref("weights", "grad"))
+        partial = e.tensor("weight_partial", (e.batch * oc,))
+        for row, source in enumerate(e.inputs):
+            src_c = e.shape(source)[1]
+            e.kernel("shortcut_bwd_dot_f32",
+                     {"delta": e.delta, "input": source, "partial": partial},
+                     {"channels": min(oc, src_c), "batch": e.batch},
+                     batch=e.batch, channels=oc, spatial=oh * ow, src_channels=src_c, row=row,
+                     weighted=1)
+            e.kernel("shortcut_bwd_weights_f32", {"partial": partial, "acc": acc},
+                     {"columns": oc if args["per_channel"] else 1},
+                     batch=e.batch, channels=oc, src_channels=src_c, row=row,
+                     per_channel=args["per_channel"], accumulate=int(not normalized))
+        if normalized:
+            e.kernel("shortcut_bwd_norm_f32",
+                     {"weights": ts.ref("weights"), "g": acc,
+                      "weight_grad": ts.ref("weights", "grad")},
+                     {"columns": oc if args["per_channel"] else 1}, **args)
 
     def describe(self) -> str:
         return _describe_from(self)
@@ -263,14 +295,16 @@ class ScaleChannelsOp(_Combining):
         return dict(batch=batch, channels=oc, spatial=oh * ow,
                     scale_wh=int(bool(self.values["scale_wh"])))
 
-    def emit_device_combine(self, e: LayerEmitter, out: Tensor) -> None:
+    def emit_device_combine(self, e: LayerEmitter, out: Tensor,
+                            ts: LayerTrainState | None) -> None:
         args = self._args(e.batch)
         e.kernel("scale_channels_fwd_f32",
                  {"x_from": e.inputs[1], "scale": e.inputs[0], "y": out},
                  {"spatial": args["spatial"], "channels": args["channels"], "batch": e.batch},
                  **args)
 
-    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor]) -> None:
+    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor],
+                                     ts: LayerTrainState) -> None:
         args = self._args(e.batch)
         e.kernel("scale_channels_bwd_f32",
                  {"delta": e.delta, "scale": e.inputs[0], "x_from_grad": grads[1]},
@@ -308,12 +342,14 @@ class SamOp(_Combining):
         return [cpu_combine.sam_backward_step(delta, sources[1], sources[0], grads[1],
                                               grads[0])]
 
-    def emit_device_combine(self, e: LayerEmitter, out: Tensor) -> None:
+    def emit_device_combine(self, e: LayerEmitter, out: Tensor,
+                            ts: LayerTrainState | None) -> None:
         n = e.batch * self.out_size
         e.kernel("sam_fwd_f32", {"x_from": e.inputs[1], "x": e.inputs[0], "y": out},
                  {"n": n}, n=n)
 
-    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor]) -> None:
+    def emit_device_combine_backward(self, e: LayerEmitter, grads: list[Tensor],
+                                     ts: LayerTrainState) -> None:
         n = e.batch * self.out_size
         e.kernel("sam_bwd_f32", {"delta": e.delta, "x_from": e.inputs[1], "x": e.inputs[0],
                                  "x_from_grad": grads[1], "x_grad": grads[0]}, {"n": n}, n=n)

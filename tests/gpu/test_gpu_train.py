@@ -110,3 +110,43 @@ def test_the_golden_classifier_trains_on_emu_as_on_the_cpu():
     for i, params in cpu.params.items():
         for name, value in params.items():
             assert _rel(emu.params[i][name], value) <= 1e-5, (i, name)
+
+
+def _section(kind: str, **keys: object) -> str:
+    return f"[{kind}]\n" + "".join(f"{k}={v}\n" for k, v in keys.items())
+
+
+_SHORTCUT = "\n".join([
+    _section("net", batch=2, subdivisions=1, width=8, height=8, channels=3,
+             learning_rate=0.001, burn_in=0, policy="constant"),
+    _section("convolutional", filters=4, size=3, stride=1, pad=1, activation="leaky"),
+    _section("convolutional", filters="{filters}", size=3, stride=1, pad=1, activation="mish"),
+    _section("shortcut", **{"from": -2}, weights_type="{weights_type}",
+             weights_normalization="{normalization}", activation="swish"),
+    _section("cost", type="sse"),
+])
+
+
+@pytest.mark.parametrize("weights_type", ["per_feature", "per_channel"])
+@pytest.mark.parametrize("normalization", ["none", "relu", "softmax"])
+@pytest.mark.parametrize("filters", [4, 6])
+def test_weighted_shortcut_gradients_on_emu_equal_the_cpus(tmp_path, weights_type,
+                                                           normalization, filters):
+    # Every weight type and normalisation (the exact derivative of relu and softmax), also
+    # where the two inputs' channels differ (6 and 4), and a nonlinear activation after.
+    path = tmp_path / "shortcut.cfg"
+    path.write_text(_SHORTCUT.format(filters=filters, weights_type=weights_type,
+                                     normalization=normalization))
+    cpu, emu = dm.load(path, seed=2), dm.load(path, seed=2, device="emu")
+    weights = np.random.default_rng(5).random(cpu.params[2]["weights"].shape) + 0.2
+    for net in (cpu, emu):
+        net.params[2]["weights"][...] = weights
+    rng = np.random.default_rng(1)
+    x = rng.random((2, 3, 8, 8), dtype=np.float32)
+    truths = [rng.random(cpu.layers[-1].out_size).astype(np.float32) for _ in range(2)]
+    want, got = cpu.gradients(x, truths), emu.gradients(x, truths)
+    assert all(p.where == "kernels" for p in emu._backend.training_coverage())
+    assert want.params[2]["weights"].any()
+    for i, grads in want.params.items():
+        for name, g in grads.items():
+            assert _rel(got.params[i][name], g) <= 1e-5, (i, name, _rel(got.params[i][name], g))
