@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from darknet_metal.cpu import update as cpu_update
 from darknet_metal.cpu.executor import StepList
 from darknet_metal.cpu.fill import fill_step
 from darknet_metal.errors import ArgumentError
@@ -26,7 +27,7 @@ from darknet_metal.params import Params
 from darknet_metal.program import INPUT, LayerEmitter, Program, Tensor, build_program
 
 if TYPE_CHECKING:
-    from darknet_metal.training.state import TrainState
+    from darknet_metal.training.state import ArrayUpdate, Optimizer, TrainState
 
 #: Programs kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
 MAX_PROGRAMS = 4
@@ -174,6 +175,30 @@ class CpuBackend:
         (``views[Tensor(i, "delta")]`` reads a kept delta after a run)."""
         return _LoadedProgram(self.build_training_program(
             state, batch, first_backward=first_backward, keep_deltas=keep_deltas), self.dtype)
+
+    def update_program(self, state: TrainState, updates: Sequence[ArrayUpdate],
+                       optimizer: Optimizer, lr: np.ndarray, t: np.ndarray) -> StepList:
+        """The native steps of one update of ``state`` (``lr``, ``t``: (1,) arrays read when
+        they run: the learning rate and Darknet's batch number)."""
+        native = []
+        o = optimizer
+        for u in updates:
+            layer = state.layer(u.layer)
+            value, grad = layer.values[u.name], layer.grads[u.name]
+            if u.held:
+                # The iteration's gradient is dropped, not saved up: Darknet's CUDA build
+                # keeps adding into a held layer's accumulator and applies every held
+                # iteration's gradient at once in its first update.
+                native.append(fill_step(grad))
+            elif o.adam:
+                native.append(cpu_update.adam_update_step(
+                    value, grad, layer.adam_m[u.name], layer.adam_v[u.name], lr, t, o.decay,
+                    o.b1, o.b2, o.eps, o.images))
+            else:
+                native.append(cpu_update.sgd_update_step(
+                    value, grad, lr, o.decay, o.momentum, o.images, u.name == "weights",
+                    u.lr_scale))
+        return StepList(native)
 
     def close(self) -> None:
         """Frees the planned memory."""

@@ -55,7 +55,7 @@ from darknet_metal.program import (
 )
 
 if TYPE_CHECKING:
-    from darknet_metal.training.state import TrainState
+    from darknet_metal.training.state import ArrayUpdate, Optimizer, TrainState
 
 #: Programs kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
 MAX_PROGRAMS = 4
@@ -248,6 +248,33 @@ class BoundProgram:
             b.release()
         self.buffers = []
         self.placeholder.release()
+
+
+class DeviceSteps:
+    """Kernel steps over parameters and a few named scalar buffers, in one dispatch list;
+    ``run`` encodes them, commits and waits."""
+
+    def __init__(self, device: Any, scalars: dict[str, Any]) -> None:
+        self.device = device
+        self.scalars = scalars
+        self.list = device.dispatch_list()
+
+    def add(self, backend: GpuBackend, kernel: str, refs: Mapping[str, Param],
+            **args: int | float) -> None:
+        roles = registry.kernel(kernel).roles
+        buffers = {role: self.scalars[role] if role in self.scalars
+                   else backend.param_buffer(refs[role]) for role in roles}
+        self.list.add(*pack(kernel, buffers, args, {"n": int(args["n"])}))
+
+    def run(self) -> None:
+        self.list.encode()
+        self.device.commit()
+        self.device.synchronize()
+
+    def release(self) -> None:
+        self.list.close()
+        for buf in self.scalars.values():
+            buf.release()
 
 
 class GpuBackend:
@@ -568,6 +595,36 @@ class GpuBackend:
         self._training_state = state
         return BoundProgram(self, self.build_training_program(
             state, batch, first_backward=first_backward, keep_deltas=keep_deltas))
+
+    def update_program(self, state: TrainState, updates: Sequence[ArrayUpdate],
+                       optimizer: Optimizer, lr: np.ndarray, t: np.ndarray) -> DeviceSteps:
+        """One update of ``state`` as kernels on its shared arrays (``lr``, ``t``: (1,)
+        page-aligned arrays read when it runs), in one command buffer."""
+        o = optimizer
+        scalars = {"lr": lr, "t": t}
+        steps = DeviceSteps(self.device, {name: self.device.upload(a, zero_copy=True)
+                                          for name, a in scalars.items()})
+        try:
+            for u in updates:
+                layer = state.layer(u.layer)
+                n = int(layer.values[u.name].size)
+                refs = {"param": layer.ref(u.name), "grad_acc": layer.ref(u.name, "grad")}
+                if u.held:
+                    steps.add(self, "fill_buf_f32", {"x": refs["grad_acc"]}, n=n, value=0.0)
+                elif o.adam:
+                    steps.add(self, "adam_upd_f32", {
+                        **refs, "m": layer.ref(u.name, "adam_m"),
+                        "v": layer.ref(u.name, "adam_v")},
+                        n=n, batch=o.images, decay=o.decay, b1=o.b1, b2=o.b2, eps=o.eps,
+                        lr_scale=1.0)
+                else:
+                    steps.add(self, "sgd_upd_f32", refs, n=n, batch=o.images,
+                              apply_decay=int(u.name == "weights"), decay=o.decay,
+                              momentum=o.momentum, lr_scale=u.lr_scale)
+        except BaseException:
+            steps.release()
+            raise
+        return steps
 
     def training_coverage(self) -> list[LayerPlacement]:
         """Per layer, where its training steps run (after a training program was built):

@@ -13,7 +13,7 @@ from darknet_metal.errors import ArgumentError, NonFiniteError
 CASE = TRAIN / "micro-v4-sgd"
 
 
-def _net(tmp_path, layers=None, name="net", **net_keys):
+def _net(tmp_path, layers=None, name="net", device="cpu", **net_keys):
     """micro-v4-sgd with ``net_keys`` set in [net] and ``layers[k]`` (a line) added to the
     k-th layer."""
     text = (CASE / "micro-v4-sgd.cfg").read_text()
@@ -28,7 +28,7 @@ def _net(tmp_path, layers=None, name="net", **net_keys):
         f"{k}={v}" for k, v in net_keys.items()), 1) + "\n"
     path = tmp_path / f"{name}.cfg"
     path.write_text(text)
-    return dm.load(path, CASE / "init.weights")
+    return dm.load(path, CASE / "init.weights", device=device)
 
 
 def _batch(net, seed=0):
@@ -45,8 +45,9 @@ def _state(net):
     return [a.copy() for p in net.params.values() for a in p.values()]
 
 
-def test_a_step_producing_nan_is_refused_and_changes_nothing(tmp_path):
-    net = _net(tmp_path, learning_rate=3e38, burn_in=0)
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_a_step_producing_nan_is_refused_and_changes_nothing(tmp_path, device):
+    net = _net(tmp_path, learning_rate=3e38, burn_in=0, device=device)
     x, truths = _batch(net)
     before, seen = _state(net), net.header.seen
     grads_before = {i: {n: g.copy() for n, g in p.items()}
@@ -62,8 +63,9 @@ def test_a_step_producing_nan_is_refused_and_changes_nothing(tmp_path):
     assert net.header.seen == seen and net.iteration == 0
 
 
-def test_saturating_inputs_give_finite_losses_and_gradients(tmp_path):
-    net = _net(tmp_path)
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_saturating_inputs_give_finite_losses_and_gradients(tmp_path, device):
+    net = _net(tmp_path, device=device)
     x, truths = _batch(net)
     x = np.where(x > 0.5, 1e4, -1e4).astype(np.float32)
     g = net.gradients(x, truths)
@@ -71,11 +73,12 @@ def test_saturating_inputs_give_finite_losses_and_gradients(tmp_path):
     assert all(np.isfinite(a).all() for p in g.params.values() for a in p.values())
 
 
-def test_two_seeded_runs_of_20_steps_give_identical_weights(tmp_path):
+@pytest.mark.parametrize(("device", "steps"), [("cpu", 20), ("emu", 5)])
+def test_two_seeded_runs_give_identical_weights(tmp_path, device, steps):
     files = []
     for run in range(2):
-        net = _net(tmp_path, burn_in=0)
-        for k in range(20):
+        net = _net(tmp_path, burn_in=0, device=device)
+        for k in range(steps):
             x, truths = _batch(net, seed=k)
             report = net.train_step(x, truths)
             assert np.isfinite(report.loss)
@@ -83,9 +86,9 @@ def test_two_seeded_runs_of_20_steps_give_identical_weights(tmp_path):
         net.save_weights(path)
         files.append(path.read_bytes())
     assert files[0] == files[1]
-    assert net.iteration == 20
+    assert net.iteration == steps
     header = dm.load(CASE / "micro-v4-sgd.cfg", tmp_path / "run0.weights").header
-    assert header.seen == 20 * net.config.net.values["batch"]
+    assert header.seen == steps * net.config.net.values["batch"]
 
 
 def test_gradients_change_no_state_and_equal_accumulate(tmp_path):

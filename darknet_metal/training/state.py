@@ -87,6 +87,38 @@ class LayerTrainState:
                 "adam_v": self.adam_v, "extra": self.extra}[group]
 
 
+@dataclass(frozen=True)
+class ArrayUpdate:
+    """What one iteration's update does to trainable array ``name`` of layer ``layer``:
+    ``held`` (``dont_update``/``burnin_update``) drops the iteration's gradient instead;
+    ``lr_scale`` is the layer's ``learning_rate`` multiplier (SGD)."""
+
+    layer: int
+    name: str
+    held: bool
+    lr_scale: float
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """Darknet's update of a gradient summed over ``images`` images: SGD with ``momentum``
+    and ``decay``, or Adam (``adam``; ``b1``, ``b2``, ``eps``), from the ``[net]`` values."""
+
+    adam: bool
+    images: int
+    decay: float
+    momentum: float
+    b1: float
+    b2: float
+    eps: float
+
+    @classmethod
+    def of(cls, values: Mapping, images: int) -> Optimizer:
+        return cls(bool(values["adam"]), images, float(values["decay"]),
+                   float(values["momentum"]), float(values["B1"]), float(values["B2"]),
+                   float(values["eps"]))
+
+
 class TrainState:
     """The training arrays of every layer (``layers[index]``), in ``dtype``.
 

@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from darknet_metal.cpu import fill as cpu_fill
 from darknet_metal.cpu import update as cpu_update
-from darknet_metal.cpu.executor import StepList
 from darknet_metal.cpu.yolo_loss import YOLO_STAT_NAMES, check_truths
 from darknet_metal.errors import ArgumentError, MemoryLimitError, NonFiniteError
 from darknet_metal.memory import format_bytes, physical_memory, plan_memory
@@ -27,7 +25,7 @@ from darknet_metal.params import Params
 from darknet_metal.program import INPUT, Tensor
 from darknet_metal.training.keys import check_training_keys
 from darknet_metal.training.schedule import learning_rate
-from darknet_metal.training.state import TrainState
+from darknet_metal.training.state import ArrayUpdate, Optimizer, TrainState
 
 if TYPE_CHECKING:
     from darknet_metal.network import Network
@@ -115,9 +113,10 @@ class Trainer:
         self.program = backend.training_program(self.state, self.mini_batch,
                                                 first_backward=self.first_backward)
         self._gradient_program: Any = None
-        self.lr = np.zeros(1, dtype)
-        self.t = np.zeros(1, dtype)
-        self._updates: dict[tuple[int, tuple[int, ...]], StepList] = {}
+        # The learning rate and Darknet's batch number of the update, read when it runs.
+        zeros = backend.training_zeros or np.zeros
+        self.lr, self.t = zeros((1,), dtype), zeros((1,), dtype)
+        self._updates: dict[tuple[int, tuple[int, ...]], Any] = {}
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -273,33 +272,16 @@ class Trainer:
             int(s.values.get("dont_update", 0)) >= iteration
             or int(s.values.get("burnin_update", 0)) * burn_in > iteration))
 
-    def _update_steps(self, images: int, held: tuple[int, ...]) -> StepList:
+    def _update_steps(self, images: int, held: tuple[int, ...]) -> Any:
         steps = self._updates.get((images, held))
-        if steps is not None:
-            return steps
-        v = self.values
-        native = []
-        for spec in self.specs:
-            layer = self.state.layer(spec.index)
-            if spec.index in held:
-                # The iteration's gradient is dropped, not saved up: Darknet's CUDA build
-                # keeps adding into a held layer's accumulator and applies every held
-                # iteration's gradient at once in its first update.
-                native += [cpu_fill.fill_step(g) for g in layer.grads.values()]
-                continue
-            scale = float(spec.values.get("learning_rate", 1.0)) if spec.learning_rate_scaled \
-                else 1.0
-            for name, grad in layer.grads.items():
-                value = layer.values[name]
-                if self.adam:
-                    native.append(cpu_update.adam_update_step(
-                        value, grad, layer.adam_m[name], layer.adam_v[name], self.lr, self.t,
-                        v["decay"], v["B1"], v["B2"], v["eps"], images))
-                else:
-                    native.append(cpu_update.sgd_update_step(
-                        value, grad, self.lr, v["decay"], v["momentum"], images,
-                        name == "weights", scale))
-        steps = self._updates[(images, held)] = StepList(native)
+        if steps is None:
+            updates = [ArrayUpdate(
+                spec.index, name, spec.index in held,
+                float(spec.values.get("learning_rate", 1.0)) if spec.learning_rate_scaled
+                else 1.0)
+                for spec in self.specs for name in self.state.layer(spec.index).grads]
+            steps = self._updates[(images, held)] = self.net._backend.update_program(
+                self.state, updates, Optimizer.of(self.values, images), self.lr, self.t)
         return steps
 
     def update(self, images: int | None = None) -> float:
