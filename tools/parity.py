@@ -2,6 +2,8 @@
 
     python tools/parity.py CFG [--weights W | --random-seed S] [--image IMG | --random-input]
                            [--device emu|metal] [--size WxH] [--gemm auto|simd|tiled] [--json]
+    python tools/parity.py CFG --train [--batch N] [--weights W | --random-seed S]
+                           [--device emu|metal] [--size WxH] [--json]
 
 Prints, per layer: index, type, output shape, where it ran (kernels or CPU fallback), max abs
 diff, NMSE and the verdict against the tolerance of ``darknet_metal.metal.parity``;
@@ -14,9 +16,17 @@ from __future__ import annotations
 
 import sys
 
-from darknet_metal.metal.parity import DEFAULT_TOLERANCE, format_report, main, run_parity
+from darknet_metal.metal.parity import (
+    DEFAULT_TOLERANCE,
+    format_report,
+    format_training_report,
+    main,
+    run_parity,
+    run_training_parity,
+)
 
-__all__ = ["DEFAULT_TOLERANCE", "format_report", "main", "run_parity"]
+__all__ = ["DEFAULT_TOLERANCE", "format_report", "format_training_report", "main",
+           "run_parity", "run_training_parity"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,7 +23,13 @@ import numpy as np
 from darknet_metal.activations import ACTIVATIONS, CHANNEL_ACTIVATIONS
 from darknet_metal.metal import get_device, registry
 from darknet_metal.metal.dispatch import gemm_args, gemm_kernel, pack
-from darknet_metal.metal.parity import compare, format_report, run_parity
+from darknet_metal.metal.parity import (
+    compare,
+    format_report,
+    format_training_report,
+    run_parity,
+    run_training_parity,
+)
 
 _NET = "[net]\nwidth={w}\nheight={h}\nchannels={c}\n"
 
@@ -680,6 +686,19 @@ def run_doctor(
         start = time.perf_counter()
         report = run_parity(cfg, weights, seed=1, device=device, size=(size, size))
         out(format_report(report))
+        out(f"({time.perf_counter() - start:.1f} s)")
+        ok &= report["ok"]
+    except Exception:
+        ok = False
+        out(f"FAIL: error\n{traceback.format_exc()}")
+
+    train_size = min(size, 64)
+    out(_section(f"training step: yolov3-tiny at {train_size}x{train_size}, batch 2"))
+    try:
+        start = time.perf_counter()
+        report = run_training_parity(_yolov3_tiny()[0], seed=1, device=device,
+                                     size=(train_size, train_size), batch=2)
+        out(format_training_report(report))
         out(f"({time.perf_counter() - start:.1f} s)")
         ok &= report["ok"]
     except Exception:

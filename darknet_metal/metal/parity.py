@@ -135,6 +135,134 @@ def run_parity(
     }
 
 
+def _training_inputs(net: Any, batch: int, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A random batch and truths the network's loss takes: a few boxes per image for
+    detectors, a class per image for classifiers."""
+    rng = np.random.default_rng(seed)
+    c, h, w = net.input_shape
+    x = rng.random((batch, c, h, w), dtype=np.float32)
+    heads = [s for s in net.layers if s.detection_head is not None]
+    if heads:
+        classes = heads[-1].values["classes"]
+        truths = []
+        for _ in range(batch):
+            k = int(rng.integers(1, 4))
+            boxes = np.column_stack([rng.integers(0, classes, k), rng.uniform(0.15, 0.85, k),
+                                     rng.uniform(0.15, 0.85, k), rng.uniform(0.1, 0.4, k),
+                                     rng.uniform(0.1, 0.4, k)])
+            truths.append(boxes.astype(np.float32))
+        return x, truths
+    classes = net.layers[-1].out_size
+    return x, [np.float32(rng.integers(0, classes)) for _ in range(batch)]
+
+
+def _worst(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any] | None:
+    """``compare`` of the worst of several (device, cpu) arrays (None when there are none)."""
+    rows = [compare(g, c) for g, c in pairs]
+    if not rows:
+        return None
+    return max(rows, key=lambda r: (not r["ok"], r["nmse"]))
+
+
+def run_training_parity(
+    cfg: str | os.PathLike[str],
+    weights: str | os.PathLike[str] | None = None,
+    *,
+    seed: int = 0,
+    device: str = "emu",
+    size: tuple[int, int] | None = None,
+    batch: int = 2,
+    input_seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """One training step of ``cfg`` on the CPU and on ``device``, compared layer by layer:
+    each layer's delta and its parameters' gradients (``Network.gradients``), then its
+    parameters after one ``train_step`` (the cfg's optimizer and learning rate), each judged
+    as ``compare`` judges an output. ``batch`` images (``subdivisions=1``) of a uniform
+    random input from ``input_seed``, with random truths (a few boxes per image, or a
+    class). Returns a JSON-serialisable report: the settings, ``layers`` (index, type,
+    where it trained, reason, and ``delta``, ``gradients``, ``parameters``: max_abs, nmse,
+    allowed values and ok, or None where the layer has none), the losses, timings and
+    ``ok``."""
+    say = progress if progress is not None else _silent
+    source = "random weights" if weights is None else os.path.basename(os.fspath(weights))
+    with _stage(say, f"loading {os.path.basename(os.fspath(cfg))} ({source}) on cpu and "
+                     f"{device}"):
+        nets = [load(cfg, weights, seed=seed, input_size=size, batch=batch, subdivisions=1,
+                     device=d) for d in ("cpu", device)]
+    x, truths = _training_inputs(nets[0], batch, input_seed)
+    seconds = {}
+    grads = []
+    for net in nets:
+        with _stage(say, f"{net.device} gradients"):
+            start = time.perf_counter()
+            grads.append(net.gradients(x, truths))
+            seconds[f"{net.device}_gradients"] = time.perf_counter() - start
+    reports = []
+    for net in nets:
+        with _stage(say, f"{net.device} training step"):
+            start = time.perf_counter()
+            reports.append(net.train_step(x, truths))
+            seconds[f"{net.device}_step"] = time.perf_counter() - start
+    cpu, dev = nets
+    placements = dev._backend.training_coverage()
+    layers = []
+    for spec, place in zip(cpu.layers, placements, strict=True):
+        i = spec.index
+        cpu_grads, dev_grads = grads[0].params.get(i, {}), grads[1].params.get(i, {})
+        delta = (_worst([(grads[1].deltas[i], grads[0].deltas[i])])
+                 if i in grads[0].deltas and i in grads[1].deltas else None)
+        layers.append({
+            "index": i, "type": spec.kind, "where": place.where, "reason": place.reason,
+            "delta": delta,
+            "gradients": _worst([(dev_grads[n], g) for n, g in cpu_grads.items()]),
+            "parameters": _worst([(dev.params[i][n], a)
+                                  for n, a in cpu.params.get(i, {}).items()]),
+        })
+    ok = all(r[k] is None or r[k]["ok"] for r in layers
+             for k in ("delta", "gradients", "parameters"))
+    return {
+        "cfg": os.fspath(cfg), "weights": None if weights is None else os.fspath(weights),
+        "seed": seed if weights is None else None, "device": device,
+        "input_shape": [int(v) for v in x.shape],
+        "loss": {"cpu": reports[0].loss, device: reports[1].loss},
+        "gradients_loss": {"cpu": grads[0].loss, device: grads[1].loss},
+        "seconds": seconds, "layers": layers, "ok": ok,
+    }
+
+
+def format_training_report(report: dict[str, Any]) -> str:
+    """A fixed-width text table of a ``run_training_parity`` report: per layer the NMSE of
+    its delta, its gradients and its updated parameters (the worst array), and a verdict."""
+    weights = report["weights"] or f"random (seed {report['seed']})"
+    device = report["device"]
+    lines = [
+        f"cfg {report['cfg']}  weights {weights}  input {tuple(report['input_shape'])}  "
+        f"device {device}",
+        f"{'layer':>5} {'type':<15} {'trained on':<10} {'delta NMSE':>11} {'grad NMSE':>11} "
+        f"{'param NMSE':>11}  verdict",
+    ]
+    failed = []
+    for row in report["layers"]:
+        cells, ok = [], True
+        for key in ("delta", "gradients", "parameters"):
+            r = row[key]
+            cells.append(f"{'-':>11}" if r is None else f"{r['nmse']:>11.2e}")
+            ok &= r is None or r["ok"]
+        if not ok:
+            failed.append(row["index"])
+        verdict = "ok" if ok else "FAIL"
+        if row["reason"]:
+            verdict += f"  [{row['reason']}]"
+        lines.append(f"{row['index']:>5} {row['type']:<15} {row['where']:<10} "
+                     + " ".join(cells) + f"  {verdict}")
+    loss = report["loss"]
+    lines.append(f"loss after the step: cpu {loss['cpu']:.6g}, {device} {loss[device]:.6g}")
+    lines.append("PASS: every layer within tolerance" if not failed
+                 else f"FAIL: layers {failed} outside tolerance")
+    return "\n".join(lines)
+
+
 def _silent(line: str) -> None:
     pass
 
@@ -233,6 +361,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--gemm", choices=("auto", "simd", "tiled"), default="auto")
     parser.add_argument(
+        "--train",
+        action="store_true",
+        help="compare one training step instead of a forward pass: each layer's delta, "
+        "gradients and updated parameters (random truths; see --batch)",
+    )
+    parser.add_argument("--batch", type=int, default=2, metavar="N",
+                        help="images of the training step with --train (default 2)")
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print the report as JSON on stdout (progress lines still go to stderr)",
@@ -241,21 +377,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    if args.train and (args.image or args.gemm != "auto"):
+        print("parity.py: error: --train takes no --image or --gemm", file=sys.stderr)
+        return 2
+    if args.batch < 1:
+        print(f"parity.py: error: --batch must be >= 1, not {args.batch}", file=sys.stderr)
+        return 2
+
+    def say(line: str) -> None:
+        print(f"parity.py: {line}", file=sys.stderr, flush=True)
+
     try:
-        report = run_parity(
-            args.cfg,
-            args.weights,
-            seed=args.random_seed,
-            image=args.image,
-            device=args.device,
-            size=args.size,
-            gemm=args.gemm,
-            progress=lambda line: print(f"parity.py: {line}", file=sys.stderr, flush=True),
-        )
+        if args.train:
+            report = run_training_parity(args.cfg, args.weights, seed=args.random_seed,
+                                         device=args.device, size=args.size,
+                                         batch=args.batch, progress=say)
+        else:
+            report = run_parity(args.cfg, args.weights, seed=args.random_seed,
+                                image=args.image, device=args.device, size=args.size,
+                                gemm=args.gemm, progress=say)
     except (DarknetMetalError, OSError) as e:
         print(f"parity.py: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return 1
-    print(json.dumps(report, indent=1) if args.json else format_report(report), flush=True)
+    text = format_training_report(report) if args.train else format_report(report)
+    print(json.dumps(report, indent=1) if args.json else text, flush=True)
     return 0 if report["ok"] else 1
 
 

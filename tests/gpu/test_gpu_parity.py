@@ -164,3 +164,39 @@ def test_doctor_flushes_each_line(monkeypatch):
     assert len(ends) >= 4, events
     for i in ends:  # every finished line is flushed before anything else is written
         assert i + 1 < len(events) and events[i + 1][0] == "flush", events[i : i + 2]
+
+
+def test_training_parity_command_line_json():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "parity.py"), str(YOLOV3_TINY / "yolov3-tiny.cfg"),
+         "--train", "--size", "64", "--batch", "2", "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["input_shape"] == [2, 3, 64, 64]
+    assert [row["where"] for row in report["layers"]] == ["kernels"] * 24
+    convs = [row for row in report["layers"] if row["type"] == "convolutional"]
+    assert all(row["gradients"]["nmse"] < 1e-8 and row["parameters"]["ok"] for row in convs)
+    assert "emu training step: done" in proc.stderr
+
+
+def test_training_parity_catches_a_wrong_backward(monkeypatch):
+    from darknet_metal.ops import heads
+
+    # A [yolo] backward sending twice its delta: every layer below must fail.
+    monkeypatch.setattr(heads.YoloOp, "emit_device_backward",
+                        lambda self, e, ts: heads.emit_device_add_into_input(e, 2.0))
+    report = parity.run_training_parity(YOLOV3_TINY / "yolov3-tiny.cfg", size=(64, 64))
+    assert not report["ok"]
+    failed = {row["index"] for row in report["layers"]
+              if row["gradients"] is not None and not row["gradients"]["ok"]}
+    assert {0, 13, 15} <= failed
+    assert "FAIL: layers" in parity.format_training_report(report)
+
+
+@pytest.mark.parametrize("argv", [["--train", "--image", "x.jpg"], ["--train", "--batch", "0"]])
+def test_training_parity_usage_errors(capsys, argv):
+    assert parity.main([str(YOLOV3_TINY / "yolov3-tiny.cfg"), *argv]) == 2
+    assert "error" in capsys.readouterr().err
