@@ -680,30 +680,27 @@ def run_doctor(
     )
     ok &= not missing
 
-    out(_section(f"network parity: yolov3-tiny at {size}x{size}"))
-    try:
-        cfg, weights = _yolov3_tiny()
-        start = time.perf_counter()
-        report = run_parity(cfg, weights, seed=1, device=device, size=(size, size))
-        out(format_report(report))
-        out(f"({time.perf_counter() - start:.1f} s)")
-        ok &= report["ok"]
-    except Exception:
-        ok = False
-        out(f"FAIL: error\n{traceback.format_exc()}")
-
+    cfg, weights = _yolov3_tiny()
     train_size = min(size, 64)
-    out(_section(f"training step: yolov3-tiny at {train_size}x{train_size}, batch 2"))
-    try:
-        start = time.perf_counter()
-        report = run_training_parity(_yolov3_tiny()[0], seed=1, device=device,
-                                     size=(train_size, train_size), batch=2)
-        out(format_training_report(report))
-        out(f"({time.perf_counter() - start:.1f} s)")
-        ok &= report["ok"]
-    except Exception:
-        ok = False
-        out(f"FAIL: error\n{traceback.format_exc()}")
+    for title, run, text in (
+        (f"network parity: yolov3-tiny at {size}x{size}",
+         lambda: run_parity(cfg, weights, seed=1, device=device, size=(size, size)),
+         format_report),
+        (f"training step: yolov3-tiny at {train_size}x{train_size}, batch 2",
+         lambda: run_training_parity(cfg, seed=1, device=device,
+                                     size=(train_size, train_size), batch=2),
+         format_training_report),
+    ):
+        out(_section(title))
+        try:
+            start = time.perf_counter()
+            report = run()
+            out(text(report))
+            out(f"({time.perf_counter() - start:.1f} s)")
+            ok &= report["ok"]
+        except Exception:
+            ok = False
+            out(f"FAIL: error\n{traceback.format_exc()}")
 
     out(_section("speed: yolov4-tiny 416x416, batch 1, random weights"))
     if device == "emu":

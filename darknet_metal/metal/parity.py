@@ -192,18 +192,15 @@ def run_training_parity(
                      device=d) for d in ("cpu", device)]
     x, truths = _training_inputs(nets[0], batch, input_seed)
     seconds = {}
-    grads = []
-    for net in nets:
-        with _stage(say, f"{net.device} gradients"):
-            start = time.perf_counter()
-            grads.append(net.gradients(x, truths))
-            seconds[f"{net.device}_gradients"] = time.perf_counter() - start
-    reports = []
-    for net in nets:
-        with _stage(say, f"{net.device} training step"):
-            start = time.perf_counter()
-            reports.append(net.train_step(x, truths))
-            seconds[f"{net.device}_step"] = time.perf_counter() - start
+    results: dict[str, list[Any]] = {"gradients": [], "step": []}
+    for what, label in (("gradients", "gradients"), ("step", "training step")):
+        for net in nets:
+            with _stage(say, f"{net.device} {label}"):
+                start = time.perf_counter()
+                run = net.gradients if what == "gradients" else net.train_step
+                results[what].append(run(x, truths))
+                seconds[f"{net.device}_{what}"] = time.perf_counter() - start
+    grads, reports = results["gradients"], results["step"]
     cpu, dev = nets
     placements = dev._backend.training_coverage()
     layers = []
