@@ -149,6 +149,7 @@ class BoundProgram:
         device = backend.device
         self.device = device
         self.program = program
+        self.last_encode_seconds = 0.0
         self.memory: MemoryPlan = plan_memory(program)
         self.buffers = [device.buffer(n) for n in self.memory.slot_bytes]
         self.placeholder = device.buffer(4)
@@ -226,10 +227,13 @@ class BoundProgram:
 
     def run(self, x: np.ndarray) -> None:
         """One pass on ``x`` (the program's input shape, float32): upload, encode every
-        segment, commit and wait."""
+        segment, commit and wait. ``last_encode_seconds``: the host's part before the
+        commit (upload and encoding; host steps included when there are any)."""
+        start = time.perf_counter()
         self.input_buffer.write(np.ascontiguousarray(x, np.float32))
         for segment in self.segments:
             segment()
+        self.last_encode_seconds = time.perf_counter() - start
         self.device_commit_and_wait()
 
     def read(self, t: Tensor) -> np.ndarray:

@@ -68,8 +68,9 @@ def gemm_args(
 
 def gemm_step(
     e: LayerEmitter, name: str, buffers: Mapping[str, Tensor | Param | None],
-    **fields: int | float,
+    offsets: Mapping[str, int] | None = None, **fields: int | float,
 ) -> None:
-    """Emits a GEMM kernel step (``buffers``: a, b, bias, c) with ``gemm_args(**fields)``."""
+    """Emits a GEMM kernel step (``buffers``: a, b, bias, c; ``offsets``: elements into
+    them where the operands start) with ``gemm_args(**fields)``."""
     args, sizes = gemm_args(**fields)
-    e.kernel(name, buffers, sizes, **args)
+    e.kernel(name, buffers, sizes, offsets=offsets, **args)

@@ -23,7 +23,6 @@ from darknet_metal.metal.dispatch import (
     BIAS_COLS,
     BIAS_NONE,
     BIAS_ROWS,
-    gemm_args,
     gemm_kernel,
     gemm_step,
 )
@@ -366,39 +365,50 @@ class ConvolutionalOp(_Gemm):
                     stride_x=v["stride_x"], stride_y=v["stride_y"], pad=v["padding"],
                     dilation=v["dilation"], out_h=oh, out_w=ow)
 
-    def _columns(self, e: LayerEmitter, role: str) -> tuple[Tensor, int, int]:
-        """(the GEMM's column operand, its image stride, its group stride): the input
-        itself for a 1x1 stride-1 unpadded convolution, else its im2col into tensor
-        ``role``."""
+    def _sizes(self) -> tuple[int, int, int, int, int]:
+        """(groups, filters per group, channels per group, rows K = channels per group x
+        size^2, columns N = output pixels) of this convolution's GEMMs."""
+        v = self.values
+        groups = v["groups"]
+        cg = self.in_shape[0] // groups
+        return (groups, self.out_shape[0] // groups, cg, cg * v["size"] ** 2,
+                self.out_shape[1] * self.out_shape[2])
+
+    def _image_columns(self, e: LayerEmitter, workspace: Tensor | None,
+                       image: int) -> tuple[Tensor, int, int]:
+        """(the GEMM's column operand for one image, its offset, its group stride): the
+        input itself for a 1x1 stride-1 unpadded convolution, else the image's im2col into
+        ``workspace`` (one image's columns: the whole batch's would be batch times larger)."""
         c, h, w = self.in_shape
-        groups = self.values["groups"]
-        cg = c // groups
-        k, n = cg * self.values["size"] ** 2, self.out_shape[1] * self.out_shape[2]
-        if self.reads_input_as_columns:
-            return e.inputs[0], c * h * w, cg * h * w
-        cols = e.tensor(role, (e.batch * groups * k * n,))
-        e.kernel("im2col_fwd_f32", {"image": e.inputs[0], "col": cols},
-                 {"spatial": n, "rows": k, "slices": e.batch * groups}, **self._im2col_args())
-        return cols, groups * k * n, k * n
+        groups, _, cg, k, n = self._sizes()
+        if workspace is None:
+            return e.inputs[0], image * c * h * w, cg * h * w
+        e.kernel("im2col_fwd_f32", {"image": e.inputs[0], "col": workspace},
+                 {"spatial": n, "rows": k, "slices": groups},
+                 offsets={"image": image * c * h * w}, **self._im2col_args())
+        return workspace, 0, k * n
+
+    def _workspace(self, e: LayerEmitter, role: str) -> Tensor | None:
+        groups, _, _, k, n = self._sizes()
+        return None if self.reads_input_as_columns else e.tensor(role, (groups * k * n,))
 
     def _emit_gemm(self, e: LayerEmitter, weights: Param, bias: Param | None, out: Tensor,
                    act: int, workspace: str) -> None:
-        """out = act(W * columns (+ bias)) per image and group."""
-        v = self.values
-        c = self.in_shape[0]
-        f, oh, ow = self.out_shape
-        groups = v["groups"]
-        fg, k, n = f // groups, c // groups * v["size"] ** 2, oh * ow
-        operand, b_batch, b_group = self._columns(e, workspace)
-        gemm_step(
-            e,
-            gemm_kernel("nn", e.simd),
-            {"a": weights, "b": operand, "bias": bias, "c": out},
-            M=fg, N=n, K=k, lda=k, ldb=n, ldc=n, groups=groups, slices=e.batch * groups,
-            a_group_stride=fg * k, b_batch_stride=b_batch, b_group_stride=b_group,
-            c_batch_stride=f * n, c_group_stride=fg * n, bias_group_stride=fg,
-            bias_mode=BIAS_NONE if bias is None else BIAS_ROWS, act=act,
-        )
+        """out = act(W * columns (+ bias)), image by image, per group."""
+        f = self.out_shape[0]
+        groups, fg, _, k, n = self._sizes()
+        cols = self._workspace(e, workspace)
+        for image in range(e.batch):
+            operand, offset, b_group = self._image_columns(e, cols, image)
+            gemm_step(
+                e, gemm_kernel("nn", e.simd),
+                {"a": weights, "b": operand, "bias": bias, "c": out},
+                offsets={"b": offset, "c": image * f * n},
+                M=fg, N=n, K=k, lda=k, ldb=n, ldc=n, groups=groups, slices=groups,
+                a_group_stride=fg * k, b_group_stride=b_group, c_group_stride=fg * n,
+                bias_group_stride=fg, bias_mode=BIAS_NONE if bias is None else BIAS_ROWS,
+                act=act,
+            )
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         self._emit_gemm(e, Param(self.index, "weights"), Param(self.index, "biases"),
@@ -419,48 +429,47 @@ class ConvolutionalOp(_Gemm):
         emit_device_activation_train(e, act, pre)
 
     def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        v = self.values
         emit_device_activation_gradient(e, self.activation,
                                         Tensor(self.index, "activation_input"))
         emit_device_bias_gradient(e, ts)
         c, h, w = self.in_shape
-        f, oh, ow = self.out_shape
-        groups = v["groups"]
-        fg, cg, n = f // groups, c // groups, oh * ow
-        k = cg * v["size"] ** 2
-        # Weight gradient: per image (they all add into one array), per group
+        f = self.out_shape[0]
+        groups, fg, cg, k, n = self._sizes()
+        # Weight gradient, image by image (they all add into one array), per group:
         # W_grad += delta * columns^T.
-        operand, b_batch, b_group = self._columns(e, "backward_workspace")
+        cols = self._workspace(e, "backward_workspace")
         for image in range(e.batch):
-            e.kernel(gemm_kernel("nt", e.simd),
-                     {"a": e.delta, "b": operand, "bias": None,
-                      "c": ts.ref("weights", "grad")},
-                     {"N": k, "M": fg, "slices": groups},
-                     offsets={"a": image * f * n, "b": image * b_batch},
-                     **gemm_args(M=fg, N=k, K=n, lda=n, ldb=n, ldc=k, groups=groups,
-                                 slices=groups, beta=1.0, a_group_stride=fg * n,
-                                 b_group_stride=b_group, c_group_stride=fg * k,
-                                 bias_mode=BIAS_NONE, act=LINEAR)[0])
+            operand, offset, b_group = self._image_columns(e, cols, image)
+            gemm_step(e, gemm_kernel("nt", e.simd),
+                      {"a": e.delta, "b": operand, "bias": None,
+                       "c": ts.ref("weights", "grad")},
+                      offsets={"a": image * f * n, "b": offset},
+                      M=fg, N=k, K=n, lda=n, ldb=n, ldc=k, groups=groups, slices=groups,
+                      beta=1.0, a_group_stride=fg * n, b_group_stride=b_group,
+                      c_group_stride=fg * k, bias_mode=BIAS_NONE, act=LINEAR)
         into = e.input_delta(0)
         if into is None:
             return
-        # Input gradient: W^T * delta per image and group, into columns folded back by
-        # col2im (or straight into the input's delta when the input was the columns).
-        direct = self.reads_input_as_columns
-        target = into if direct else e.tensor("backward_columns", (e.batch * groups * k * n,))
-        gemm_step(
-            e, gemm_kernel("tn", e.simd),
-            {"a": ts.ref("weights"), "b": e.delta, "bias": None, "c": target},
-            M=k, N=n, K=fg, lda=k, ldb=n, ldc=n, groups=groups, slices=e.batch * groups,
-            beta=1.0 if direct else 0.0, a_group_stride=fg * k, b_batch_stride=f * n,
-            b_group_stride=fg * n,
-            c_batch_stride=c * h * w if direct else groups * k * n,
-            c_group_stride=cg * h * w if direct else k * n, bias_mode=BIAS_NONE, act=LINEAR,
-        )
-        if not direct:
-            e.kernel("col2im_bwd_f32", {"col": target, "image": into},
-                     {"spatial": h * w, "channels": cg, "slices": e.batch * groups},
-                     **self._im2col_args())
+        # Input gradient: W^T * delta per image and group, straight into the input's delta
+        # when the input was the columns, else into one image's columns folded back by col2im.
+        if cols is None:
+            gemm_step(e, gemm_kernel("tn", e.simd),
+                      {"a": ts.ref("weights"), "b": e.delta, "bias": None, "c": into},
+                      M=k, N=n, K=fg, lda=k, ldb=n, ldc=n, groups=groups,
+                      slices=e.batch * groups, beta=1.0, a_group_stride=fg * k,
+                      b_batch_stride=f * n, b_group_stride=fg * n, c_batch_stride=c * h * w,
+                      c_group_stride=cg * h * w, bias_mode=BIAS_NONE, act=LINEAR)
+            return
+        for image in range(e.batch):
+            gemm_step(e, gemm_kernel("tn", e.simd),
+                      {"a": ts.ref("weights"), "b": e.delta, "bias": None, "c": cols},
+                      offsets={"b": image * f * n},
+                      M=k, N=n, K=fg, lda=k, ldb=n, ldc=n, groups=groups, slices=groups,
+                      a_group_stride=fg * k, b_group_stride=fg * n, c_group_stride=k * n,
+                      bias_mode=BIAS_NONE, act=LINEAR)
+            e.kernel("col2im_bwd_f32", {"col": cols, "image": into},
+                     {"spatial": h * w, "channels": cg, "slices": groups},
+                     offsets={"image": image * c * h * w}, **self._im2col_args())
 
     def describe(self) -> str:
         v = self.values

@@ -56,3 +56,42 @@ def test_train_step(benchmark, tmp_path, name, size):
     benchmark.extra_info["images_per_s"] = BATCH / benchmark.stats.stats.median
     benchmark.extra_info["planned_MiB"] = sum(plan.slot_bytes) / 2**20
     benchmark.extra_info["darknet_kept_MiB"] = kept / 2**20
+
+
+def test_emu_train_step(benchmark, tmp_path):
+    """yolov4-tiny (3 classes) on the emulator at 64x64, batch 2: images/s of the emulator
+    (what keeps the tests inside CI's time), the host's encode time of a training pass (goal
+    under 0.3 ms), and the planner's device memory for a training pass at 416, batch 16,
+    next to what Darknet keeps."""
+    net = dm.load(_cfg(tmp_path, "yolov4-tiny", 64), seed=0, batch=2, subdivisions=1,
+                  device="emu")
+    rng = np.random.default_rng(0)
+    x = rng.random((2, 3, 64, 64), dtype=np.float32)
+    truths = [np.array([[1, 0.4, 0.5, 0.2, 0.3]], np.float32)] * 2
+    net.train_step(x, truths)
+    encode = []
+
+    def step():
+        net.train_step(x, truths)
+        encode.append(net._trainer().program.last_encode_seconds)
+
+    benchmark.group = "train-emu-yolov4-tiny-64-b2"
+    benchmark.pedantic(step, rounds=3, warmup_rounds=1)
+    benchmark.extra_info["images_per_s"] = 2 / benchmark.stats.stats.median
+    benchmark.extra_info["encode_ms"] = float(np.median(encode)) * 1e3
+    big = dm.load(_cfg(tmp_path, "yolov4-tiny", 416), seed=0, batch=16, subdivisions=1,
+                  device="emu")
+    from darknet_metal.training.state import TrainState
+
+    state = TrainState(big.layers, big.params, np.float32, zeros=big._backend.training_zeros)
+    for spec in big.layers:
+        if spec.detection_head is not None:
+            state.layer(spec.index).truth_shape = (spec.values["max"], 5)
+    program = big._backend.build_training_program(state, 16)
+    tensors = program.tensors
+    kept = sum(t.nbytes for k, t in tensors.items() if t.alias_of is None and k.role in (
+        "output", "delta", "raw", "x_norm", "activation_input", "indexes", "rand"))
+    kept += max(t.nbytes for k, t in tensors.items() if "workspace" in k.role)
+    planned = sum(plan_memory(program).slot_bytes)
+    benchmark.extra_info["device_planned_MiB_416_b16"] = planned / 2**20
+    benchmark.extra_info["darknet_kept_MiB_416_b16"] = kept / 2**20

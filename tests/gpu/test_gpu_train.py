@@ -11,6 +11,8 @@ changes means something.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -150,3 +152,34 @@ def test_weighted_shortcut_gradients_on_emu_equal_the_cpus(tmp_path, weights_typ
     for i, grads in want.params.items():
         for name, g in grads.items():
             assert _rel(got.params[i][name], g) <= 1e-5, (i, name, _rel(got.params[i][name], g))
+
+
+def test_training_at_several_sizes_in_turn_keeps_device_memory_flat():
+    # Darknet's random=1 changes the size every few iterations: after one round of every
+    # size, later rounds allocate nothing new (buffers come back from the pool).
+    from training_golden import TRAIN
+
+    from darknet_metal.metal import get_device
+
+    folder = TRAIN / "micro-v4-sgd"
+    net = dm.load(folder / "micro-v4-sgd.cfg", folder / "init.weights", device="emu")
+    device = get_device("emu")
+    batch = net.config.net.values["batch"]
+    truths = [np.array([[1, 0.3, 0.4, 0.2, 0.3]], np.float32)] * batch
+    # The device is shared with earlier tests: what they leave is collected first, and
+    # the pool's growth (bytes allocated, misses) is what is compared.
+    gc.collect()
+    keys = ("allocated_bytes", "pool_misses")
+    rounds = []
+    for _ in range(3):
+        for size in (64, 96, 128):
+            net.resize(size, size)
+            x = np.random.default_rng(size).random((batch, 3, size, size), dtype=np.float32)
+            assert np.isfinite(net.train_step(x, truths).loss)
+        gc.collect()
+        stats = device.stats()
+        rounds.append({k: stats[k] for k in (*keys, "live_bytes")})
+    for later in rounds[1:]:
+        assert {k: later[k] for k in keys} == {k: rounds[0][k] for k in keys}, rounds
+        assert later["live_bytes"] <= rounds[0]["live_bytes"], rounds
+    assert net.iteration == 9
