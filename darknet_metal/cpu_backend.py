@@ -75,6 +75,24 @@ class _LoadedProgram:
         """A copy of tensor ``t`` after the last ``run``."""
         return self.views[t].copy()
 
+    def run_passes(self, x: np.ndarray, stage_in: Sequence[tuple[np.ndarray, np.ndarray]],
+                   stage_out: Sequence[tuple[np.ndarray, np.ndarray]],
+                   then: StepList | None = None) -> None:
+        """One pass per mini-batch of ``x`` (the program's batch of images each), then
+        ``then``. Before pass s each ``(whole, per_pass)`` of ``stage_in`` copies rows
+        [s*k, (s+1)*k) of ``whole`` into ``per_pass`` (k = its rows); after it each
+        ``(per_pass, whole)`` of ``stage_out`` copies ``per_pass`` into ``whole[s]``."""
+        m = self.input_standin.shape[0]
+        for s in range(x.shape[0] // m):
+            for whole, per_pass in stage_in:
+                k = per_pass.shape[0]
+                np.copyto(per_pass, whole[s * k:(s + 1) * k])
+            self.steps.run(x[s * m:(s + 1) * m])
+            for per_pass, whole in stage_out:
+                np.copyto(whole[s], per_pass)
+        if then is not None:
+            then.run()
+
 
 class CpuBackend:
     """Executes a network's layers on the CPU in ``dtype`` (float32 or float64)."""

@@ -150,6 +150,8 @@ class BoundProgram:
         self.device = device
         self.program = program
         self.last_encode_seconds = 0.0
+        #: Host arrays the passes stage through, wrapped once (id -> (array, buffer)).
+        self.wrapped: dict[int, tuple[np.ndarray, Any]] = {}
         self.memory: MemoryPlan = plan_memory(program)
         self.buffers = [device.buffer(n) for n in self.memory.slot_bytes]
         self.placeholder = device.buffer(4)
@@ -236,6 +238,58 @@ class BoundProgram:
         self.last_encode_seconds = time.perf_counter() - start
         self.device_commit_and_wait()
 
+    def run_passes(self, x: np.ndarray, stage_in: Sequence[tuple[np.ndarray, np.ndarray]],
+                   stage_out: Sequence[tuple[np.ndarray, np.ndarray]],
+                   then: DeviceSteps | None = None) -> None:
+        """``CpuBackend``'s ``run_passes`` in one command buffer and one wait: every array
+        is page-aligned host memory the device shares (the batch ``x`` included: no upload),
+        and the staging copies are kernels between the passes."""
+        m = self.program.tensors[INPUT].shape[0]
+        if any(isinstance(step, HostCall) for step in self.steps):
+            # Host steps commit and wait anyway: stage on the host, pass by pass.
+            for s in range(x.shape[0] // m):
+                for whole, per_pass in stage_in:
+                    k = per_pass.shape[0]
+                    np.copyto(per_pass, whole[s * k:(s + 1) * k])
+                self.run(x[s * m:(s + 1) * m])
+                for per_pass, whole in stage_out:
+                    np.copyto(whole[s], per_pass)
+            if then is not None:
+                then.run()
+            return
+        start = time.perf_counter()
+        per_image = x[0].size
+        for s in range(x.shape[0] // m):
+            self._copy(x, s * m * per_image, self.input_buffer, m * per_image)
+            for whole, per_pass in stage_in:
+                self._copy(whole, s * per_pass.size, per_pass, per_pass.size)
+            for segment in self.segments:
+                segment()
+            for per_pass, whole in stage_out:
+                self._copy(per_pass, 0, whole, per_pass.size, s * per_pass.size)
+        if then is not None:
+            then.list.encode()
+        self.last_encode_seconds = time.perf_counter() - start
+        self.device_commit_and_wait()
+
+    def _wrap(self, array: np.ndarray) -> Any:
+        held = self.wrapped.get(id(array))
+        if held is None or held[0] is not array:
+            buf = self.device.upload(array, zero_copy=True)
+            if not buf.wrapped:
+                buf.release()
+                raise DeviceError("a staged array is not page-aligned")
+            held = self.wrapped[id(array)] = (array, buf)
+        return held[1]
+
+    def _copy(self, src: Any, src_at: int, dst: Any, n: int, dst_at: int = 0) -> None:
+        """dst[dst_at:dst_at+n] = src[src_at:src_at+n] (elements) as a kernel; arrays are
+        wrapped, device buffers used as they are."""
+        buffers = {"src": src if not isinstance(src, np.ndarray) else self._wrap(src),
+                   "dst": dst if not isinstance(dst, np.ndarray) else self._wrap(dst)}
+        name, args, bound, grid, group = pack("copy_buf_f32", buffers, {"n": n}, {"n": n})
+        self.device.dispatch(name, args, bound, grid, group, offsets=(4 * src_at, 4 * dst_at))
+
     def read(self, t: Tensor) -> np.ndarray:
         """A new host array with tensor ``t`` (downloaded after the last ``run``)."""
         out = self._host_array(t)
@@ -252,6 +306,9 @@ class BoundProgram:
             b.release()
         self.buffers = []
         self.placeholder.release()
+        for _, buf in self.wrapped.values():
+            buf.release()
+        self.wrapped = {}
 
 
 class DeviceSteps:

@@ -92,7 +92,9 @@ class Trainer:
         self.specs = specs
         # A resized network keeps its training state (the parameters do not depend on size).
         self.frozen = _frozen(specs)
-        backend = net._backend
+        # Held here: the network's property would refresh the inference parameters (batch
+        # norm folded) after every update, which training never reads.
+        self.backend = backend = net._backend
         # A device that shares host memory gets page-aligned arrays it uses in place.
         self.state = state or TrainState(specs, net.params, net.dtype, adam=self.adam,
                                          frozen=self.frozen, zeros=backend.training_zeros)
@@ -112,11 +114,18 @@ class Trainer:
         self._check_memory(backend)
         self.program = backend.training_program(self.state, self.mini_batch,
                                                 first_backward=self.first_backward)
+        # What the passes stage through, made once (a rolled-back step restores them too).
+        for index in self.loss_layers:
+            layer = self.state.layer(index)
+            layer.buffer("truth_batch", (self.batch, *layer.truth_shape))
+            cost = self._cost_array(index)
+            layer.buffer("cost_batch", (self.subdivisions, *cost.shape), cost.dtype)
         self._gradient_program: Any = None
         # The learning rate and Darknet's batch number of the update, read when it runs.
         zeros = backend.training_zeros or np.zeros
         self.lr, self.t = zeros((1,), dtype), zeros((1,), dtype)
         self._updates: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._staged_x: np.ndarray | None = None
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -216,44 +225,56 @@ class Trainer:
             raise ArgumentError(f"truths[{i}] must be a class id or {classes} finite targets")
         return a
 
-    def _load_truths(self, truths: list[np.ndarray], first: int) -> None:
-        for index in self.loss_layers:
-            array = self.state.layer(index).truth(self.mini_batch)
-            array.fill(0)
-            for j in range(self.mini_batch):
-                t = truths[first + j]
-                if self.heads:
-                    array[j, : t.shape[0]] = t
-                else:
-                    array[j] = t
-
     # -- passes ---------------------------------------------------------------------------
 
-    def _network_cost(self) -> float:
-        costs = []
-        for index in self.loss_layers:
-            extra = self.state.layer(index).extra
-            if "stats" in extra:
-                costs.append(float(extra["stats"][0]))
-            elif "loss" in extra:
-                costs.append(float(extra["loss"].sum(dtype=np.float64)))
-            elif "errors" in extra:
-                costs.append(float(extra["errors"].sum(dtype=np.float64)))
-        return float(np.mean(costs)) if costs else 0.0
+    def _cost_array(self, index: int) -> np.ndarray:
+        """The array a loss layer's pass leaves its cost in (``_cost`` reads it)."""
+        extra = self.state.layer(index).extra
+        for name in ("stats", "loss", "errors"):
+            if name in extra:
+                return extra[name]
+        raise ArgumentError(f"layer {index} has no cost array")
+
+    @staticmethod
+    def _cost(array: np.ndarray) -> float:
+        # [yolo]: the statistics, cost first; [softmax]/[cost]: the per-element losses.
+        if array.ndim == 1:
+            return float(array[0])
+        return float(array.sum(dtype=np.float64))
 
     def _passes(self, x: np.ndarray, truths: list[np.ndarray], loaded: Any,
-                stats: dict[int, list[np.ndarray]] | None = None) -> float:
+                stats: dict[int, list[np.ndarray]] | None = None, then: Any = None) -> float:
+        """Every mini-batch of ``x`` through ``loaded``, and ``then`` (update steps) after
+        them, as one submission: the batch and all truths staged at once, each pass's cost
+        staged out. Returns the loss (Darknet's mean over the loss layers, per image)."""
+        m, passes = self.mini_batch, self.subdivisions
+        zeros = self.backend.training_zeros or np.zeros
+        if self._staged_x is None or self._staged_x.shape != x.shape:
+            self._staged_x = zeros(x.shape, x.dtype)
+        np.copyto(self._staged_x, x)
+        stage_in, stage_out, costs = [], [], []
+        for index in self.loss_layers:
+            layer = self.state.layer(index)
+            staged = layer.extra["truth_batch"]
+            staged.fill(0)
+            for j, t in enumerate(truths):
+                if self.heads:
+                    staged[j, : t.shape[0]] = t
+                else:
+                    staged[j] = t
+            stage_in.append((staged, layer.truth(m)))
+            stage_out.append((self._cost_array(index), layer.extra["cost_batch"]))
+            costs.append(layer.extra["cost_batch"])
+        loaded.run_passes(self._staged_x, stage_in, stage_out, then)
         total = 0.0
-        m = self.mini_batch
-        for sub in range(self.subdivisions):
-            self._load_truths(truths, sub * m)
-            loaded.run(x[sub * m:(sub + 1) * m])
-            total += self._network_cost()
+        for sub in range(passes):
+            if costs:
+                total += float(np.mean([self._cost(c[sub]) for c in costs]))
             if stats is not None:
-                for index in self.heads:
-                    stats.setdefault(index, []).append(
-                        self.state.layer(index).extra["stats"].copy())
-        return total / (self.subdivisions * m)
+                for index, c in zip(self.loss_layers, costs, strict=True):
+                    if index in self.heads:
+                        stats.setdefault(index, []).append(c[sub].astype(np.float64))
+        return total / (passes * m)
 
     def accumulate(self, x: np.ndarray, truths: Any) -> float:
         """Forward and backward over the mini-batches of ``x``, adding into the gradient
@@ -280,7 +301,7 @@ class Trainer:
                 float(spec.values.get("learning_rate", 1.0)) if spec.learning_rate_scaled
                 else 1.0)
                 for spec in self.specs for name in self.state.layer(spec.index).grads]
-            steps = self._updates[(images, held)] = self.net._backend.update_program(
+            steps = self._updates[(images, held)] = self.backend.update_program(
                 self.state, updates, Optimizer.of(self.values, images), self.lr, self.t)
         return steps
 
@@ -291,10 +312,16 @@ class Trainer:
         if images < 1:
             raise ArgumentError(f"images must be >= 1, not {images}")
         iteration = self.net.header.seen // self.batch
+        rate = self._set_rate(iteration)
+        self._update_steps(images, self._held(iteration)).run()
+        return rate
+
+    def _set_rate(self, iteration: int) -> float:
+        """The learning rate of the update making ``iteration``, and Darknet's batch number,
+        into the arrays the update steps read."""
         rate = learning_rate(self.values, iteration)
         self.lr[0] = rate
         self.t[0] = iteration
-        self._update_steps(images, self._held(iteration)).run()
         return rate
 
     def step(self, x: np.ndarray, truths: Any) -> StepReport:
@@ -305,10 +332,14 @@ class Trainer:
         seen = self.net.header.seen
         try:
             stats: dict[int, list[np.ndarray]] = {}
-            loss = self._passes(x, truths, self.program, stats)
+            # The passes and the update in one submission (one wait on a device); the
+            # arrays are checked after it, and restored if anything is not finite.
+            iteration = seen // self.batch + 1
+            rate = self._set_rate(iteration)
+            update = self._update_steps(self.batch, self._held(iteration))
+            loss = self._passes(x, truths, self.program, stats, then=update)
             self.net.header.seen += self.batch
             self._check_finite(loss, "gradients")
-            rate = self.update()
             self._check_finite(loss, "parameters")
         except BaseException:
             self.state.restore(saved)
@@ -335,7 +366,7 @@ class Trainer:
         """Forward and backward without the update, changing nothing."""
         x, truths = self.check_batch(x, truths)
         if self._gradient_program is None:
-            self._gradient_program = self.net._backend.training_program(
+            self._gradient_program = self.backend.training_program(
                 self.state, self.mini_batch, first_backward=self.first_backward,
                 keep_deltas=True)
         saved = self.state.snapshot()

@@ -183,3 +183,28 @@ def test_training_at_several_sizes_in_turn_keeps_device_memory_flat():
         assert {k: later[k] for k in keys} == {k: rounds[0][k] for k in keys}, rounds
         assert later["live_bytes"] <= rounds[0]["live_bytes"], rounds
     assert net.iteration == 9
+
+
+@pytest.mark.parametrize("model", ["yolov3-tiny", "yolov4-tiny"])
+def test_a_training_step_is_one_command_buffer_and_one_wait(model):
+    # Two mini-batches and the update: one commit, one wait, no CPU fallback, nothing
+    # allocated or transferred after the first step (the batch, truths, parameters and
+    # statistics are host memory the device shares). accumulate and update: a wait each.
+    from darknet_metal.metal import get_device
+
+    net = dm.load(get_spec(model).cfg, seed=0, input_size=(SIZE, SIZE), batch=4,
+                  subdivisions=2, device="emu")
+    net.config.net.values.update(burn_in=0, learning_rate=1e-4)
+    device = get_device("emu")
+    x, truths = _batch(4)
+    net.train_step(x, truths)
+    keys = ("command_buffers_committed", "waits", "cpu_fallbacks", "pool_misses",
+            "allocated_bytes", "bytes_uploaded", "bytes_downloaded")
+    for run, waits in ((lambda: net.train_step(x, truths), 1),
+                       (lambda: net.accumulate(x, truths), 1), (net.update, 1)):
+        before = device.stats()
+        run()
+        after = device.stats()
+        delta = {k: after[k] - before[k] for k in keys}
+        assert delta == {**dict.fromkeys(keys, 0), "command_buffers_committed": waits,
+                         "waits": waits}, delta
