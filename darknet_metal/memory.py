@@ -42,8 +42,9 @@ def plan_memory(program: Program, external: Collection[Tensor] = ()) -> MemoryPl
     """Assign the tensors of ``program`` to reusable slots.
 
     ``external``: tensors whose memory the executor provides (e.g. the caller's input array
-    on the CPU); they get no slot. Best fit: the smallest free slot large enough, else the
-    largest free slot (grown), else a new slot.
+    on the CPU); they get no slot. Tensors are placed largest first, each in the smallest
+    slot none of whose tensors lives at the same time as it (lifetimes are closed step
+    ranges), else in a new slot of its size.
     """
     owner = {t: program.owner(t) for t in program.tensors}
     end = len(program.steps)
@@ -62,34 +63,27 @@ def plan_memory(program: Program, external: Collection[Tensor] = ()) -> MemoryPl
         first.setdefault(o, end)  # a kept tensor no step touches still gets memory
         last[o] = end
 
-    starts: dict[int, list[Tensor]] = {}
-    ends: dict[int, list[Tensor]] = {}
-    for t, i in first.items():
-        if t in external:
-            continue
-        starts.setdefault(i, []).append(t)
-        ends.setdefault(last[t], []).append(t)
-
+    # Largest first (a slot never grows): placing tensors in step order and growing slots
+    # to fit planned a yolov4-tiny training pass 26% larger. Ties keep step order, so the
+    # plan is deterministic.
+    order = sorted((t for t in first if t not in external),
+                   key=lambda t: (-program.tensors[t].nbytes, first[t], last[t]))
     sizes: list[int] = []
-    free: list[int] = []
+    lives: list[list[tuple[int, int]]] = []
     slot_of: dict[Tensor, int] = {}
-    for i in range(-1, end + 1):
-        for t in starts.get(i, ()):
-            need = program.tensors[t].nbytes
-            fitting = [s for s in free if sizes[s] >= need]
-            if fitting:
-                slot = min(fitting, key=lambda s: (sizes[s], s))
-            elif free:
-                slot = max(free, key=lambda s: (sizes[s], -s))
-                sizes[slot] = need
-            else:
-                slot = len(sizes)
-                sizes.append(need)
-            if slot in free:
-                free.remove(slot)
-            slot_of[t] = slot
-        for t in ends.get(i, ()):
-            free.append(slot_of[t])
+    for t in order:
+        a, b = first[t], last[t]
+        slot = None
+        for s in sorted(range(len(sizes)), key=lambda s: (sizes[s], s)):
+            if all(b < a2 or b2 < a for a2, b2 in lives[s]):
+                slot = s
+                break
+        if slot is None:
+            slot = len(sizes)
+            sizes.append(program.tensors[t].nbytes)
+            lives.append([])
+        lives[slot].append((a, b))
+        slot_of[t] = slot
     for t, o in owner.items():
         if o in slot_of:
             slot_of[t] = slot_of[o]
