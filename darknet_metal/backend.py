@@ -33,5 +33,9 @@ class Backend(Protocol):
         until the next pass) if it is in ``outputs`` (None: all), else None. With
         ``timings``, each layer's wall time in seconds is appended."""
 
+    def resize(self, specs: list[Any], params: dict[int, Params]) -> None:
+        """Take ``specs``, the same network's layers at another input size, keeping what
+        does not depend on the size (``params``: the master copies)."""
+
     def close(self) -> None:
         """Release what the backend holds (it may not be used afterwards)."""

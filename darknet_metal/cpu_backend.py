@@ -25,6 +25,7 @@ from darknet_metal.layers import LayerSpec
 from darknet_metal.memory import plan_memory
 from darknet_metal.params import Params
 from darknet_metal.program import INPUT, LayerEmitter, Program, Tensor, build_program
+from darknet_metal.training.plans import TrainingPlans
 
 if TYPE_CHECKING:
     from darknet_metal.training.state import ArrayUpdate, Optimizer, TrainState
@@ -114,6 +115,7 @@ class CpuBackend:
         #: ``time.monotonic_ns()`` readings at which the last pass's compute started and
         #: finished (without per-layer timings, one GIL-free loop in between).
         self.last_pass_ns: tuple[int, int] = (0, 0)
+        self._training_plans: TrainingPlans[Program] = TrainingPlans()
         self.load_params(params)
 
     def load_params(self, params: dict[int, Params]) -> None:
@@ -180,12 +182,22 @@ class CpuBackend:
                 result.append(loaded.views[t])
         return result
 
+    def resize(self, specs: list[LayerSpec], params: dict[int, Params]) -> None:
+        """Takes the layers of the same network at another input size (``Network.resize``):
+        parameters prepared again for the new shapes (Winograd filters depend on them),
+        inference programs of the old size freed, training programs of every size kept."""
+        self.specs = specs
+        self.load_params(params)
+
     def build_training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
                                keep_deltas: bool = False) -> Program:
         """The program of one mini-batch of ``batch`` images of a training iteration (see
-        ``cpu_training_program``), not bound to memory yet."""
-        return cpu_training_program(self.specs, state, batch, first_backward=first_backward,
-                                    keep_deltas=keep_deltas, itemsize=self.dtype.itemsize)
+        ``cpu_training_program``), not bound to memory yet; kept per input size
+        (``TrainingPlans``)."""
+        key = (self.specs[0].in_shape, batch, first_backward, keep_deltas)
+        return self._training_plans.get(state, key, lambda: cpu_training_program(
+            self.specs, state, batch, first_backward=first_backward, keep_deltas=keep_deltas,
+            itemsize=self.dtype.itemsize))
 
     def training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
                          keep_deltas: bool = False) -> _LoadedProgram:
@@ -221,6 +233,7 @@ class CpuBackend:
     def close(self) -> None:
         """Frees the planned memory."""
         self._programs.clear()
+        self._training_plans.clear()
 
 
 def cpu_training_program(specs: Sequence[LayerSpec], state: TrainState, batch: int, *,

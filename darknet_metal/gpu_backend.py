@@ -42,6 +42,7 @@ from darknet_metal.metal import get_device, registry
 from darknet_metal.metal._shim import aligned_empty
 from darknet_metal.metal.dispatch import Dispatch, pack
 from darknet_metal.ops import Unsupported
+from darknet_metal.ops.base import Shape
 from darknet_metal.params import Params
 from darknet_metal.program import (
     INPUT,
@@ -53,12 +54,15 @@ from darknet_metal.program import (
     Tensor,
     build_program,
 )
+from darknet_metal.training.plans import TrainingPlans
 
 if TYPE_CHECKING:
     from darknet_metal.training.state import ArrayUpdate, Optimizer, TrainState
 
 #: Programs kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
 MAX_PROGRAMS = 4
+#: Input sizes whose layer placements are kept (``GpuBackend.resize``).
+MAX_PLACEMENTS = 32
 
 
 @dataclass(frozen=True)
@@ -383,9 +387,13 @@ class GpuBackend:
         self._programs: OrderedDict[tuple[int, frozenset[int] | None], BoundProgram] = (
             OrderedDict()
         )
-        self._placements = self._place(set(fallback))
+        self._placements_by_shape: dict[Shape, list[LayerPlacement]] = {}
+        self._forced = set(fallback)
+        self._placements = self._place(self._forced)
+        self._placements_by_shape[specs[0].in_shape] = self._placements
         self._training_state: TrainState | None = None
         self._training_fallback: dict[int, str] | None = None
+        self._training_plans: TrainingPlans[tuple[Program, dict[int, str]]] = TrainingPlans()
         self._wrapped: dict[Param, tuple[np.ndarray, Any]] = {}
         self.load_params(params)
 
@@ -440,6 +448,29 @@ class GpuBackend:
                 return (f"kernel {name} needs {group} threads per threadgroup; the pipeline "
                         f"allows {pipeline['max_total_threads']}")
         return None
+
+    def resize(self, specs: list[LayerSpec], params: dict[int, Params]) -> None:
+        """Takes the layers of the same network at another input size (``Network.resize``):
+        the parameters, which do not depend on the size, stay on the device; the inference
+        programs of the old size are freed; the training programs of every size seen are
+        kept (``build_training_program``). ``params``: the master copies, read only when a
+        layer changes where it runs."""
+        old = self._placements
+        placements = self._placements_by_shape.get(specs[0].in_shape)
+        self.specs = specs
+        if placements is None:
+            placements = self._place(self._forced)
+            if len(self._placements_by_shape) >= MAX_PLACEMENTS:
+                self._placements_by_shape.clear()
+            self._placements_by_shape[specs[0].in_shape] = placements
+        self._placements = placements
+        if any(a.where != b.where for a, b in zip(old, placements, strict=True)):
+            self.load_params(params)
+            return
+        self._drop_programs()
+        # CPU fallbacks prepare their parameters for the layer's shapes (Winograd filters).
+        self._cpu_states = {i: self.specs[i].prepare_cpu(params.get(i), np.float32)
+                            for i in self._cpu_states}
 
     def coverage(self) -> list[LayerPlacement]:
         """Per layer: kernels, fallback (with the reason) or alias."""
@@ -631,9 +662,18 @@ class GpuBackend:
         ``cpu_training_program``): each layer's training kernels, binding the training
         state's arrays in place (``LayerTrainState.ref``), or, where its op has none, its
         CPU training steps as host steps inside the device program (each a commit, a wait
-        and the transfers of what it reads and writes)."""
-        fallback = self._training_placement(state, batch, first_backward)
+        and the transfers of what it reads and writes). Kept per input size
+        (``TrainingPlans``): a size seen before costs nothing to build again."""
+        key = (self.specs[0].in_shape, batch, first_backward, keep_deltas)
+        program, fallback = self._training_plans.get(
+            state, key, lambda: self._build_training(state, batch, first_backward, keep_deltas))
+        self._training_state = state
         self._training_fallback = fallback
+        return program
+
+    def _build_training(self, state: TrainState, batch: int, first_backward: int,
+                        keep_deltas: bool) -> tuple[Program, dict[int, str]]:
+        fallback = self._training_placement(state, batch, first_backward)
 
         def emit(spec: LayerSpec, e: LayerEmitter, backward: bool) -> None:
             ts = state.layer(spec.index)
@@ -642,18 +682,18 @@ class GpuBackend:
             else:
                 (spec.emit_device_backward if backward else spec.emit_device_train)(e, ts)
 
-        return build_program(
+        program = build_program(
             self.specs, lambda spec, e: emit(spec, e, False), batch=batch, keep=(),
             mode="train", simd=self.simd, param_nbytes=_ParamSizes(self._params, state),
             emit_backward=lambda spec, e: None if spec.values.get("onlyforward")
             else emit(spec, e, True),
             clear=_clear_on_device, first_backward=first_backward, keep_deltas=keep_deltas)
+        return program, fallback
 
     def training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
                          keep_deltas: bool = False) -> BoundProgram:
         """``build_training_program`` bound to device memory (``run(x)`` a mini-batch,
-        ``read(tensor)`` a kept delta)."""
-        self._training_state = state
+        ``read(tensor)`` a kept delta; ``release()`` returns its memory to the pool)."""
         return BoundProgram(self, self.build_training_program(
             state, batch, first_backward=first_backward, keep_deltas=keep_deltas))
 
@@ -701,6 +741,7 @@ class GpuBackend:
     def close(self) -> None:
         """Releases every device buffer this backend holds."""
         self._drop_programs()
+        self._training_plans.clear()
         self._release_params()
         for _, buf in self._wrapped.values():
             buf.release()

@@ -135,13 +135,14 @@ class Network:
         _check_device(device)
         with self._running():
             if device != self.device:
-                if self._backend_instance is not None:
-                    self._backend_instance.close()
-                    self._backend_instance = None
                 # Training state is bound to the old device's memory (momentum included).
                 if self._trainer_instance is not None:
                     self._trainer_instance.state.write_back()
+                    self._trainer_instance.release()
                     self._trainer_instance = None
+                if self._backend_instance is not None:
+                    self._backend_instance.close()
+                    self._backend_instance = None
                 self.device = device
         return self
 
@@ -321,10 +322,13 @@ class Network:
 
     def resize(self, width: int, height: int) -> Network:
         """Changes the network's input size to ``width`` x ``height`` pixels, as Darknet's
-        ``random=1`` does between iterations: the parameters, rolling statistics and training
-        state (accumulators, momentum, moments, counters) are kept; programs are rebuilt.
-        Raises ``CfgError`` for a size the layers cannot take and ``ArgumentError`` when a
-        layer's parameters depend on the size (a ``[connected]`` layer); the network is then
+        ``random=1`` does between iterations: the parameters (on the device too), rolling
+        statistics and training state (accumulators, momentum, moments, counters) are kept;
+        the training program of each size is built once and kept (up to
+        ``training.plans.MAX_TRAINING_PLANS``), and bound to memory the previous size's frees.
+        Raises ``CfgError`` for a size the layers cannot take, ``ArgumentError`` when a
+        layer's parameters depend on the size (a ``[connected]`` layer) and
+        ``MemoryLimitError`` when training at the new size would not fit; the network is then
         unchanged. Returns the network."""
         size = arguments.size_pair("(width, height)", (width, height))
         with self._running():
@@ -341,20 +345,27 @@ class Network:
             except BaseException:
                 values["width"], values["height"] = old
                 raise
-            self.layers = layers
-            itemsize = self.dtype.itemsize
-            self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
-            self._fitting_batches = set()
-            if self._backend_instance is not None:
-                self._backend_instance.close()
-                self._backend_instance = None
-            if self._trainer_instance is not None:
-                from darknet_metal.training.trainer import Trainer
-
-                state = self._trainer_instance.state
-                self._trainer_instance = None
-                self._trainer_instance = Trainer(self, state=state)
+            old_layers = self.layers
+            try:
+                self._take_layers(layers)
+            except BaseException:
+                values["width"], values["height"] = old
+                self._take_layers(old_layers)
+                raise
         return self
+
+    def _take_layers(self, layers: list[LayerSpec]) -> None:
+        """Switches every part of the network to ``layers`` (the same network at another
+        input size): the backend keeps its parameters, the trainer its state and the
+        programs of the sizes seen before."""
+        self.layers = layers
+        itemsize = self.dtype.itemsize
+        self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
+        self._fitting_batches = set()
+        if self._backend_instance is not None:
+            self._backend_instance.resize(layers, self.params)
+        if self._trainer_instance is not None:
+            self._trainer_instance.resize()
 
     def learning_rate(self, iteration: int) -> float:
         """The learning rate of the update that makes ``iteration`` (Darknet's

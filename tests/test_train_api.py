@@ -185,6 +185,55 @@ def test_resize_keeps_parameters_and_training_state(tmp_path):
     assert net.input_shape == (3, 160, 96)
 
 
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_a_resize_that_does_not_fit_changes_nothing(tmp_path, device, monkeypatch):
+    # The refused size's sizing programs must not replace the arrays the kept programs
+    # were built with (a loss layer's truths): later steps equal those of a network that
+    # never tried.
+    from darknet_metal.training import trainer
+
+    nets = [_net(tmp_path, burn_in=0, device=device, name=f"n{i}") for i in range(2)]
+    x, truths = _batch(nets[0])
+    for net in nets:
+        net.train_step(x, truths)
+    limit = nets[0]._trainer().memory_bytes(nets[0]._trainer().backend, 4) + 1
+    monkeypatch.setattr(trainer, "physical_memory", lambda: limit)
+    with pytest.raises(dm.MemoryLimitError, match="at 256x256"):
+        nets[0].resize(256, 256)
+    assert nets[0].input_shape == nets[1].input_shape
+    monkeypatch.undo()
+    for seed in (1, 2):
+        x, truths = _batch(nets[0], seed)
+        truths = [t + np.array([0, 0.1 * seed, 0, 0, 0], np.float32) for t in truths]
+        assert nets[0].train_step(x, truths).loss == nets[1].train_step(x, truths).loss
+    for a, b in zip(_state(nets[0]), _state(nets[1]), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_kept_programs_are_built_again_when_their_arrays_were_replaced(tmp_path):
+    from darknet_metal.training.plans import TrainingPlans
+
+    net = _net(tmp_path)
+    state = net._trainer().state
+    plans, built = TrainingPlans(limit=2), []
+
+    def build(tag):
+        def make():
+            built.append(tag)
+            return tag
+        return make
+
+    assert plans.get(state, "a", build("a")) == "a"
+    assert plans.get(state, "a", build("a2")) == "a" and built == ["a"]
+    yolo = next(i for i, layer in state.layers.items() if "truth" in layer.extra)
+    state.layer(yolo).truth(3)  # another mini-batch: a new truth array
+    assert plans.get(state, "a", build("a3")) == "a3"
+    plans.get(state, "b", build("b"))
+    plans.get(state, "c", build("c"))  # beyond the limit: "a" (least recent) goes
+    assert plans.get(state, "a", build("a4")) == "a4"
+    assert built == ["a", "a3", "b", "c", "a4"] and len(plans) == 2
+
+
 def _edit_layer(text: str, layer: int, line: str) -> str:
     """``line`` added to the ``layer``-th layer section (0-based, after [net])."""
     parts = text.split("\n[")

@@ -11,7 +11,8 @@ refused for non-finite values).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -165,6 +166,18 @@ class TrainState:
 
     def arrays(self) -> list[np.ndarray]:
         return [a for state in self.layers.values() for a in state.arrays()]
+
+    @contextlib.contextmanager
+    def arrays_kept(self) -> Iterator[None]:
+        """Programs built inside declare their arrays (``LayerTrainState.buffer``) on the
+        side: afterwards every layer's ``extra`` holds the same arrays as before."""
+        saved = {i: dict(layer.extra) for i, layer in self.layers.items()}
+        try:
+            yield
+        finally:
+            for i, extra in saved.items():
+                self.layers[i].extra.clear()
+                self.layers[i].extra.update(extra)
 
     def snapshot(self) -> list[np.ndarray]:
         """Copies of every array a step may write (see ``restore``)."""

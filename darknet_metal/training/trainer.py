@@ -73,10 +73,10 @@ class Gradients:
 
 
 class Trainer:
-    """Trains ``net`` on its device (the CPU so far). Built by the network on first use;
-    ``state``: the training state to continue with (after ``Network.resize``)."""
+    """Trains ``net`` on its device. Built by the network on first use; follows it to other
+    input sizes (``resize``) with the same training state."""
 
-    def __init__(self, net: Network, *, seed: int = 0, state: TrainState | None = None) -> None:
+    def __init__(self, net: Network, *, seed: int = 0) -> None:
         values = net.config.net.values
         check_training_keys(net.config)
         self.net = net
@@ -90,16 +90,14 @@ class Trainer:
         self.adam = bool(values["adam"])
         specs = net.layers
         self.specs = specs
-        # A resized network keeps its training state (the parameters do not depend on size).
         self.frozen = _frozen(specs)
         # Held here: the network's property would refresh the inference parameters (batch
         # norm folded) after every update, which training never reads.
         self.backend = backend = net._backend
         # A device that shares host memory gets page-aligned arrays it uses in place.
-        self.state = state or TrainState(specs, net.params, net.dtype, adam=self.adam,
+        self.state = TrainState(specs, net.params, net.dtype, adam=self.adam,
                                          frozen=self.frozen, zeros=backend.training_zeros)
         dtype = self.state.dtype
-        c, h, w = net.input_shape
         self.heads = [s.index for s in specs if s.detection_head is not None]
         self.loss_layers = self.heads or [s.index for s in specs
                                           if s.computes_loss and not s.values.get("noloss")]
@@ -107,20 +105,14 @@ class Trainer:
         for spec in specs:
             layer = self.state.layer(spec.index)
             layer.seed = (seed * 1_000_003 + spec.index) % 2**64
-            layer.net_size = (w, h)
             if spec.index in self.loss_layers:
                 layer.truth_shape = self.truth_shape
         self.first_backward = max(_first_backward(specs), len(self.frozen))
-        self._check_memory(backend)
-        self.program = backend.training_program(self.state, self.mini_batch,
-                                                first_backward=self.first_backward)
-        # What the passes stage through, made once (a rolled-back step restores them too).
-        for index in self.loss_layers:
-            layer = self.state.layer(index)
-            layer.buffer("truth_batch", (self.batch, *layer.truth_shape))
-            cost = self._cost_array(index)
-            layer.buffer("cost_batch", (self.subdivisions, *cost.shape), cost.dtype)
+        #: Input sizes whose training pass is known to fit in memory.
+        self._fitting: set[tuple[int, ...]] = set()
+        self.program: Any = None
         self._gradient_program: Any = None
+        self._bind()
         # The learning rate and Darknet's batch number of the update, read when it runs.
         zeros = backend.training_zeros or np.zeros
         self.lr, self.t = zeros((1,), dtype), zeros((1,), dtype)
@@ -135,34 +127,80 @@ class Trainer:
         the training state (parameters, accumulators, moments) and a mini-batch of input."""
         program = backend.build_training_program(self.state, mini_batch,
                                                  first_backward=self.first_backward)
+        return self._bytes(program, mini_batch)
+
+    def _bytes(self, program: Any, mini_batch: int) -> int:
         planned = sum(plan_memory(program, external={INPUT}).slot_bytes)
         state = sum(a.nbytes for a in self.state.arrays())
         c, h, w = self.net.input_shape
         return planned + state + mini_batch * c * h * w * self.state.dtype.itemsize
 
-    def _check_memory(self, backend: Any) -> None:
+    def _check_memory(self, program: Any) -> None:
+        """MemoryLimitError unless a pass of ``program`` (one mini-batch at the network's
+        size) fits in this machine's memory; the advice names subdivisions that would."""
         available = physical_memory()
-        if available is None:
+        size = self.net.input_shape
+        if available is None or size in self._fitting:
             return
-        one, two = self.memory_bytes(backend, 1), self.memory_bytes(backend, 2)
+        if self._bytes(program, self.mini_batch) <= available:
+            self._fitting.add(size)
+            return
+        # Two more programs for the per-image cost; they must not replace the arrays the
+        # kept programs were built with.
+        with self.state.arrays_kept():
+            one, two = self.memory_bytes(self.backend, 1), self.memory_bytes(self.backend, 2)
         per_image = two - one
 
         def needed(m: int) -> int:
             return one + per_image * (m - 1)
 
-        if needed(self.mini_batch) <= available:
-            return
         fits = [s for s in range(self.subdivisions, self.batch + 1)
                 if self.batch % s == 0 and needed(self.batch // s) <= available]
         advice = (f"subdivisions={fits[0]} ({self.batch // fits[0]} images per pass) would "
                   "fit" if fits else "even one image per pass does not fit: lower width and "
                   "height")
+        need = self._bytes(program, self.mini_batch)
         raise MemoryLimitError(
             f"{self.net.config.path}: a training pass of {self.mini_batch} images "
-            f"(batch={self.batch}, subdivisions={self.subdivisions}) needs about "
-            f"{format_bytes(needed(self.mini_batch))}, more than this machine's "
-            f"{format_bytes(available)}; {advice}",
-            needed=needed(self.mini_batch), available=available)
+            f"(batch={self.batch}, subdivisions={self.subdivisions}) at {size[2]}x{size[1]} "
+            f"needs about {format_bytes(need)}, more than this machine's "
+            f"{format_bytes(available)}; {advice}", needed=need, available=available)
+
+    # -- programs -------------------------------------------------------------------------
+
+    def _bind(self) -> None:
+        """Builds (or takes the kept) training program for the network's current size,
+        checks that it fits, frees the programs bound so far and binds it."""
+        c, h, w = self.net.input_shape
+        for layer in self.state.layers.values():
+            layer.net_size = (w, h)
+        program = self.backend.build_training_program(self.state, self.mini_batch,
+                                                      first_backward=self.first_backward)
+        self._check_memory(program)
+        self.release()
+        self.program = self.backend.training_program(self.state, self.mini_batch,
+                                                     first_backward=self.first_backward)
+        # What the passes stage through, made once per shape (a rolled-back step restores
+        # them too).
+        for index in self.loss_layers:
+            layer = self.state.layer(index)
+            layer.buffer("truth_batch", (self.batch, *layer.truth_shape))
+            cost = self._cost_array(index)
+            layer.buffer("cost_batch", (self.subdivisions, *cost.shape), cost.dtype)
+
+    def resize(self) -> None:
+        """Follows the network to its new input size (``Network.resize``, after its
+        backend's): the training state is kept; the program of the new size is built, or
+        taken from those of the sizes seen before, and bound to memory the old one frees."""
+        self.specs = self.net.layers
+        self._bind()
+
+    def release(self) -> None:
+        """Frees the memory of the bound programs (the device's returns to its pool)."""
+        for loaded in (self.program, self._gradient_program):
+            if loaded is not None and hasattr(loaded, "release"):
+                loaded.release()
+        self.program = self._gradient_program = None
 
     # -- truths ---------------------------------------------------------------------------
 

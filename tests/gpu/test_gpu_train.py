@@ -156,7 +156,8 @@ def test_weighted_shortcut_gradients_on_emu_equal_the_cpus(tmp_path, weights_typ
 
 def test_training_at_several_sizes_in_turn_keeps_device_memory_flat():
     # Darknet's random=1 changes the size every few iterations: after one round of every
-    # size, later rounds allocate nothing new (buffers come back from the pool).
+    # size, later rounds build no program, upload nothing and allocate nothing new (buffers
+    # come back from the pool; the parameters stay on the device).
     from training_golden import TRAIN
 
     from darknet_metal.metal import get_device
@@ -169,7 +170,7 @@ def test_training_at_several_sizes_in_turn_keeps_device_memory_flat():
     # The device is shared with earlier tests: what they leave is collected first, and
     # the pool's growth (bytes allocated, misses) is what is compared.
     gc.collect()
-    keys = ("allocated_bytes", "pool_misses")
+    keys = ("allocated_bytes", "pool_misses", "bytes_uploaded", "bytes_downloaded")
     rounds = []
     for _ in range(3):
         for size in (64, 96, 128):
@@ -178,11 +179,45 @@ def test_training_at_several_sizes_in_turn_keeps_device_memory_flat():
             assert np.isfinite(net.train_step(x, truths).loss)
         gc.collect()
         stats = device.stats()
-        rounds.append({k: stats[k] for k in (*keys, "live_bytes")})
+        plans = net._backend_instance._training_plans
+        rounds.append({**{k: stats[k] for k in (*keys, "live_bytes")},
+                       "builds": plans.builds, "hits": plans.hits})
     for later in rounds[1:]:
-        assert {k: later[k] for k in keys} == {k: rounds[0][k] for k in keys}, rounds
+        assert {k: later[k] for k in (*keys, "builds")} == \
+            {k: rounds[0][k] for k in (*keys, "builds")}, rounds
         assert later["live_bytes"] <= rounds[0]["live_bytes"], rounds
+    # One program per size, each built once; every later visit takes the kept one.
+    assert rounds[0]["builds"] <= 4 and rounds[-1]["hits"] >= 6, rounds
     assert net.iteration == 9
+
+
+def test_kept_programs_and_device_parameters_equal_fresh_ones_after_resizing():
+    # One network takes the kept programs and parameters; the other builds its programs
+    # and uploads its parameters again at each size (same training state): bit-identical.
+    from training_golden import TRAIN
+
+    folder = TRAIN / "micro-v4-sgd"
+    nets = [dm.load(folder / "micro-v4-sgd.cfg", folder / "init.weights", device="emu")
+            for _ in range(2)]
+    batch = nets[0].config.net.values["batch"]
+    truths = [np.array([[1, 0.3, 0.4, 0.2, 0.3]], np.float32)] * batch
+    rng = np.random.default_rng(7)
+    for size in (96, 64, 96):
+        x = rng.random((batch, 3, size, size), dtype=np.float32)
+        for i, net in enumerate(nets):
+            net.resize(size, size)
+            if i == 1:
+                trainer = net._trainer()
+                net._backend_instance._training_plans.clear()
+                trainer.resize()
+        losses = [net.train_step(x, truths).loss for net in nets]
+        assert losses[0] == losses[1]
+    for layer, params in nets[0].params.items():
+        for name, a in params.items():
+            assert np.array_equal(a, nets[1].params[layer][name]), (layer, name)
+    nets[1]._backend.load_params(nets[1].params)
+    outs = [net.forward(x[:1])[-1] for net in nets]
+    np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
 
 
 @pytest.mark.parametrize("model", ["yolov3-tiny", "yolov4-tiny"])
