@@ -196,10 +196,47 @@ class _Gemm(LayerSpec):
         w, b = fold_batchnorm(params)
         return {"weights": w.astype(np.float32), "biases": b.astype(np.float32)}
 
+    #: Darknet's rolling-average momentum of this kind's batch norm.
+    batchnorm_momentum: float
+
+    def _emit_gemm(self, e: LayerEmitter, weights: Param, bias: Param | None, out: Tensor,
+                   act: int) -> None:
+        """out = act(the layer's product of ``weights`` and its input (+ ``bias``))."""
+        raise NotImplementedError
+
+    def _emit_gemm_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        """The weight gradient and the input's delta from ``e.delta``."""
+        raise NotImplementedError
+
+    def emit_device_forward(self, e: LayerEmitter) -> None:
+        self._emit_gemm(e, Param(self.index, "weights"), Param(self.index, "biases"),
+                        e.output, fused_activation(self.activation))
+        emit_activation_after(e, self.activation, fused=True)
+
+    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        # As emit_cpu_train: the product (no bias with batch norm), batch norm on the
+        # mini-batch statistics, then the activation, each result kept for the backward.
+        act = self.activation
+        pre = activation_input(e, act)
+        if "scales" not in ts.values:
+            self._emit_gemm(e, ts.ref("weights"), ts.ref("biases"), pre, LINEAR)
+        else:
+            raw = e.tensor("raw", e.shape(e.output))
+            self._emit_gemm(e, ts.ref("weights"), None, raw, LINEAR)
+            emit_device_batchnorm_train(e, ts, raw, pre, self.batchnorm_momentum)
+        emit_device_activation_train(e, act, pre)
+
+    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        emit_device_activation_gradient(e, self.activation,
+                                        Tensor(self.index, "activation_input"))
+        emit_device_bias_gradient(e, ts)
+        self._emit_gemm_backward(e, ts)
+
 
 class ConvolutionalOp(_Gemm):
     kind = "convolutional"
     short_name = "conv"
+    batchnorm_momentum = cpu_batchnorm.MOMENTUM_CONV
     training_keys = {
         "batch_normalize": "cross-mini-batch batch norm (batch_normalize=2) is not supported",
         "cbn": "cross-mini-batch batch norm (batch_normalize=2) is not supported",
@@ -328,7 +365,7 @@ class ConvolutionalOp(_Gemm):
             no_bias = np.zeros_like(biases)
             e.host([e.inputs[0]], [raw, workspace], lambda r, w: [cpu_conv.conv2d_step(
                 r[0], weights, no_bias, w[0], w[1], *geo, LINEAR)])
-            emit_batchnorm_train(e, ts, raw, pre, cpu_batchnorm.MOMENTUM_CONV)
+            emit_batchnorm_train(e, ts, raw, pre, self.batchnorm_momentum)
         emit_cpu_activation_train(e, act, pre)
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
@@ -393,11 +430,11 @@ class ConvolutionalOp(_Gemm):
         return None if self.reads_input_as_columns else e.tensor(role, (groups * k * n,))
 
     def _emit_gemm(self, e: LayerEmitter, weights: Param, bias: Param | None, out: Tensor,
-                   act: int, workspace: str) -> None:
+                   act: int) -> None:
         """out = act(W * columns (+ bias)), image by image, per group."""
         f = self.out_shape[0]
         groups, fg, _, k, n = self._sizes()
-        cols = self._workspace(e, workspace)
+        cols = self._workspace(e, "workspace")
         for image in range(e.batch):
             operand, offset, b_group = self._image_columns(e, cols, image)
             gemm_step(
@@ -410,28 +447,7 @@ class ConvolutionalOp(_Gemm):
                 act=act,
             )
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
-        self._emit_gemm(e, Param(self.index, "weights"), Param(self.index, "biases"),
-                        e.output, fused_activation(self.activation), "workspace")
-        emit_activation_after(e, self.activation, fused=True)
-
-    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        # As emit_cpu_train: the convolution (no bias with batch norm), batch norm on the
-        # mini-batch statistics, then the activation, each result kept for the backward.
-        act = self.activation
-        pre = activation_input(e, act)
-        if "scales" not in ts.values:
-            self._emit_gemm(e, ts.ref("weights"), ts.ref("biases"), pre, LINEAR, "workspace")
-        else:
-            raw = e.tensor("raw", e.shape(e.output))
-            self._emit_gemm(e, ts.ref("weights"), None, raw, LINEAR, "workspace")
-            emit_device_batchnorm_train(e, ts, raw, pre, cpu_batchnorm.MOMENTUM_CONV)
-        emit_device_activation_train(e, act, pre)
-
-    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        emit_device_activation_gradient(e, self.activation,
-                                        Tensor(self.index, "activation_input"))
-        emit_device_bias_gradient(e, ts)
+    def _emit_gemm_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         c, h, w = self.in_shape
         f = self.out_shape[0]
         groups, fg, cg, k, n = self._sizes()
@@ -484,6 +500,8 @@ class ConnectedOp(_Gemm):
     kind = "connected"
     short_name = "connected"
     learning_rate_scaled = False
+    # Batch norm over the images alone (one value per output and image).
+    batchnorm_momentum = cpu_batchnorm.MOMENTUM_CONNECTED
 
     @classmethod
     def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
@@ -522,8 +540,7 @@ class ConnectedOp(_Gemm):
             no_bias = np.zeros_like(biases)
             e.host([e.inputs[0]], [raw], lambda r, w: [cpu_conv.connected_step(
                 _rows(r[0]), weights, no_bias, _rows(w[0]), LINEAR)])
-            emit_batchnorm_train(e, ts, raw, pre, cpu_batchnorm.MOMENTUM_CONNECTED,
-                                 flat=True)
+            emit_batchnorm_train(e, ts, raw, pre, self.batchnorm_momentum, flat=True)
         emit_cpu_activation_train(e, act, pre)
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
@@ -547,27 +564,7 @@ class ConnectedOp(_Gemm):
                   M=e.batch, N=oc, K=k, lda=k, ldb=k, ldc=oc,
                   bias_mode=BIAS_NONE if bias is None else BIAS_COLS, act=act)
 
-    def emit_device_forward(self, e: LayerEmitter) -> None:
-        self._emit_gemm(e, Param(self.index, "weights"), Param(self.index, "biases"),
-                        e.output, fused_activation(self.activation))
-        emit_activation_after(e, self.activation, fused=True)
-
-    def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        # As emit_cpu_train, with batch norm over the images alone.
-        act = self.activation
-        pre = activation_input(e, act)
-        if "scales" not in ts.values:
-            self._emit_gemm(e, ts.ref("weights"), ts.ref("biases"), pre, LINEAR)
-        else:
-            raw = e.tensor("raw", e.shape(e.output))
-            self._emit_gemm(e, ts.ref("weights"), None, raw, LINEAR)
-            emit_device_batchnorm_train(e, ts, raw, pre, cpu_batchnorm.MOMENTUM_CONNECTED)
-        emit_device_activation_train(e, act, pre)
-
-    def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        emit_device_activation_gradient(e, self.activation,
-                                        Tensor(self.index, "activation_input"))
-        emit_device_bias_gradient(e, ts)
+    def _emit_gemm_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         c, h, w = self.in_shape
         k, oc = c * h * w, self.out_shape[0]
         # W_grad += delta^T * x; the input's delta += delta * W.
