@@ -12,19 +12,16 @@ overlap), so it shares no derivative formula with the kernel.
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from training_golden import YOLO_CASES, yolo_passes
 
 from darknet_metal.cpu import heads
 from darknet_metal.cpu import yolo_loss as yl
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-TRAIN_GOLDEN = SHARED / "golden" / "darknet-v5-train"
 FLT_MAX = float(np.finfo(np.float32).max)
 STATS = len(yl.YOLO_STAT_NAMES)
 
@@ -363,51 +360,12 @@ def random_case(seed, *, n_img=2, h=5, w=7, classes=3, mask=(1, 3, 4), net=(64, 
 # the golden data
 
 
-def _golden_cases():
-    return [c for c in ("micro-v4-sgd", "micro-v4-diou", "micro-v3-adam", "micro-layers")
-            if (TRAIN_GOLDEN / c / "index.json").exists()]
-
-
-def _golden_passes(case):
-    """(options, output, truths, golden delta, golden stats, pass record) of every [yolo]
-    forward of a case."""
-    folder = TRAIN_GOLDEN / case
-    index = json.loads((folder / "index.json").read_text())
-    files = index["files"]
-    raw = np.fromfile(folder / "truth.bin", "<f4").reshape(files["truth.bin"]["shape"])
-    # Darknet's rows are (x, y, w, h, class, track); ours (class, x, y, w, h).
-    truths = np.ascontiguousarray(np.concatenate([raw[..., 4:5], raw[..., :4]], axis=2))
-    batch = index["net"]["batch_per_subdivision"]
-    layers = {layer["index"]: layer for layer in index["layers"]}
-    for step in index["steps"]:
-        for record in step["passes"]:
-            sub = record["subdivision"]
-            for head in record["yolo"]:
-                layer = layers[head["layer"]]
-                stem = f"s{step['step']}_sub{sub}_L{head['layer']:02d}_yolo_"
-                shape = files[stem + "output.bin"]["shape"]
-                output = np.fromfile(folder / (stem + "output.bin"), "<f4").reshape(shape)
-                delta = np.fromfile(folder / (stem + "delta.bin"), "<f4").reshape(shape)
-                options = dict(
-                    anchors=np.reshape(layer["anchors"], (-1, 2)), mask=layer["mask"],
-                    classes=layer["classes"], net_w=index["net"]["w"], net_h=index["net"]["h"],
-                    ignore_thresh=layer["ignore_thresh"], truth_thresh=layer["truth_thresh"],
-                    iou_thresh=layer["iou_thresh"], iou_loss=layer["iou_loss"],
-                    iou_normalizer=layer["iou_normalizer"],
-                    obj_normalizer=layer["obj_normalizer"],
-                    cls_normalizer=layer["cls_normalizer"],
-                    label_smooth_eps=layer["label_smooth_eps"],
-                    new_coords=bool(layer["new_coords"]), max_boxes=layer["max_boxes"])
-                yield (stem, options, output, truths[sub * batch:(sub + 1) * batch], delta,
-                       head, record)
-
-
-@pytest.mark.skipif(not _golden_cases(), reason="needs ../shared/golden/darknet-v5-train")
-@pytest.mark.parametrize("case", _golden_cases())
+@pytest.mark.skipif(not YOLO_CASES, reason="needs ../shared/golden/darknet-v5-train")
+@pytest.mark.parametrize("case", YOLO_CASES)
 def test_reproduces_darknet_deltas_costs_and_stats(case):
     worst = {"rel_l2": 0.0, "max_abs": 0.0, "cost": 0.0}
     bbox = {}
-    for stem, options, output, truths, golden, head, record in _golden_passes(case):
+    for stem, options, output, truths, golden, head, record in yolo_passes(case):
         delta, stats = run_loss(output, truths, **options)
         worst["rel_l2"] = max(worst["rel_l2"], rel_l2(delta, golden))
         worst["max_abs"] = max(worst["max_abs"], float(np.abs(delta - golden).max()))
@@ -436,11 +394,11 @@ def test_reproduces_darknet_deltas_costs_and_stats(case):
     assert worst["max_abs"] <= 1e-6 and worst["cost"] <= 1e-5
 
 
-@pytest.mark.skipif(not _golden_cases(), reason="needs ../shared/golden/darknet-v5-train")
+@pytest.mark.skipif(not YOLO_CASES, reason="needs ../shared/golden/darknet-v5-train")
 @pytest.mark.parametrize("case", ["micro-v3-adam", "micro-layers"])
 def test_the_oracle_agrees_with_darknet(case):
     # MSE and GIoU, the oracle's own cross-check (its DIoU/CIoU box gradients are not written).
-    for stem, options, output, truths, golden, head, _ in _golden_passes(case):
+    for stem, options, output, truths, golden, head, _ in yolo_passes(case):
         oracle = Oracle(output, truths.astype(np.float64), **options)
         assert rel_l2(oracle.delta_array(), golden) <= 1e-5, stem
         assert oracle.stats()["cost"] == pytest.approx(head["cost"], rel=1e-5), stem

@@ -4,13 +4,12 @@ thread order, and against the golden Darknet [yolo] deltas the CPU reproduces.""
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from metal_harness import ORDERS
+from training_golden import YOLO_CASES, yolo_passes
 
 from darknet_metal.cfg_schema import IOU_LOSSES
 from darknet_metal.cpu import heads
@@ -20,7 +19,6 @@ STATS = len(yl.YOLO_STAT_NAMES)
 FLT_MAX = float(np.finfo(np.float32).max)
 ANCHORS9 = [(6, 7), (10, 14), (16, 12), (22, 26), (34, 30), (48, 52), (60, 45), (80, 90),
             (110, 100)]
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "darknet-v5-train"
 
 _DEFAULTS = dict(ignore_thresh=0.5, truth_thresh=1.0, iou_thresh=1.0, iou_thresh_kind="iou",
                  iou_loss="mse", iou_normalizer=0.75, obj_normalizer=1.0, cls_normalizer=1.0,
@@ -337,48 +335,10 @@ def test_large_finite_sizes_give_the_cpus_finite_deltas(any_math_runner, iou_los
 # ---- the golden Darknet data ------------------------------------------------------------------
 
 
-def _golden_cases():
-    return [c for c in ("micro-v4-sgd", "micro-v4-diou", "micro-v3-adam", "micro-layers")
-            if (GOLDEN / c / "index.json").exists()]
-
-
-def _golden_passes(case):
-    """(stem, options, output, truths, golden delta, golden [yolo] record) of every [yolo]
-    forward of a case (as tests/test_yolo_loss.py reads them)."""
-    folder = GOLDEN / case
-    index = json.loads((folder / "index.json").read_text())
-    files = index["files"]
-    raw = np.fromfile(folder / "truth.bin", "<f4").reshape(files["truth.bin"]["shape"])
-    truths = np.ascontiguousarray(np.concatenate([raw[..., 4:5], raw[..., :4]], axis=2))
-    batch = index["net"]["batch_per_subdivision"]
-    layers = {layer["index"]: layer for layer in index["layers"]}
-    for step in index["steps"]:
-        for record in step["passes"]:
-            sub = record["subdivision"]
-            for head in record["yolo"]:
-                layer = layers[head["layer"]]
-                stem = f"s{step['step']}_sub{sub}_L{head['layer']:02d}_yolo_"
-                shape = files[stem + "output.bin"]["shape"]
-                output = np.fromfile(folder / (stem + "output.bin"), "<f4").reshape(shape)
-                delta = np.fromfile(folder / (stem + "delta.bin"), "<f4").reshape(shape)
-                options = dict(
-                    anchors=np.reshape(layer["anchors"], (-1, 2)), mask=layer["mask"],
-                    classes=layer["classes"], net_w=index["net"]["w"], net_h=index["net"]["h"],
-                    ignore_thresh=layer["ignore_thresh"], truth_thresh=layer["truth_thresh"],
-                    iou_thresh=layer["iou_thresh"], iou_loss=layer["iou_loss"],
-                    iou_normalizer=layer["iou_normalizer"],
-                    obj_normalizer=layer["obj_normalizer"],
-                    cls_normalizer=layer["cls_normalizer"],
-                    label_smooth_eps=layer["label_smooth_eps"],
-                    new_coords=bool(layer["new_coords"]))
-                yield (stem, options, np.ascontiguousarray(output),
-                       np.ascontiguousarray(truths[sub * batch:(sub + 1) * batch]), delta, head)
-
-
-@pytest.mark.skipif(not _golden_cases(), reason="needs ../shared/golden/darknet-v5-train")
-@pytest.mark.parametrize("case", _golden_cases())
+@pytest.mark.skipif(not YOLO_CASES, reason="needs ../shared/golden/darknet-v5-train")
+@pytest.mark.parametrize("case", YOLO_CASES)
 def test_reproduces_the_golden_darknet_deltas(emu_runner, case):
-    for stem, options, output, truths, golden, head in _golden_passes(case):
+    for stem, options, output, truths, golden, head, _ in yolo_passes(case):
         delta, stats, _ = run_kernels(emu_runner, output, truths, order="random", **options)
         ref_delta, ref_stats = run_cpu(output, truths, **options)
         assert_matches_cpu(delta, stats, ref_delta, ref_stats, max_ulps=4)
