@@ -145,3 +145,77 @@ def test_a_cpu_pass_needs_no_gil_and_other_threads_keep_running():
     assert len(during) >= 2 and during[-1] > during[0], "the counter stalled during the pass"
     for g, w in zip(found[0], want, strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+def _micro(device):
+    from training_golden import TRAIN
+
+    folder = TRAIN / "micro-v4-sgd"
+    net = dm.load(folder / "micro-v4-sgd.cfg", folder / "init.weights", device=device)
+    net.config.net.values.update(burn_in=0)
+    return net
+
+
+def _training_batch(net, seed):
+    rng = np.random.default_rng(seed)
+    b = net.config.net.values["batch"]
+    x = rng.random((b, *net.input_shape), dtype=np.float32)
+    truths = [np.array([[seed % 2, 0.3 + 0.1 * (i % 3), 0.4, 0.2, 0.3]], np.float32)
+              for i in range(b)]
+    return x, truths
+
+
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_networks_training_in_threads_equal_serial_training(device):
+    # Each thread trains its own network (on the CPU at the same time; on a device one
+    # pass at a time): the weights equal those of the same steps run serially.
+    n = 3
+    batches = [[_training_batch(_micro("cpu"), 10 * i + k) for k in range(3)]
+               for i in range(n)]
+    serial = []
+    for i in range(n):
+        net = _micro(device)
+        for x, truths in batches[i]:
+            net.train_step(x, truths)
+        serial.append(net.params)
+    nets = [_micro(device) for _ in range(n)]
+
+    def train(i):
+        for x, truths in batches[i]:
+            nets[i].train_step(x, truths)
+
+    _in_threads(train, n)
+    for i in range(n):
+        for layer, params in serial[i].items():
+            for name, a in params.items():
+                np.testing.assert_array_equal(nets[i].params[layer][name], a,
+                                              err_msg=f"network {i} layer {layer} {name}")
+
+
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_one_network_trained_and_run_from_threads(device):
+    # Four threads step one network on the same batch while four run it forward: the steps
+    # wait for each other (the weights equal four serial steps) and every forward pass sees
+    # the weights between two steps, never a step half done.
+    x, truths = _training_batch(_micro("cpu"), 0)
+    probe = np.random.default_rng(5).random((1, *_micro("cpu").input_shape),
+                                            dtype=np.float32)
+    reference = _micro(device)
+    between = [reference.forward(probe)[-1].copy()]
+    for _ in range(4):
+        reference.train_step(x, truths)
+        between.append(reference.forward(probe)[-1].copy())
+    net = _micro(device)
+
+    def work(i):
+        if i % 2:
+            return net.train_step(x, truths).iteration
+        return np.array(net.forward(probe)[-1])
+
+    found = _in_threads(work)
+    assert sorted(found[i] for i in range(1, THREADS, 2)) == [1, 2, 3, 4]
+    for i in range(0, THREADS, 2):
+        assert any(np.array_equal(found[i], b) for b in between), f"thread {i}"
+    for layer, params in reference.params.items():
+        for name, a in params.items():
+            np.testing.assert_array_equal(net.params[layer][name], a, err_msg=f"{layer} {name}")
