@@ -179,9 +179,16 @@ class TrainState:
                 self.layers[i].extra.clear()
                 self.layers[i].extra.update(extra)
 
-    def snapshot(self) -> list[np.ndarray]:
-        """Copies of every array a step may write (see ``restore``)."""
-        return [a.copy() for a in self.arrays()]
+    def snapshot(self, into: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Copies of every array a step may write (see ``restore``), made in the arrays of
+        an earlier snapshot ``into`` where they still fit (a step then allocates nothing)."""
+        arrays = self.arrays()
+        if into is None or len(into) != len(arrays) or any(
+                a.shape != b.shape or a.dtype != b.dtype for a, b in zip(arrays, into)):
+            return [a.copy() for a in arrays]
+        for a, b in zip(arrays, into):
+            np.copyto(b, a)
+        return into
 
     def restore(self, snapshot: list[np.ndarray]) -> None:
         """Puts back the arrays of a ``snapshot`` bit for bit (in place: bound steps see it)."""

@@ -118,6 +118,8 @@ class Trainer:
         self.lr, self.t = zeros((1,), dtype), zeros((1,), dtype)
         self._updates: dict[tuple[int, tuple[int, ...]], Any] = {}
         self._staged_x: np.ndarray | None = None
+        #: The arrays ``step`` restores a refused step from, reused from step to step.
+        self._saved: list[np.ndarray] | None = None
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -366,7 +368,7 @@ class Trainer:
         """One Darknet iteration (``accumulate`` then ``update``). A step that produces NaN or
         infinity raises ``NonFiniteError`` and leaves every array and counter as before."""
         x, truths = self.check_batch(x, truths)
-        saved = self.state.snapshot()
+        saved = self._saved = self.state.snapshot(self._saved)
         seen = self.net.header.seen
         try:
             stats: dict[int, list[np.ndarray]] = {}
