@@ -184,9 +184,10 @@ class TrainState:
         an earlier snapshot ``into`` where they still fit (a step then allocates nothing)."""
         arrays = self.arrays()
         if into is None or len(into) != len(arrays) or any(
-                a.shape != b.shape or a.dtype != b.dtype for a, b in zip(arrays, into)):
+                a.shape != b.shape or a.dtype != b.dtype
+                for a, b in zip(arrays, into, strict=True)):
             return [a.copy() for a in arrays]
-        for a, b in zip(arrays, into):
+        for a, b in zip(arrays, into, strict=True):
             np.copyto(b, a)
         return into
 
