@@ -148,7 +148,39 @@ def _parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     doctor.set_defaults(run=_run_doctor)
+
+    partial = commands.add_parser(
+        "partial",
+        help="keep the first layers of a weights file (a backbone to train from)",
+        description=(
+            "Write the parameters of the first N layers of CFG, read from WEIGHTS, to OUT "
+            "with seen = 0, as `darknet partial` does (yolov4-tiny.conv.29 is yolov4-tiny's "
+            "first 29). Training loads such a file and initialises the other layers."
+        ),
+    )
+    partial.add_argument("cfg", metavar="CFG", type=Path, help="network .cfg file")
+    partial.add_argument("weights", metavar="WEIGHTS", type=Path,
+                         help=".weights file holding at least the first N layers")
+    partial.add_argument("out", metavar="OUT", type=Path, help="the .weights file to write")
+    partial.add_argument("layers", metavar="N", type=_positive_int,
+                         help="how many layers to keep, counted from the first")
+    partial.set_defaults(run=_run_partial)
     return parser
+
+
+def _run_partial(args: argparse.Namespace) -> int:
+    import darknet_metal
+    from darknet_metal.weights import WeightsHeader, read_weights_prefix, write_weights
+
+    _check_file(args.cfg, "cfg", lambda message: CfgError(message, path=args.cfg))
+    _check_file(args.weights, "weights", lambda message: WeightsError(message, path=args.weights))
+    net = darknet_metal.load(args.cfg)
+    _, params, coverage = read_weights_prefix(args.weights, net.layers, upto=args.layers)
+    kept = [i for i in coverage.loaded if i < args.layers]
+    write_weights(args.out, net.layers, params, WeightsHeader(seen=0), upto=args.layers)
+    _note(f"wrote {args.out}: the parameters of layers 0-{args.layers - 1} "
+          f"({len(kept)} with parameters) from {args.weights}")
+    return 0
 
 
 def _run_doctor(args: argparse.Namespace) -> int:
@@ -367,6 +399,16 @@ def _unit_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: '{text}'") from None
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
     return value
 
 

@@ -26,7 +26,13 @@ from darknet_metal.layers import LayerSpec, Shape, build_layers, input_shape
 from darknet_metal.memory import format_bytes, pass_bytes, physical_memory
 from darknet_metal.params import Params, init_params
 from darknet_metal.summary import summary_table
-from darknet_metal.weights import WeightsHeader, read_weights, write_weights
+from darknet_metal.weights import (
+    WeightsCoverage,
+    WeightsHeader,
+    read_weights,
+    read_weights_prefix,
+    write_weights,
+)
 
 if TYPE_CHECKING:
     from darknet_metal.training.trainer import Gradients, StepReport, Trainer
@@ -63,6 +69,9 @@ class Network:
         self.layers = layers
         self.params = params
         self.header = header
+        #: Which layers a partial weights file (``load(..., partial=True)``) gave and which
+        #: were initialised; None when the parameters came whole from one file or none.
+        self.weights_coverage: WeightsCoverage | None = None
         self.names = names
         self.device = device
         #: The batch size the caller prepared the network for (any batch works in forward).
@@ -430,7 +439,7 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
          names: str | os.PathLike[str] | Sequence[str] | None = None, device: str = "cpu",
          batch: int | None = None, subdivisions: int | None = None, seed: int | None = None,
          dtype: np.dtype | type = np.float32,
-         input_size: tuple[int, int] | None = None) -> Network:
+         input_size: tuple[int, int] | None = None, partial: bool = False) -> Network:
     """Load a Darknet network.
 
     ``cfg``: the ``.cfg`` path. ``weights``: a ``.weights`` path, or None to initialise the
@@ -443,7 +452,10 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     ``dtype``: float32, or float64 for
     gradient checks (CPU only).
     ``input_size``: (width, height) in pixels replacing ``[net]``'s, as editing the cfg would
-    (convolutional weights do not depend on it).
+    (convolutional weights do not depend on it). ``partial``: ``weights`` may hold only the
+    first layers (a backbone such as ``yolov4-tiny.conv.29``, or the output of ``darknet-metal
+    partial``); the others are initialised as without weights, and ``net.weights_coverage``
+    says which came from the file.
     Raises ``CfgError`` / ``WeightsError`` naming the file and line or layer at fault,
     ``ArgumentError`` / ``ArgumentTypeError`` naming a bad argument, ``DeviceError`` for a
     device this machine lacks (or float64 on a Metal device), ``MemoryLimitError`` when a pass
@@ -465,12 +477,19 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     layers = build_layers(config)
     params = init_params(layers, seed)
     header = WeightsHeader()
+    coverage = None
     if weights is not None:
-        header, loaded = read_weights(weights, layers)
+        if partial:
+            header, loaded, coverage = read_weights_prefix(weights, layers)
+        else:
+            header, loaded = read_weights(weights, layers)
         for index, layer in loaded.items():
             params[index].update(layer)
-    return Network(config, layers, params, header=header, names=_read_names(names), device=device,
-                   batch=batch or 1, dtype=dtype)
+    net = Network(config, layers, params, header=header, names=_read_names(names),
+                  device=device, batch=batch or 1, dtype=dtype)
+    if coverage is not None and coverage.initialised:
+        net.weights_coverage = coverage
+    return net
 
 
 def load_model(name: str, *, device: str = "cpu", batch: int | None = None,

@@ -76,6 +76,36 @@ def _read_header(data: bytes, path: str) -> WeightsHeader:
     return header
 
 
+@dataclass
+class WeightsCoverage:
+    """What a ``.weights`` file gave a network: ``loaded``, the indices of the layers whose
+    parameters came from ``path``; ``initialised``, those of the layers with parameters that
+    were initialised instead (a backbone file covers only the first layers)."""
+
+    path: str
+    loaded: list[int]
+    initialised: list[int]
+
+    def describe(self) -> str:
+        """One line for logs: which layers came from the file and which were initialised."""
+        def spans(indices: list[int]) -> str:
+            if not indices:
+                return "none"
+            runs, start, prev = [], indices[0], indices[0]
+            for i in [*indices[1:], None]:
+                if i is not None and i == prev + 1:
+                    prev = i
+                    continue
+                runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+                if i is not None:
+                    start = prev = i
+            return ", ".join(runs)
+
+        return (f"{self.path}: loaded the parameters of {len(self.loaded)} layers "
+                f"({spans(self.loaded)}), initialised {len(self.initialised)} "
+                f"({spans(self.initialised)})")
+
+
 def read_weights(path: str | os.PathLike[str], specs: list[LayerSpec]
                  ) -> tuple[WeightsHeader, dict[int, Params]]:
     """Read a ``.weights`` file that must hold exactly the parameters of ``specs``.
@@ -84,6 +114,30 @@ def read_weights(path: str | os.PathLike[str], specs: list[LayerSpec]
     shapes of ``LayerSpec.param_shapes``. Raises ``WeightsError`` naming the layer when the
     file is short, long, or holds non-finite or impossible values.
     """
+    header, params, _ = _read(path, specs, prefix=False, upto=None)
+    return header, params
+
+
+def read_weights_prefix(path: str | os.PathLike[str], specs: list[LayerSpec], *,
+                        upto: int | None = None
+                        ) -> tuple[WeightsHeader, dict[int, Params], WeightsCoverage]:
+    """Read the parameters of the first layers of ``specs`` from ``path``, as Darknet reads a
+    backbone (``yolov4-tiny.conv.29``) or ``partial`` reads a cut.
+
+    Without ``upto`` the file must end exactly after some layer's last array (every layer up
+    to there is loaded); with ``upto`` (a layer count) the file must hold at least the layers
+    before ``upto`` and whatever follows them is not read. Raises ``WeightsError`` naming the
+    layer when the file ends inside one, holds more than the network, or holds non-finite or
+    impossible values. Returns the header, the arrays read, and which layers they cover.
+    """
+    if upto is not None and not 1 <= upto <= len(specs):
+        raise ArgumentError(f"the layer count must be in [1, {len(specs)}] (the cfg has "
+                            f"{len(specs)} layers), not {upto}")
+    return _read(path, specs, prefix=True, upto=upto)
+
+
+def _read(path: str | os.PathLike[str], specs: list[LayerSpec], *, prefix: bool,
+          upto: int | None) -> tuple[WeightsHeader, dict[int, Params], WeightsCoverage]:
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:
@@ -91,27 +145,41 @@ def read_weights(path: str | os.PathLike[str], specs: list[LayerSpec]
     except OSError as e:
         raise WeightsError(f"cannot read: {e.strerror or e}", path=path) from None
     header = _read_header(data, path)
-    needed = weights_file_size(specs, header)
+    wanted = specs if upto is None else specs[:upto]
+    needed = weights_file_size(wanted, header)
     hint = (f"({len(data)} bytes; the cfg needs {needed}: is this the cfg these weights were "
-            "trained with?)")
-    layout = [(spec, name, shape) for spec in specs if not spec.values.get("dontload")
+            "trained with?")
+    hint += (" A backbone holding only the first layers loads with partial=True.)"
+             if not prefix else ")")
+    layout = [(spec, name, shape) for spec in wanted if not spec.values.get("dontload")
               for name, shape in stored_params(spec)]
     # Sizes first, so a file for another cfg is reported as such rather than by its values.
     offset = header.nbytes
+    end = len(data) if upto is None else None
+    count = 0  # arrays the file holds whole
     for spec, name, shape in layout:
         offset += 4 * int(np.prod(shape))
         if offset > len(data):
+            if prefix and upto is None and offset - 4 * int(np.prod(shape)) == len(data):
+                break  # the file ends between arrays: a prefix, if between layers
             raise WeightsError(f"file ends inside {spec.kind} '{name}' {hint}", path=path,
                                layer=spec.index)
-    if offset != len(data):
+        count += 1
+    if end is not None and offset != end and count == len(layout):
         raise WeightsError(f"{len(data) - offset} bytes left after the last layer {hint}",
                            path=path)
+    if count < len(layout) and count and layout[count][0] is layout[count - 1][0]:
+        spec, name, _ = layout[count]
+        raise WeightsError(f"file ends inside {spec.kind} (before its '{name}') {hint}",
+                           path=path, layer=spec.index)
+    if count == 0:
+        raise WeightsError(f"holds no layer's parameters {hint}", path=path)
     offset = header.nbytes
     params: dict[int, Params] = {}
-    for spec, name, shape in layout:
-        count = int(np.prod(shape))
-        array = np.frombuffer(data, "<f4", count, offset).astype(np.float32)
-        offset += 4 * count
+    for spec, name, shape in layout[:count]:
+        n = int(np.prod(shape))
+        array = np.frombuffer(data, "<f4", n, offset).astype(np.float32)
+        offset += 4 * n
         if header.transposed and spec.stored_transposed(name):
             array = array.reshape(shape[1], shape[0]).T
         array = np.ascontiguousarray(array.reshape(shape))
@@ -122,22 +190,30 @@ def read_weights(path: str | os.PathLike[str], specs: list[LayerSpec]
             raise WeightsError(f"{spec.kind} 'rolling_variance' has negative values", path=path,
                                layer=spec.index)
         params.setdefault(spec.index, {})[name] = array
-    return header, params
+    with_params = [spec.index for spec in specs if spec.param_shapes]
+    coverage = WeightsCoverage(path, [i for i in with_params if i in params],
+                               [i for i in with_params if i not in params])
+    return header, params, coverage
 
 
 def write_weights(path: str | os.PathLike[str], specs: list[LayerSpec],
-                  params: dict[int, Params], header: WeightsHeader | None = None) -> None:
+                  params: dict[int, Params], header: WeightsHeader | None = None, *,
+                  upto: int | None = None) -> None:
     """Write a Darknet ``.weights`` file atomically (temporary file, then rename), with the
     permissions a new file gets under the umask.
 
     The header is written as version 0.2.0 with a 64-bit ``seen``, which Darknet and OpenCV
     read. ``params`` maps layer index to arrays named as in ``LayerSpec.param_shapes``.
+    ``upto``: write only the layers before it (Darknet's ``partial``).
     """
     path = os.fspath(path)
+    if upto is not None and not 1 <= upto <= len(specs):
+        raise ArgumentError(f"the layer count must be in [1, {len(specs)}] (the cfg has "
+                            f"{len(specs)} layers), not {upto}")
     header = WeightsHeader(0, 2, 0, header.seen if header else 0)
     chunks = [np.array([header.major, header.minor, header.revision], "<i4").tobytes(),
               np.array([header.seen], "<u8").tobytes()]
-    for spec in specs:
+    for spec in specs[:upto]:
         for name, shape in stored_params(spec, reading=False):
             array = np.asarray(params[spec.index][name], dtype="<f4")
             if array.shape != shape:

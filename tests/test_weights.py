@@ -205,3 +205,84 @@ def test_fuzz_loader_raises_only_weights_error(small, tmp_path, data, keep):
     except dm.WeightsError:
         return
     assert path.stat().st_size == weights_file_size(loaded.layers, loaded.header)
+
+
+# -- backbones: the first layers of a file (Darknet's partial and load_weights_upto) --------
+
+
+def test_partial_writes_the_first_layers_of_the_real_file(tmp_path):
+    from darknet_metal.cli import main
+
+    out = tmp_path / "yolov3-tiny.conv.15"
+    assert main(["partial", str(CFG), str(WEIGHTS), str(out), "15"]) == 0
+    full, cut = WEIGHTS.read_bytes(), out.read_bytes()
+    # The arrays are the real file's first bytes after the header, byte for byte; the
+    # header is version 0.2.0 with seen = 0 (Darknet's partial resets it).
+    assert len(cut) < len(full)
+    assert cut[20:] == full[20:len(cut)]
+    assert np.frombuffer(cut[:20], "<i4", 3).tolist() == [0, 2, 0]
+    assert np.frombuffer(cut[12:20], "<u8")[0] == 0
+    # 15 layers of yolov3-tiny: 9 convolutions (layers 0-14 alternate conv and maxpool, then
+    # 12-14 are convolutions) with batch norm: biases, scales, mean, variance, weights.
+    specs = build_layers(parse_cfg_text(CFG.read_text()))
+    conv = [s for s in specs[:15] if s.param_shapes]
+    assert [s.index for s in conv] == [0, 2, 4, 6, 8, 10, 12, 13, 14]
+    floats = sum(4 * s.values["filters"] + s.values["filters"] * s.in_shape[0]
+                 * s.values["size"] ** 2 for s in conv)
+    assert len(cut) == 20 + 4 * floats
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_training_from_a_backbone_loads_it_and_initialises_the_rest(tmp_path):
+    out = tmp_path / "yolov3-tiny.conv.15"
+    dm.load(CFG, WEIGHTS)  # the full file reads
+    from darknet_metal.cli import main
+
+    assert main(["partial", str(CFG), str(WEIGHTS), str(out), "15"]) == 0
+    with pytest.raises(dm.WeightsError, match=r"layer 15: .*partial=True"):
+        dm.load(CFG, out)
+    full = dm.load(CFG, WEIGHTS)
+    net = dm.load(CFG, out, partial=True, seed=3)
+    fresh = dm.load(CFG, seed=3)
+    coverage = net.weights_coverage
+    assert coverage.loaded == [0, 2, 4, 6, 8, 10, 12, 13, 14]
+    assert coverage.initialised == [15, 18, 21, 22]
+    assert "loaded the parameters of 9 layers (0, 2, 4, 6, 8, 10, 12-14), initialised 4 " \
+           "(15, 18, 21-22)" in coverage.describe()
+    for i, params in net.params.items():
+        want = full.params[i] if i < 15 else fresh.params[i]
+        for name, a in params.items():
+            np.testing.assert_array_equal(a, want[name], err_msg=f"{i} {name}")
+    # A whole file loaded with partial=True: nothing initialised, no coverage to report.
+    assert dm.load(CFG, WEIGHTS, partial=True).weights_coverage is None
+
+
+@pytest.mark.parametrize("where", ["inside an array", "between arrays of a layer"])
+def test_a_backbone_cut_inside_a_layer_names_it(tmp_path, where):
+    specs = build_layers(parse_cfg_text(CFG.read_text()))
+    end = 20 + 4 * sum(int(np.prod(shape)) for s in specs[:4] for _, shape in
+                       s.stored_params())
+    # Layer 4 stores biases, scales, rolling mean and variance (16 floats each), weights.
+    cut = end + (4 * 10 if where == "inside an array" else 4 * 16)
+    path = tmp_path / "cut.weights"
+    path.write_bytes(WEIGHTS.read_bytes()[:cut])
+    with pytest.raises(dm.WeightsError, match="layer 4: file ends inside convolutional"):
+        dm.load(CFG, path, partial=True)
+
+
+def test_partial_errors(tmp_path, capsys):
+    from darknet_metal.cli import main
+
+    out = tmp_path / "x.weights"
+    assert main(["partial", str(CFG), str(WEIGHTS), str(out), "25"]) == 1
+    assert "layer count must be in [1, 24]" in capsys.readouterr().err
+    short = tmp_path / "short.weights"
+    short.write_bytes(WEIGHTS.read_bytes()[:1000])
+    assert main(["partial", str(CFG), str(short), str(out), "15"]) == 1
+    assert "short.weights: layer 0: file ends inside" in capsys.readouterr().err
+    assert main(["partial", str(CFG), str(WEIGHTS), str(out), "0"]) == 2
+    header = tmp_path / "header.weights"
+    header.write_bytes(WEIGHTS.read_bytes()[:20])
+    with pytest.raises(dm.WeightsError, match="holds no layer's parameters"):
+        dm.load(CFG, header, partial=True)
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
