@@ -109,3 +109,13 @@ class NonFiniteError(DarknetMetalError, ArithmeticError):
     def __init__(self, message: str, *, layer: int | None = None) -> None:
         super().__init__(message)
         self.layer = layer
+
+
+class CheckpointError(DarknetMetalError, ValueError):
+    """A training checkpoint (``.state`` beside its ``.weights``) that cannot be read or does
+    not fit the network; ``path`` names the file."""
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = os.fspath(path) if path is not None else None
+        self.reason = message
+        super().__init__(f"{self.path or '<checkpoint>'}: {message}")

@@ -72,6 +72,8 @@ class Network:
         #: Which layers a partial weights file (``load(..., partial=True)``) gave and which
         #: were initialised; None when the parameters came whole from one file or none.
         self.weights_coverage: WeightsCoverage | None = None
+        #: Seeds training's random streams (dropout draws); ``load(seed=...)`` sets it.
+        self.training_seed = 0
         self.names = names
         self.device = device
         #: The batch size the caller prepared the network for (any batch works in forward).
@@ -268,7 +270,7 @@ class Network:
         if self._trainer_instance is None:
             from darknet_metal.training.trainer import Trainer
 
-            self._trainer_instance = Trainer(self)
+            self._trainer_instance = Trainer(self, seed=self.training_seed)
         return self._trainer_instance
 
     def train_step(self, x: np.ndarray, truths: Sequence[Any]) -> StepReport:
@@ -489,6 +491,7 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
                   device=device, batch=batch or 1, dtype=dtype)
     if coverage is not None and coverage.initialised:
         net.weights_coverage = coverage
+    net.training_seed = seed or 0
     return net
 
 

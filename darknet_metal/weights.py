@@ -206,7 +206,19 @@ def write_weights(path: str | os.PathLike[str], specs: list[LayerSpec],
     read. ``params`` maps layer index to arrays named as in ``LayerSpec.param_shapes``.
     ``upto``: write only the layers before it (Darknet's ``partial``).
     """
-    path = os.fspath(path)
+    chunks = weights_bytes(specs, params, header, upto=upto)
+
+    def write(f: BinaryIO) -> None:
+        for chunk in chunks:
+            f.write(chunk)
+
+    atomic_write(path, write)
+
+
+def weights_bytes(specs: list[LayerSpec], params: dict[int, Params],
+                  header: WeightsHeader | None = None, *,
+                  upto: int | None = None) -> list[bytes]:
+    """The contents of the ``.weights`` file ``write_weights`` writes, in pieces."""
     if upto is not None and not 1 <= upto <= len(specs):
         raise ArgumentError(f"the layer count must be in [1, {len(specs)}] (the cfg has "
                             f"{len(specs)} layers), not {upto}")
@@ -220,9 +232,4 @@ def write_weights(path: str | os.PathLike[str], specs: list[LayerSpec],
                 raise ArgumentError(f"layer {spec.index} '{name}' has shape {array.shape}, "
                                     f"the cfg needs {shape}")
             chunks.append(np.ascontiguousarray(array).tobytes())
-
-    def write(f: BinaryIO) -> None:
-        for chunk in chunks:
-            f.write(chunk)
-
-    atomic_write(path, write)
+    return chunks
