@@ -154,3 +154,35 @@ def test_saved_random_init_loads_in_opencv(tmp_path):
     net.save_weights(path)
     x = np.random.default_rng(0).uniform(0, 1, (1, 3, 416, 416)).astype(np.float32)
     assert compare_network(net, cfg, tmp_path / "w", x) == len(net.layers)
+
+
+def test_trained_weights_load_in_opencv_with_the_same_outputs(tmp_path):
+    # yolov3-tiny from the real weights, three training steps at 96x96 (every array moves,
+    # batch-norm statistics included), saved; OpenCV reads the file and every layer agrees
+    # with ours.
+    text = (YOLOV3_TINY / "yolov3-tiny.cfg").read_text()
+    text = text.replace("width=416", "width=96").replace("height=416", "height=96")
+    cfg = tmp_path / "yolov3-tiny-96.cfg"
+    cfg.write_text(text)
+    net = dm.load(cfg, YOLOV3_TINY / "yolov3-tiny.weights", batch=2, subdivisions=1)
+    net.config.net.values.update(burn_in=0, learning_rate=1e-3, policy="constant")
+    rng = np.random.default_rng(5)
+    x = rng.uniform(0, 1, (2, 3, 96, 96)).astype(np.float32)
+    truths = [np.array([[16, 0.4, 0.5, 0.3, 0.4]], np.float32)] * 2
+    before = dm.load(cfg, YOLOV3_TINY / "yolov3-tiny.weights")
+    for _ in range(3):
+        net.train_step(x, truths)
+    saved = tmp_path / "trained.weights"
+    net.save_weights(saved)
+    trained = dm.load(cfg, saved)
+    moved = [np.abs(trained.params[0][n] - before.params[0][n]).max() for n in
+             ("weights", "rolling_mean")]
+    assert min(moved) > 1e-6, moved
+    assert compare_network(trained, cfg, tmp_path / "w", x[:1]) == len(trained.layers)
+    # The file itself, as OpenCV reads it (its batch-norm epsilon differs: 1e-6 vs 1e-5).
+    direct = cv2.dnn.readNetFromDarknet(str(cfg), str(saved))
+    direct.setInput(x[:1])
+    ref = opencv_all_outputs(cfg, opencv_compensated_weights(trained, tmp_path / "c"), x[:1])
+    name, want = ref[max(ref)]
+    got = direct.forward(name)
+    assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max()
