@@ -119,3 +119,8 @@ class CheckpointError(DarknetMetalError, ValueError):
         self.path = os.fspath(path) if path is not None else None
         self.reason = message
         super().__init__(f"{self.path or '<checkpoint>'}: {message}")
+
+
+class DependencyError(DarknetMetalError, ImportError):
+    """An optional library a call needs is not installed; the message names it and the
+    ``pip install`` extra that brings it."""
