@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from darknet_metal.cli_args import multiple_of_32, positive_int, unit_float
 from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, WeightsError
 from darknet_metal.models import SAMPLE_IMAGE, model_files, model_names
 from darknet_metal.network import DEVICES
@@ -89,13 +90,13 @@ def _parser() -> argparse.ArgumentParser:
     detect.add_argument("--names", metavar="N", type=Path, help="class names file, one a line")
     detect.add_argument(
         "--thresh",
-        type=_unit_float,
+        type=unit_float,
         default=0.25,
         help="report boxes above this probability (default: %(default)s)",
     )
     detect.add_argument(
         "--nms",
-        type=_unit_float,
+        type=unit_float,
         default=0.45,
         help="IoU above which NMS drops a box (default: %(default)s)",
     )
@@ -141,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument(
         "--size",
-        type=_multiple_of_32,
+        type=multiple_of_32,
         default=96,
         metavar="N",
         help="yolov3-tiny input size for the network check, a multiple of 32 "
@@ -162,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     partial.add_argument("weights", metavar="WEIGHTS", type=Path,
                          help=".weights file holding at least the first N layers")
     partial.add_argument("out", metavar="OUT", type=Path, help="the .weights file to write")
-    partial.add_argument("layers", metavar="N", type=_positive_int,
+    partial.add_argument("layers", metavar="N", type=positive_int,
                          help="how many layers to keep, counted from the first")
     partial.set_defaults(run=_run_partial)
     return parser
@@ -390,36 +391,6 @@ def _check_file(
             pass
     except OSError as exc:
         raise error(f"cannot read: {exc.strerror or exc}") from None
-
-
-def _unit_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: '{text}'") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def _multiple_of_32(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
-    if value < 32 or value % 32:
-        raise argparse.ArgumentTypeError(f"must be a positive multiple of 32, got {text}")
-    return value
 
 
 def _version() -> str:
