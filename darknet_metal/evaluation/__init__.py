@@ -12,7 +12,7 @@ from darknet_metal.evaluation.coco import COCO_STAT_NAMES, CocoResult, coco_map
 from darknet_metal.evaluation.darknet_map import average_precision, darknet_map
 from darknet_metal.evaluation.dataset_detect import DatasetDetections, detect_dataset
 from darknet_metal.evaluation.detections import detections_to_array
-from darknet_metal.evaluation.evaluate import evaluate
+from darknet_metal.evaluation.evaluate import evaluate, evaluate_dataset
 from darknet_metal.evaluation.report import ClassStats, MapReport, format_darknet_report
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "detect_dataset",
     "detections_to_array",
     "evaluate",
+    "evaluate_dataset",
     "format_anchors",
     "format_darknet_report",
 ]

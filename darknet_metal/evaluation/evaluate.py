@@ -1,14 +1,16 @@
-"""``evaluate``: Darknet's map figures and COCO's from one set of truths and detections."""
+"""``evaluate``: Darknet's map figures and COCO's from one set of truths and detections;
+``evaluate_dataset``: a network on a dataset's valid set."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from darknet_metal import arguments
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 from darknet_metal.evaluation.coco import coco_map
 from darknet_metal.evaluation.darknet_map import darknet_map
+from darknet_metal.evaluation.dataset_detect import detect_dataset
 from darknet_metal.evaluation.detections import (
     check_detections,
     check_image_sizes,
@@ -16,7 +18,10 @@ from darknet_metal.evaluation.detections import (
 )
 from darknet_metal.evaluation.report import MapReport, build_report
 
-__all__ = ["evaluate"]
+if TYPE_CHECKING:
+    from darknet_metal.network import Network
+
+__all__ = ["evaluate", "evaluate_dataset"]
 
 
 def _check_names(names: Any) -> list[str]:
@@ -85,3 +90,24 @@ def evaluate(
                 coco_result.stats[key] = None
     return build_report(figures, class_names, iou_thresh=iou_thresh, thresh=thresh,
                         points=points, images=len(checked_truths), coco=coco_result)
+
+
+def evaluate_dataset(net: Network, dataset: Any, *, thresh: float = 0.25,
+                     iou_thresh: float = 0.5, points: int = 0, batch: int = 4,
+                     progress: bool = True, coco: bool = True) -> MapReport:
+    """``darknet detector map``: ``net`` over the valid set of ``dataset`` (a
+    ``darknet_metal.datasets.Dataset``), its detections (``detect_dataset``, Darknet's
+    threshold 0.005 and NMS 0.45) against the set's labels (``evaluate``). Raises
+    ``ArgumentError`` when the network's classes and the dataset's differ."""
+    heads = [net.layers[i].values["classes"] for i in net.yolo_layers]
+    if heads and any(c != dataset.classes for c in heads):
+        raise ArgumentError(f"the network detects {heads[0]} classes, the dataset "
+                            f"{dataset.path} has {dataset.classes}")
+    samples = list(dataset.valid)
+    if not samples:
+        raise ArgumentError(f"{dataset.path}: the valid set is empty")
+    truths = [dataset.read_boxes(sample) for sample in samples]
+    found = detect_dataset(net, [sample.image for sample in samples], batch=batch,
+                           progress=progress)
+    return evaluate(truths, found.detections, dataset.names, iou_thresh=iou_thresh,
+                    thresh=thresh, points=points, image_sizes=found.image_sizes, coco=coco)
