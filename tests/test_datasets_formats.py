@@ -272,7 +272,7 @@ def test_yaml_folders_and_names_mapping(yolo_root, tmp_path, monkeypatch):
     yml = _touch(tmp_path / "coco8.yaml", b"path: coco8  # root\ntrain: images/train\n"
                  b"val: images/val\ntest:\nnames:\n  0: person\n  1: bicycle\n")
     ds = load_dataset(yml)
-    assert ds.format == "yolo" and ds.names == ["person", "bicycle"] and ds.classes == 2
+    assert ds.format == "ultralytics" and ds.names == ["person", "bicycle"] and ds.classes == 2
     assert [s.image.relative_to(yolo_root).as_posix() for s in ds.train] == [
         "images/train/a.jpg", "images/train/b.jpg", "images/train/sub/c.jpg"]  # sorted, recursive
     assert ds.train[2].labels == yolo_root / "labels/train/sub/c.txt"

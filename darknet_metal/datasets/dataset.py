@@ -42,7 +42,8 @@ class Sample:
 
 @dataclass
 class Dataset:
-    """A dataset read from ``path``.
+    """A dataset read from ``path``, a Darknet ``.data`` file (``format`` "darknet") or an
+    ultralytics dataset YAML ("ultralytics").
 
     ``names`` (one per class) and ``classes`` (their number); ``backup``: the folder for
     checkpoints (``.data`` key ``backup``; None when not given); ``train``, ``valid``,
@@ -52,7 +53,7 @@ class Dataset:
     """
 
     path: Path
-    format: Literal["darknet", "yolo"]
+    format: Literal["darknet", "ultralytics"]
     names: list[str]
     classes: int
     backup: Path | None

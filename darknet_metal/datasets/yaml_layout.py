@@ -94,7 +94,7 @@ def load_yaml_dataset(path: Path) -> Dataset:
 
     return Dataset(
         path=path.absolute(),
-        format="yolo",
+        format="ultralytics",
         names=names,
         classes=classes,
         backup=None,
