@@ -2,11 +2,13 @@
 
 ``darknet-metal detect IMAGE...`` prints detections the way ``darknet detector test
 -ext_output`` does and writes ``STEM_predictions.jpg`` per image; ``darknet-metal summary
-CFG`` prints the layer table of a cfg. Errors the user can fix (a bad cfg, weights file,
-image or device, a missing file) print one ``darknet-metal: error: ...`` line on stderr
-and exit with status 1; command-line mistakes exit with status 2. Every input path is
-checked before a model is downloaded or loaded, and a failed command leaves no folder
-behind (``--out`` is made when the first annotated image is written).
+CFG`` prints the layer table of a cfg; ``check-data`` and ``make-shapes`` (in
+``darknet_metal.datasets.cli``) check a dataset and write the shapes demo set. Errors the
+user can fix (a bad cfg, weights file, image, dataset or device, a missing file) print one
+``darknet-metal: error: ...`` line on stderr and exit with status 1; command-line mistakes
+exit with status 2. Every input path is checked before a model is downloaded or loaded,
+and a failed command leaves no folder behind (``--out`` is made when the first annotated
+image is written).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from darknet_metal.cli_args import multiple_of_32, positive_int, unit_float
+from darknet_metal.datasets import cli as datasets_cli
 from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, WeightsError
 from darknet_metal.models import SAMPLE_IMAGE, model_files, model_names
 from darknet_metal.network import DEVICES
@@ -166,6 +169,7 @@ def _parser() -> argparse.ArgumentParser:
     partial.add_argument("layers", metavar="N", type=positive_int,
                          help="how many layers to keep, counted from the first")
     partial.set_defaults(run=_run_partial)
+    datasets_cli.add_commands(commands)
     return parser
 
 

@@ -82,6 +82,30 @@ class WeightsError(DarknetMetalError, ValueError):
         super().__init__(f"{where}: {message}")
 
 
+class DatasetError(DarknetMetalError, ValueError):
+    """A dataset (a ``.data`` or dataset ``.yaml`` file, an image list, a names or label file)
+    that cannot be read as one.
+
+    Attributes ``path`` and ``line`` (1-based, or None) locate the fault; ``reason`` is the
+    message without them.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        line: int | None = None,
+    ) -> None:
+        self.path = os.fspath(path) if path is not None else None
+        self.line = line
+        self.reason = message
+        where = self.path or "<dataset>"
+        if line is not None:
+            where += f":{line}"
+        super().__init__(f"{where}: {message}")
+
+
 class ImageError(DarknetMetalError, ValueError):
     """An image that cannot be read or has the wrong shape or type."""
 
