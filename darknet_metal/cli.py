@@ -27,6 +27,7 @@ import numpy as np
 from darknet_metal.cli_args import multiple_of_32, positive_int, unit_float
 from darknet_metal.datasets import cli as datasets_cli
 from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, WeightsError
+from darknet_metal.evaluation import cli as evaluation_cli
 from darknet_metal.models import SAMPLE_IMAGE, model_files, model_names
 from darknet_metal.network import DEVICES
 
@@ -170,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="how many layers to keep, counted from the first")
     partial.set_defaults(run=_run_partial)
     datasets_cli.add_commands(commands)
+    evaluation_cli.add_commands(commands)
     return parser
 
 

@@ -48,3 +48,26 @@ def multiple_of_32(text: str) -> int:
     if value < 32 or value % 32:
         raise argparse.ArgumentTypeError(f"must be a positive multiple of 32, got {text}")
     return value
+
+
+def seed(text: str) -> int:
+    """A random seed: an integer in [0, 2**63)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in 0..2**63-1, got {text}")
+    return value
+
+
+def size(text: str) -> tuple[int, int]:
+    """``WxH`` in pixels, each side 32..4096."""
+    parts = text.lower().split("x")
+    try:
+        width, height = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WxH such as 224x224, got '{text}'") from None
+    if not (32 <= width <= 4096 and 32 <= height <= 4096):
+        raise argparse.ArgumentTypeError(f"each side must be 32..4096 pixels, got '{text}'")
+    return width, height

@@ -150,7 +150,8 @@ def _read(path: str | os.PathLike[str], specs: list[LayerSpec], *, prefix: bool,
     hint = (f"({len(data)} bytes; the cfg needs {needed}: is this the cfg these weights were "
             "trained with?")
     hint += (" A backbone holding only the first layers loads with partial=True.)"
-             if not prefix else ")")
+             if not prefix else " `darknet-metal partial` keeps the first layers of a file "
+             "for the cfg it was trained with.)")
     layout = [(spec, name, shape) for spec in wanted if not spec.values.get("dontload")
               for name, shape in stored_params(spec)]
     # Sizes first, so a file for another cfg is reported as such rather than by its values.

@@ -286,3 +286,15 @@ def test_partial_errors(tmp_path, capsys):
     with pytest.raises(dm.WeightsError, match="holds no layer's parameters"):
         dm.load(CFG, header, partial=True)
     assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_whole_weights_of_another_head_are_refused_with_the_way_out(tmp_path):
+    # The COCO weights for a 3-class yolov3-tiny: the heads differ, so the file holds more
+    # than this network's layers; Darknet would read on, misaligned. The message points to
+    # partial.
+    text = CFG.read_text().replace("classes=80", "classes=3").replace("filters=255",
+                                                                       "filters=24")
+    cfg = tmp_path / "three.cfg"
+    cfg.write_text(text)
+    with pytest.raises(dm.WeightsError, match="darknet-metal partial"):
+        dm.load(cfg, WEIGHTS, partial=True)

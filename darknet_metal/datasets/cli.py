@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from darknet_metal.cli_args import positive_int, seed, size
+
 __all__ = ["add_commands"]
 
 
@@ -37,7 +39,7 @@ def add_commands(commands: Any) -> None:
                        help="print the report as JSON on stdout instead of text")
     check.add_argument("-q", "--quiet", action="store_true",
                        help="no progress bar, and of the problems only errors")
-    check.add_argument("--workers", type=_positive_int, default=8, metavar="N",
+    check.add_argument("--workers", type=positive_int, default=8, metavar="N",
                        help="threads decoding images (default: %(default)s)")
     check.set_defaults(run=run_check_data)
 
@@ -54,13 +56,13 @@ def add_commands(commands: Any) -> None:
         ),
     )
     shapes.add_argument("out", metavar="OUT", type=Path, help="folder to create")
-    shapes.add_argument("--train", type=_positive_int, default=200, metavar="N",
+    shapes.add_argument("--train", type=positive_int, default=200, metavar="N",
                         help="training images (default: %(default)s)")
-    shapes.add_argument("--valid", type=_positive_int, default=50, metavar="N",
+    shapes.add_argument("--valid", type=positive_int, default=50, metavar="N",
                         help="validation images (default: %(default)s)")
-    shapes.add_argument("--size", type=_size, default=(224, 224), metavar="WxH",
+    shapes.add_argument("--size", type=size, default=(224, 224), metavar="WxH",
                         help="image size in pixels, each 32..4096 (default: 224x224)")
-    shapes.add_argument("--seed", type=_seed, default=0, help="random seed (default: 0)")
+    shapes.add_argument("--seed", type=seed, default=0, help="random seed (default: 0)")
     shapes.add_argument("--classes", type=int, choices=(1, 2, 3), default=3,
                         help="number of shape classes (default: %(default)s)")
     shapes.add_argument("--force", action="store_true",
@@ -103,34 +105,3 @@ def run_make_shapes(args: argparse.Namespace) -> int:
     print(f"wrote {args.train} training and {args.valid} validation images of "
           f"{args.size[0]}x{args.size[1]} to {data.parent}; dataset file: {data}")
     return 0
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: '{text}'") from None
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"must be in 0..2**63-1, got {text}")
-    return value
-
-
-def _size(text: str) -> tuple[int, int]:
-    parts = text.lower().split("x")
-    try:
-        width, height = (int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected WxH such as 224x224, got '{text}'") from None
-    if not (32 <= width <= 4096 and 32 <= height <= 4096):
-        raise argparse.ArgumentTypeError(f"each side must be 32..4096 pixels, got '{text}'")
-    return width, height
