@@ -343,16 +343,18 @@ def distort_hsv(rgb: np.ndarray, dhue: float, dsat: float, dexp: float) -> np.nd
     import cv2
 
     if rgb.shape[2] != 3:
-        return _lut(np.rint(np.arange(256, dtype=np.float32) * _F32(dexp)))[rgb]
+        table = _lut(np.rint(np.arange(256, dtype=np.float32) * _F32(dexp)))
+        return cv2.LUT(rgb, table).reshape(rgb.shape)
     hsv = cv2.cvtColor(rgb, cv2.COLOR_RGB2HSV)
     levels = np.arange(256, dtype=np.float32)
     shift = np.rint(np.float64(_F32(179) * _F32(dhue)))
-    hue_lut = _lut(np.arange(256, dtype=np.float64) + shift)
-    sat_lut = _lut(np.rint(levels * _F32(dsat)))
-    val_lut = _lut(np.rint(levels * _F32(dexp)))
-    hsv[:, :, 0] = hue_lut[hsv[:, :, 0]]
-    hsv[:, :, 1] = sat_lut[hsv[:, :, 1]]
-    hsv[:, :, 2] = val_lut[hsv[:, :, 2]]
+    tables = np.stack([
+        _lut(np.arange(256, dtype=np.float64) + shift),
+        _lut(np.rint(levels * _F32(dsat))),
+        _lut(np.rint(levels * _F32(dexp))),
+    ], axis=-1)
+    # One table per channel, applied by OpenCV (without the GIL).
+    hsv = cv2.LUT(hsv, tables.reshape(256, 1, 3))
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)
 
 
@@ -366,14 +368,21 @@ def crop_and_resize(rgb: np.ndarray, placement: Placement, net_w: int, net_h: in
     if p.pleft == 0 and p.ptop == 0 and p.swidth == ow and p.sheight == oh:
         src = rgb
     else:
+        # The crop's part inside the image, bordered with the image's mean colour where the
+        # crop reaches past it.
         mean = np.rint(np.asarray(cv2.mean(rgb)[: rgb.shape[2]]))
-        src = np.empty((p.sheight, p.swidth, rgb.shape[2]), np.uint8)
-        src[:] = mean.astype(np.uint8)
         x0, y0 = max(p.pleft, 0), max(p.ptop, 0)
         x1, y1 = min(p.pleft + p.swidth, ow), min(p.ptop + p.sheight, oh)
         if x1 > x0 and y1 > y0:
-            dx0, dy0 = max(0, -p.pleft), max(0, -p.ptop)
-            src[dy0 : dy0 + y1 - y0, dx0 : dx0 + x1 - x0] = rgb[y0:y1, x0:x1]
+            left, top = max(0, -p.pleft), max(0, -p.ptop)
+            right, bottom = p.swidth - left - (x1 - x0), p.sheight - top - (y1 - y0)
+            src = cv2.copyMakeBorder(
+                rgb[y0:y1, x0:x1], top, bottom, left, right, cv2.BORDER_CONSTANT,
+                value=[float(v) for v in mean] + [0.0] * (4 - len(mean)),
+            ).reshape(p.sheight, p.swidth, rgb.shape[2])
+        else:
+            src = np.empty((p.sheight, p.swidth, rgb.shape[2]), np.uint8)
+            src[:] = mean.astype(np.uint8)
     sized = cv2.resize(src, (net_w, net_h), interpolation=cv2.INTER_LINEAR)
     return sized.reshape(net_h, net_w, rgb.shape[2])
 

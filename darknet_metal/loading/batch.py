@@ -32,7 +32,12 @@ Sampling = Literal["random", "epoch"]
 SAMPLINGS: tuple[str, ...] = ("random", "epoch")
 
 # OpenCV's 8-bit to float conversion with scale 1/255 multiplies in float32.
-_TO_UNIT = np.arange(256, dtype=np.float32) * np.float32(1.0 / 255.0)
+_INV_255 = np.float32(1.0 / 255.0)
+
+
+def _to_unit(pixels: np.ndarray, out: np.ndarray) -> None:
+    """uint8 (H, W, C) -> float32 (C, H, W) in [0, 1], into ``out``."""
+    np.multiply(pixels.transpose(2, 0, 1), _INV_255, out=out, dtype=np.float32)
 
 
 @dataclass
@@ -193,17 +198,20 @@ def load_slot(
                 truths, piece_truths, piece, cut, net_w=width, net_h=height,
                 max_boxes=settings.max_boxes, mosaic_bound=bool(settings.mosaic_bound),
             )
-        out[...] = _TO_UNIT[canvas.transpose(2, 0, 1)]
+        _to_unit(canvas, out)
         return out, truths, first
 
     pixels, truths, _, _ = _load_piece(source, first, settings, rng, width, height, None)
-    out[...] = _TO_UNIT[pixels.transpose(2, 0, 1)]
+    _to_unit(pixels, out)
     if mixup == MIXUP_BLEND:
         second = int(rng.integers(0, count))
         pixels2, truths2, _, _ = _load_piece(source, second, settings, rng, width, height, None)
+        second_x = np.empty_like(out)
+        _to_unit(pixels2, second_x)
         half = np.float32(0.5)
         out *= half
-        out += _TO_UNIT[pixels2.transpose(2, 0, 1)] * half
+        second_x *= half
+        out += second_x
         truths = blend_truths(truths, truths2, settings.max_boxes)
     return out, truths, first
 
