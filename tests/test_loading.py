@@ -355,3 +355,23 @@ def test_settings_refuse_a_jitter_that_can_empty_the_crop():
     with pytest.raises(CfgError) as info:
         settings_from_cfg(parse_cfg_text(CFG.replace("jitter=.3", "jitter=.6")))
     assert info.value.key == "jitter" and info.value.line == 30
+
+
+def test_gray_networks_and_blended_images(tmp_path):
+    black, white = tmp_path / "black.png", tmp_path / "white.png"
+    write_png(black, np.zeros((40, 50, 3), np.uint8))
+    write_png(white, np.full((40, 50, 3), 255, np.uint8))
+    one_box = np.array([[0, 0.5, 0.5, 0.4, 0.4]], np.float32)
+    samples = [(str(black), one_box), (str(white), one_box)]
+    gray = LoaderSettings(width=32, height=24, channels=1, batch=4, exposure=1.5, mixup=3)
+    batch = load_batch(SampleSource(samples), gray, 0, 0)
+    assert batch.x.shape == (4, 1, 24, 32)
+    # mixup=1: about half the images are black and white half and half, with both boxes.
+    blend = LoaderSettings(width=32, height=24, batch=16, jitter=0.0, flip=0, mixup=1)
+    batch = load_batch(SampleSource(samples), blend, 0, 0)
+    counts = [len(t) for t in batch.truths]
+    assert set(counts) == {1, 2}
+    for x, n in zip(batch.x, counts, strict=True):
+        values = set(np.unique(x).tolist())
+        assert values <= ({0.0, 1.0} if n == 1 else {0.0, 0.5, 1.0})
+        assert n == 1 or len(values) == 1  # blended: one value all over
