@@ -165,8 +165,13 @@ def settings_from_cfg(config: NetConfig, **overrides: Any) -> LoaderSettings:
     Raises ``CfgError`` at the offending key's line for a combination Darknet refuses
     (``cutmix``, ``mosaic`` with ``letter_box``) or a value the loader cannot use.
     """
-    yolos = [s for s in config.layers if s.kind == "yolo"]
-    last: Section | None = yolos[-1] if yolos else None
+    # The detection head whose keys Darknet reads: the last layer whose op leaves its
+    # jitter to the data loader (the [yolo] layers).
+    from darknet_metal.ops import op_class
+    from darknet_metal.training.keys import DATA
+
+    heads = [s for s in config.layers if op_class(s.kind).training_keys.get("jitter") == DATA]
+    last: Section | None = heads[-1] if heads else None
     try:
         return LoaderSettings.from_values(
             config.net.values, last.values if last is not None else None, **overrides
@@ -183,8 +188,8 @@ _SOURCES = {
     "resize_step": ("net", "resize_step"), "hue": ("net", "hue"),
     "saturation": ("net", "saturation"), "exposure": ("net", "exposure"),
     "blur": ("net", "blur"), "gaussian_noise": ("net", "gaussian_noise"),
-    "max_boxes": ("yolo", "max"), "classes": ("yolo", "classes"), "jitter": ("yolo", "jitter"),
-    "resize": ("yolo", "resize"), "random": ("yolo", "random"),
+    "max_boxes": ("head", "max"), "classes": ("head", "classes"), "jitter": ("head", "jitter"),
+    "resize": ("head", "resize"), "random": ("head", "random"),
 }
 
 
