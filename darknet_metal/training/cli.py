@@ -1,0 +1,91 @@
+"""``darknet-metal train DATA CFG [WEIGHTS]``: Darknet's ``detector train`` without a prompt
+or a display.
+
+The dataset is read and checked first (a dataset with errors is refused with the messages
+``check-data`` prints); the network is loaded from WEIGHTS (a whole file, a backbone holding
+its first layers, or a ``_last`` checkpoint whose training state is then restored); the
+loader (``darknet_metal.loading``) feeds a ``TrainingRun`` (``training/session.py``), which
+writes the weights, logs and chart into the dataset's ``backup`` folder (``--backup``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from darknet_metal.cli_args import non_negative_int, positive_int, seed
+
+__all__ = ["add_commands"]
+
+
+def add_commands(commands: Any) -> None:
+    """Add ``train`` to ``commands`` (an argparse subparsers object)."""
+    from darknet_metal.network import DEVICES
+
+    train = commands.add_parser(
+        "train",
+        help="train a detector on a dataset, as `darknet detector train`",
+        description=(
+            "Train CFG on DATA (a Darknet .data file or an ultralytics dataset .yaml) from "
+            "WEIGHTS (a whole .weights file, a backbone such as yolov4-tiny.conv.29 holding "
+            "the first layers, whose other layers are then initialised, or a "
+            "<cfg>_last.weights checkpoint, which resumes exactly when its .state is beside "
+            "it), up to the cfg's max_batches. Writes <cfg>_last.weights (+ .state) every "
+            "100 iterations, <cfg>_<N>.weights, <cfg>_best.weights with --map and "
+            "<cfg>_final.weights into the backup folder, with <cfg>.log (Darknet's line per "
+            "iteration), <cfg>.jsonl (a JSON record per iteration) and chart_<cfg>.png. "
+            "Never prompts; Ctrl-C writes <cfg>_last and exits with status 130."
+        ),
+    )
+    train.add_argument("data", metavar="DATA", type=Path, help=".data or .yaml dataset file")
+    train.add_argument("cfg", metavar="CFG", type=Path, help="network .cfg file")
+    train.add_argument("weights", metavar="WEIGHTS", type=Path, nargs="?",
+                       help="weights to start from (default: Darknet's random initialisation)")
+    train.add_argument("--device", default="cpu", choices=DEVICES,
+                       help="cpu, metal or emu (default: %(default)s)")
+    train.add_argument("--seed", type=seed, default=0,
+                       help="seeds the initialisation, the batches, the augmentation and "
+                       "dropout: two runs with the same seed give the same weights "
+                       "(default: %(default)s)")
+    train.add_argument("--map", action="store_true",
+                       help="evaluate mAP@0.50 on the valid set as Darknet does (once per "
+                       "epoch, at least every 100 iterations, from burn_in) and keep "
+                       "<cfg>_best.weights")
+    train.add_argument("--map-every", type=positive_int, metavar="N",
+                       help="evaluate every N iterations instead (implies --map)")
+    train.add_argument("--clear", action="store_true",
+                       help="start the counters (seen, iteration, schedule) at 0 whatever "
+                       "WEIGHTS recorded")
+    train.add_argument("--backup", type=Path, metavar="DIR",
+                       help="where to write (default: the dataset's backup, else ./backup)")
+    train.add_argument("--workers", type=non_negative_int, default=2, metavar="N",
+                       help="threads loading and augmenting images (default: %(default)s)")
+    train.add_argument("--no-chart", action="store_true", help="do not draw the chart")
+    train.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    train.set_defaults(run=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Exit status: 0 when max_batches was reached, 130 after Ctrl-C."""
+    from darknet_metal.training.run import TrainingSetup
+
+    setup = TrainingSetup.from_args(args)
+    say = (lambda message: None) if args.quiet else _note
+    for line in setup.describe():
+        say(line)
+    result = setup.run(progress=not args.quiet)
+    if result.interrupted:
+        _note(f"interrupted at iteration {result.iteration}: wrote {setup.run_.path('last')}")
+        return 130
+    summary = f"reached max_batches={result.iteration}: wrote {result.final_weights}"
+    if result.best_map is not None:
+        summary += (f"; mAP@0.50 last {100 * result.last_map:.2f}%, best "
+                    f"{100 * result.best_map:.2f}%")
+    _note(summary)
+    return 0
+
+
+def _note(message: str) -> None:
+    print(f"darknet-metal: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,163 @@
+"""What ``darknet-metal train`` puts together: the dataset (read and checked), the network
+(loaded from whole weights, a backbone or a checkpoint), the loader, the evaluation and the
+``TrainingRun``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from darknet_metal.errors import ArgumentError, DatasetError
+from darknet_metal.training.checkpoint import Checkpoint, find_checkpoint
+from darknet_metal.training.session import RunResult, Schedule, TrainingRun
+
+
+class LoaderSource:
+    """``BatchSource`` over a ``darknet_metal.loading.Loader``: the batch of an iteration
+    at the size asked for (the loader restarts what it prepared at another size)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    @property
+    def wait_seconds(self) -> float:
+        return float(self.loader.wait_seconds)
+
+    def batch(self, iteration: int, width: int, height: int
+              ) -> tuple[np.ndarray, list[np.ndarray]]:
+        self.loader.set_size(width, height)
+        if self.loader.iteration != iteration - 1:
+            raise ArgumentError(f"the loader is at iteration {self.loader.iteration + 1}, "
+                                f"the run at {iteration}")
+        batch = self.loader.next()
+        return batch.x, batch.truths
+
+
+@dataclass
+class TrainingSetup:
+    """A run ready to start: ``dataset``, ``net``, ``loader``, ``run_`` (the
+    ``TrainingRun``), and where the parameters came from (``started_from``)."""
+
+    dataset: Any
+    net: Any
+    loader: Any
+    run_: TrainingRun
+    started_from: list[str]
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TrainingSetup:
+        return cls.create(args.data, args.cfg, args.weights, device=args.device,
+                          seed=args.seed, evaluate=bool(args.map or args.map_every),
+                          map_every=args.map_every, clear=args.clear, backup=args.backup,
+                          workers=args.workers, chart=not args.no_chart)
+
+    @classmethod
+    def create(cls, data: str | os.PathLike[str], cfg: str | os.PathLike[str],
+               weights: str | os.PathLike[str] | None = None, *, device: str = "cpu",
+               seed: int = 0, evaluate: bool = False, map_every: int | None = None,
+               clear: bool = False, backup: str | os.PathLike[str] | None = None,
+               workers: int = 2, chart: bool = True) -> TrainingSetup:
+        """Read and check the dataset (``DatasetError`` with ``check-data``'s first message
+        when it has errors), load the network, make the loader and the run."""
+        import darknet_metal as dm
+        from darknet_metal.datasets import check_dataset, load_dataset
+        from darknet_metal.loading import Loader, random_size, settings_from_cfg
+
+        dataset = load_dataset(data)
+        report = check_dataset(dataset, progress=False)
+        if not report.ok:
+            errors = report.errors
+            raise DatasetError(
+                f"{len(errors)} error(s) in the dataset (`darknet-metal check-data {data}` "
+                f"lists every problem); the first: {errors[0]}")
+        if not dataset.train:
+            raise DatasetError(f"{dataset.path}: the training set is empty")
+        checkpoint: Checkpoint | None = None
+        started_from: list[str] = []
+        if weights is not None:
+            found = find_checkpoint(weights)
+            if found is not None and not clear:
+                checkpoint = found
+                weights = found.weights
+        net = dm.load(cfg, weights, names=dataset.names, device=device, seed=seed,
+                      partial=weights is not None)
+        heads = [net.layers[i].values["classes"] for i in net.yolo_layers]
+        if not heads:
+            raise ArgumentError(f"{cfg}: the network has no [yolo] layer to train a detector")
+        if any(c != dataset.classes for c in heads):
+            raise ArgumentError(f"{cfg}: the [yolo] layers detect {heads[0]} classes, the "
+                                f"dataset {dataset.path} has {dataset.classes}")
+        if weights is None:
+            started_from.append(f"parameters initialised as Darknet does (seed {seed})")
+        elif net.weights_coverage is not None:
+            started_from.append(net.weights_coverage.describe())
+        else:
+            started_from.append(f"{weights}: every layer's parameters, iteration "
+                                f"{net.iteration}")
+        if clear:
+            net.header.seen = 0
+        values = net.config.net.values
+        base = Path(cfg).stem
+        folder = Path(backup) if backup is not None else (dataset.backup or Path("backup"))
+        batch = int(values["batch"])
+        schedule = Schedule.darknet(int(values["max_batches"]), int(values["burn_in"]),
+                                    len(dataset.train), batch, map_every=map_every)
+        settings = settings_from_cfg(net.config, classes=dataset.classes)
+        start = net.iteration
+        evaluation = _evaluation(dataset) if evaluate else None
+        sizes = None
+        if settings.random:
+            def sizes(iteration: int, started: bool) -> tuple[int, int] | None:
+                # ``start`` is read when called: a resumed run counts from its iteration.
+                return random_size(iteration - 1, settings, schedule.max_batches, seed,
+                                   start_iteration=start)
+
+        run_ = TrainingRun(net, LoaderSource(None), schedule, backup=folder, base=base,
+                           evaluate=evaluation, sizes=sizes, chart=chart)
+        if checkpoint is not None:
+            run_.resume_from(checkpoint)
+            started_from.append(f"training state of {checkpoint.state} (iteration "
+                                f"{checkpoint.iteration}): the run continues exactly")
+            start = net.iteration
+        loader = Loader(dataset.train, settings, boxes=dataset.read_boxes, seed=seed,
+                        workers=workers, start_iteration=start)
+        run_.source = LoaderSource(loader)
+        return cls(dataset, net, loader, run_, started_from)
+
+    def describe(self) -> list[str]:
+        """Lines saying what will run (for the command's stderr)."""
+        s = self.run_.schedule
+        return [*self.started_from,
+                f"training {self.run_.base} on {len(self.dataset.train)} images of "
+                f"{self.dataset.path}, iterations {self.net.iteration + 1}..{s.max_batches}, "
+                f"device {self.net.device}; writing into {self.run_.backup}",
+                f"mAP every {s.map_every} iterations from {s.burn_in}"
+                if self.run_.evaluate else "no mAP evaluation (--map to evaluate)"]
+
+    def run(self, progress: bool = True) -> RunResult:
+        """Train to max_batches (or Ctrl-C); the loader is closed in every case."""
+        self.run_.progress = progress
+        with self.loader:
+            return self.run_.run()
+
+
+def _evaluation(dataset: Any) -> Callable[[Any], float]:
+    """mAP@0.50 of a network on ``dataset``'s valid set, as Darknet's training evaluates it
+    (its ``points`` key; no COCO figures)."""
+    from darknet_metal.evaluation import evaluate_dataset
+
+    if not dataset.valid:
+        raise DatasetError(f"{dataset.path}: --map needs a valid set")
+    points = int(dataset.options.get("points", 0) or 0)
+
+    def evaluation(net: Any) -> float:
+        return evaluate_dataset(net, dataset, points=points, progress=False, coco=False).map
+
+    return evaluation
