@@ -30,6 +30,7 @@ from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, Weight
 from darknet_metal.evaluation import cli as evaluation_cli
 from darknet_metal.models import SAMPLE_IMAGE, model_files, model_names
 from darknet_metal.network import DEVICES
+from darknet_metal.training import cli as training_cli
 
 if TYPE_CHECKING:
     from darknet_metal.boxes import Detection
@@ -172,6 +173,7 @@ def _parser() -> argparse.ArgumentParser:
     partial.set_defaults(run=_run_partial)
     datasets_cli.add_commands(commands)
     evaluation_cli.add_commands(commands)
+    training_cli.add_commands(commands)
     return parser
 
 

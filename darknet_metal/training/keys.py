@@ -8,7 +8,7 @@ used). Here every key that affects training has one of these dispositions, check
 - ``REFUSED``: not implemented; a value other than the default raises ``CfgError`` at the
   key's line, with the reason;
 - ``DATA``: read by the data loader (augmentation, image sizes), not by a training step on
-  prepared batches; the trainer that loads datasets applies it;
+  prepared batches; ``darknet_metal.loading`` applies it (``darknet-metal train``);
 - ``NO_EFFECT``: a setting of Darknet's CUDA build or its console output that changes no
   number (memory limits, CUDA graphs, chart scale), accepted and ignored.
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from darknet_metal.errors import ArgumentError
 from darknet_metal.training.checkpoint import (
+    Checkpoint,
     find_checkpoint,
     restore_training_state,
     save_checkpoint,
@@ -153,6 +154,12 @@ class TrainingRun:
         found = find_checkpoint(self.path("last"))
         if found is None:
             return False
+        self.resume_from(found)
+        return True
+
+    def resume_from(self, found: Checkpoint) -> None:
+        """Continue from the checkpoint ``found``: its weights, training state, run record
+        (average loss, evaluations, counters, chart) and input size."""
         from darknet_metal.weights import read_weights
 
         header, params = read_weights(found.weights, self.net.layers)
@@ -171,7 +178,6 @@ class TrainingRun:
                 self.chart.add(i, loss)
             for i, value in self.state.maps:
                 self.chart.add_map(i, value)
-        return True
 
     @property
     def current_size(self) -> tuple[int, int]:

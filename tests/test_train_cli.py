@@ -1,0 +1,126 @@
+"""``darknet-metal train`` end to end on a generated shapes set: the loss falls, seeded runs
+repeat bit for bit whatever the number of loader threads, Ctrl-C and a resume end where an
+unbroken run does, bad datasets and mismatched networks are refused."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from training_golden import TRAIN
+
+import darknet_metal as dm
+from darknet_metal.cli import main
+from darknet_metal.datasets import make_shapes
+
+MICRO = TRAIN / "micro-v4-sgd" / "micro-v4-sgd.cfg"
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    return make_shapes(tmp_path_factory.mktemp("train") / "shapes", train=48, valid=12,
+                       size=(128, 128), seed=4)
+
+
+def _cfg(folder, iterations, **keys):
+    """micro-v4-sgd (3 classes, 128x128, batch 4 in 2 mini-batches) for ``iterations``."""
+    text = MICRO.read_text().replace("max_batches=100", f"max_batches={iterations}")
+    for key, value in keys.items():
+        text, n = re.subn(rf"(?m)^{key}=.*$", f"{key}={value}", text)
+        assert n, key
+    path = folder / "micro.cfg"
+    path.write_text(text)
+    return path
+
+
+def _records(folder):
+    return [json.loads(line) for line in (folder / "micro.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_the_loss_falls_and_darknets_files_are_written(tmp_path, shapes, device):
+    cfg = _cfg(tmp_path, 30)
+    backup = tmp_path / "backup"
+    assert main(["train", str(shapes), str(cfg), "--backup", str(backup), "--device", device,
+                 "--seed", "1", "-q", "--map-every", "15"]) == 0
+    records = _records(backup)
+    assert [r["iteration"] for r in records] == list(range(1, 31))
+    assert records[-1]["avg_loss"] <= 0.75 * records[0]["loss"], (records[0], records[-1])
+    assert records[-1]["last_map"] is not None
+    names = {p.name for p in backup.iterdir()}
+    assert {"micro_final.weights", "micro_last.weights", "micro_last.state",
+            "micro_best.weights", "micro.log", "chart_micro.png"} <= names
+    final = dm.load(cfg, backup / "micro_final.weights")
+    assert final.iteration == 30
+
+
+def test_seeded_runs_are_identical_whatever_the_loader_threads(tmp_path, shapes):
+    cfg = _cfg(tmp_path, 6, jitter=0.2, mosaic=1, hue=0.1, saturation=1.5, exposure=1.5)
+    finals = []
+    for workers in (0, 3):
+        backup = tmp_path / f"w{workers}"
+        assert main(["train", str(shapes), str(cfg), "--backup", str(backup), "--seed", "7",
+                     "--workers", str(workers), "-q", "--no-chart"]) == 0
+        finals.append((backup / "micro_final.weights").read_bytes())
+    assert finals[0] == finals[1]
+
+
+def test_ctrl_c_then_resuming_from_last_ends_where_an_unbroken_run_does(
+        tmp_path, shapes, monkeypatch, capsys):
+    from darknet_metal.training import session
+
+    cfg = _cfg(tmp_path, 10, jitter=0.2, flip=1)
+    whole = tmp_path / "whole"
+    assert main(["train", str(shapes), str(cfg), "--backup", str(whole), "--seed", "3",
+                 "-q", "--no-chart"]) == 0
+    broken = tmp_path / "broken"
+    real = session.TrainingRun._iteration
+
+    def interrupted(self, start, started):
+        if self.net.iteration == 6:
+            raise KeyboardInterrupt
+        return real(self, start, started)
+
+    monkeypatch.setattr(session.TrainingRun, "_iteration", interrupted)
+    assert main(["train", str(shapes), str(cfg), "--backup", str(broken), "--seed", "3",
+                 "-q", "--no-chart"]) == 130
+    assert "interrupted at iteration 6" in capsys.readouterr().err
+    monkeypatch.setattr(session.TrainingRun, "_iteration", real)
+    assert main(["train", str(shapes), str(cfg), str(broken / "micro_last.weights"),
+                 "--backup", str(broken), "--seed", "3", "--no-chart"]) == 0
+    assert "continues exactly" in capsys.readouterr().err
+    assert (broken / "micro_final.weights").read_bytes() == \
+        (whole / "micro_final.weights").read_bytes()
+    assert [r["iteration"] for r in _records(broken)] == list(range(1, 11))
+
+
+def test_random_sizes_through_the_loader(tmp_path, shapes):
+    cfg = _cfg(tmp_path, 12, random=1)
+    backup = tmp_path / "b"
+    assert main(["train", str(shapes), str(cfg), "--backup", str(backup), "-q",
+                 "--no-chart"]) == 0
+    sizes = [(r["iteration"], r["width"]) for r in _records(backup)]
+    # Darknet's rule: a new size every 10 iterations, and the largest at the start and in
+    # the last 100 iterations (all 12 here): round(1.4 * 128 / 32 + 1) * 32 = 224.
+    assert {w for _, w in sizes} == {224}, sizes
+    assert dm.load(cfg, backup / "micro_final.weights").iteration == 12
+
+
+def test_a_dataset_with_errors_or_another_class_count_is_refused(tmp_path, shapes, capsys):
+    cfg = _cfg(tmp_path, 5)
+    broken = tmp_path / "broken"
+    make_shapes(broken, train=6, valid=2, size=(64, 64), seed=1)
+    label = sorted((broken / "images").glob("train_*.txt"))[2]
+    label.write_text("7 0.5 0.5 0.2 0.2\n")
+    assert main(["train", str(broken / "shapes.data"), str(cfg), "-q",
+                 "--backup", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err
+    assert f"{label}:1" in err and "check-data" in err
+    two = tmp_path / "two.cfg"
+    two.write_text(cfg.read_text().replace("classes=3", "classes=2").replace("filters=24",
+                                                                             "filters=21"))
+    assert main(["train", str(shapes), str(two), "-q", "--backup", str(tmp_path / "y")]) == 1
+    assert "detect 2 classes" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
