@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import pytest
 from training_golden import TRAIN
 
