@@ -26,12 +26,13 @@ def _record(**changes):
 
 
 def test_darknet_line():
-    # Darknet V5's format (detector.cpp, train_detector): losses with 3 decimals, mAP as a
-    # percentage or "none", the next evaluation or "disabled", durations in its words.
+    # Darknet V5's format (detector.cpp, train_detector), as its CPU build prints it:
+    # "3: loss=6.173, avg loss=93.552, last=none, best=none, mAP=DISABLED, rate=0.00100000,
+    # load 16=18.7 milliseconds, train=3.1 seconds, 48 images, time remaining=12 minutes".
     assert _record().darknet_line() == (
-        "5989: loss=0.444, avg loss=0.329, last=none, best=none, mAP=disabled, "
-        "rate=2.6e-05, load 64=12.3 milliseconds, train=64.4 milliseconds, 383296 images, "
-        "time remaining=7.0 seconds")
+        "5989: loss=0.444, avg loss=0.329, last=none, best=none, mAP=DISABLED, "
+        "rate=0.00002600, load 64=12.3 milliseconds, train=64.4 milliseconds, 383296 images, "
+        "time remaining=7 seconds")
     line = _record(last_map=0.8231, best_map=0.85, next_map=6000).darknet_line()
     assert "last=82.31%, best=85.00%, mAP=6000," in line
 
@@ -43,6 +44,8 @@ def test_darknet_line():
     (200000.0, "2.3 days"), (604800.0, "7.0 days"), (1209600.0, "2.0 weeks")])
 def test_durations_in_darknets_words(seconds, text):
     assert format_duration(seconds) == text
+    assert format_duration(720.0, trim=True) == "12 minutes"
+    assert format_duration(730.0, trim=True) == "12.2 minutes"
 
 
 def test_json_record_round_trips_and_has_no_nan():

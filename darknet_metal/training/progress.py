@@ -2,7 +2,7 @@
 every iteration, and the loss (and mAP) chart.
 
 ``IterationRecord`` is the one record; ``darknet_line`` formats it as Darknet V5 prints it
-(``5989: loss=0.444, avg loss=0.329, last=none, best=none, mAP=disabled, rate=0.000026, ...``)
+(``5989: loss=0.444, avg loss=0.329, last=none, best=none, mAP=DISABLED, rate=0.00002600, ...``)
 and ``to_json`` gives the JSON-lines schema documented in the README ("Training from the
 command line").
 """
@@ -64,11 +64,11 @@ class IterationRecord:
         """The line Darknet V5 prints after each iteration (without its colours)."""
         return (f"{self.iteration}: loss={self.loss:.3f}, avg loss={self.avg_loss:.3f}, "
                 f"last={format_map(self.last_map)}, best={format_map(self.best_map)}, "
-                f"mAP={'disabled' if self.next_map is None else self.next_map}, "
-                f"rate={self.rate:.8g}, load {self.batch}="
+                f"mAP={'DISABLED' if self.next_map is None else self.next_map}, "
+                f"rate={self.rate:.8f}, load {self.batch}="
                 f"{format_duration(self.load_seconds)}, train="
                 f"{format_duration(self.train_seconds)}, {self.images} images, "
-                f"time remaining={format_duration(self.remaining_seconds, 1)}")
+                f"time remaining={format_duration(self.remaining_seconds, trim=True)}")
 
 
 def _finite(value: Any) -> Any:
@@ -87,17 +87,24 @@ def format_map(value: float | None) -> str:
     return "none" if value is None else f"{100.0 * value:.2f}%"
 
 
-def format_duration(seconds: float | None, decimals: int = 1) -> str:
+def format_duration(seconds: float | None, decimals: int = 1, trim: bool = False) -> str:
     """A duration in Darknet's words: milliseconds below a second, seconds up to two minutes,
-    then minutes, hours (to two days), days (to a week), weeks; ``unknown`` when not known."""
+    then minutes, hours (to two days), days (to a week), weeks; ``unknown`` when not known.
+    ``trim``: a whole number loses its zero decimals ("12 minutes", as Darknet's remaining
+    time)."""
     if seconds is None or not math.isfinite(seconds) or seconds <= 0:
         return "unknown"
-    for limit, unit, scale in ((1.0, "milliseconds", 1e-3), (120.0, "seconds", 1.0),
+    value, unit = seconds / 604800.0, "weeks"
+    for limit, name, scale in ((1.0, "milliseconds", 1e-3), (120.0, "seconds", 1.0),
                                (7200.0, "minutes", 60.0), (172800.0, "hours", 3600.0),
                                (604800.0, "days", 86400.0)):
-        if seconds < limit or (unit != "milliseconds" and seconds <= limit):
-            return f"{seconds / scale:.{decimals}f} {unit}"
-    return f"{seconds / 604800.0:.{decimals}f} weeks"
+        if seconds < limit or (name != "milliseconds" and seconds <= limit):
+            value, unit = seconds / scale, name
+            break
+    text = f"{value:.{decimals}f}"
+    if trim and decimals and text.endswith("." + "0" * decimals):
+        text = text[:-decimals - 1]
+    return f"{text} {unit}"
 
 
 class LossChart:
