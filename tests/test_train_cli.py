@@ -123,3 +123,43 @@ def test_a_dataset_with_errors_or_another_class_count_is_refused(tmp_path, shape
     assert main(["train", str(shapes), str(two), "-q", "--backup", str(tmp_path / "y")]) == 1
     assert "detect 2 classes" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_random_sizes_grow_memory_only_at_a_size_not_seen_before(tmp_path, shapes):
+    # random=1 through the loader and the run, 120 iterations (a new size every 10): the
+    # process's resident memory may grow when a size appears for the first time, never at a
+    # size seen before. In a child process with glibc's mmap threshold fixed (see
+    # test_train_api's RSS test: otherwise freed blocks make RSS wander).
+    import os
+    import subprocess
+    import sys
+
+    cfg = _cfg(tmp_path, 120, random=1)
+    script = tmp_path / "rss.py"
+    script.write_text(f"""
+import psutil
+from darknet_metal.training import session
+from darknet_metal.training.run import TrainingSetup
+real = session.TrainingRun._iteration
+def watched(self, start, started):
+    record = real(self, start, started)
+    print(record.iteration, record.width, psutil.Process().memory_info().rss, flush=True)
+    return record
+session.TrainingRun._iteration = watched
+setup = TrainingSetup.create({str(shapes)!r}, {str(cfg)!r}, seed=5,
+                             backup={str(tmp_path / "b")!r}, chart=False)
+setup.run(progress=False)
+""")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(dm.__file__))}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=env, timeout=600, check=True).stdout.split("\n")
+    rows = [tuple(int(v) for v in line.split()) for line in out if line.strip()]
+    assert [r[0] for r in rows] == list(range(1, 121))
+    seen, peak = set(), 0
+    for iteration, width, rss in rows:
+        if width in seen and iteration > 2:
+            assert rss <= peak + 2**20, (iteration, width, rss / 2**20, peak / 2**20)
+        seen.add(width)
+        peak = max(peak, rss)
+    assert len(seen) >= 3, seen  # sizes did change
