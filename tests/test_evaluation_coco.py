@@ -66,7 +66,8 @@ def _random_set(seed, images=60, grid=6):
     return truths, dets, sizes
 
 
-def _pycocotools(truths, dets, sizes):
+def pycocotools_eval(truths, dets, sizes, classes=CLASSES):
+    """pycocotools' COCOeval of the data (the oracle here; the benchmark's peer too)."""
     images, anns, results = [], [], []
     for i, (t, d, (w, h)) in enumerate(zip(truths, dets, sizes, strict=True)):
         images.append({"id": i + 1, "width": w, "height": h})
@@ -80,7 +81,7 @@ def _pycocotools(truths, dets, sizes):
     with contextlib.redirect_stdout(io.StringIO()):
         gt = COCO()
         gt.dataset = {"images": images, "annotations": anns,
-                      "categories": [{"id": c + 1} for c in range(CLASSES)]}
+                      "categories": [{"id": c + 1} for c in range(classes)]}
         gt.createIndex()
         ev = COCOeval(gt, gt.loadRes(results), "bbox")
         ev.evaluate()
@@ -94,7 +95,7 @@ def case(request):
     truths, dets, sizes = _random_set(request.param)
     report = evaluate(truths, dets, [f"c{c}" for c in range(CLASSES)], points=101,
                       image_sizes=sizes)
-    return truths, dets, sizes, report, _pycocotools(truths, dets, sizes)
+    return truths, dets, sizes, report, pycocotools_eval(truths, dets, sizes)
 
 
 def test_set_has_what_the_comparison_needs(case):
@@ -106,7 +107,7 @@ def test_set_has_what_the_comparison_needs(case):
     assert max(len(d) for d in dets) <= 100  # COCO's maxDets never cuts
 
 
-def test_coco_figures_equal_pycocotools(case):
+def test_coco_figures_equalpycocotools_eval(case):
     *_, report, ev = case
     names = ["map_50_95", "map_50", "map_75", "map_small", "map_medium", "map_large",
              "ar_1", "ar_10", "ar_100", "ar_small", "ar_medium", "ar_large"]
@@ -121,7 +122,7 @@ def test_coco_figures_equal_pycocotools(case):
     assert 0.1 < report.coco.map_50 < 0.95  # a set where the figures mean something
 
 
-def test_coco_per_class_equal_pycocotools(case):
+def test_coco_per_class_equalpycocotools_eval(case):
     *_, report, ev = case
     precision = ev.eval["precision"]  # [T, R, K, A, M]
     for k in range(CLASSES):
@@ -161,7 +162,7 @@ def test_a_detection_overlapping_two_truths_is_where_the_rules_differ():
     truths = [np.array([[0, 0.50, 0.5, 0.2, 0.2], [0, 0.54, 0.5, 0.2, 0.2]])]
     dets = [np.array([[0.505, 0.5, 0.2, 0.2, 0, 0.9], [0.51, 0.5, 0.2, 0.2, 0, 0.8]])]
     report = evaluate(truths, dets, ["a"], points=101, image_sizes=[(100, 100)])
-    ev = _pycocotools(truths, dets, [(100, 100)])
+    ev = pycocotools_eval(truths, dets, [(100, 100)])
     assert report.classes[0].ap == pytest.approx(51 / 101)  # levels 0..0.5 at precision 1
     assert report.map == pytest.approx(51 / 101)
     assert ev.stats[1] == pytest.approx(1.0)
