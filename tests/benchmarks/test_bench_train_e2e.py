@@ -1,7 +1,7 @@
 """End-to-end training throughput: ``TrainingSetup`` (the dataset checked, the loader with
 Darknet's augmentation in worker threads, the run writing its logs) against ``train_step`` on
 prepared batches, measured in the same run, for yolov3-tiny and yolov4-tiny (3 classes) at
-224, batch 16, on a ``make-shapes`` set.
+224 and 416, batch 16, on a ``make-shapes`` set.
 
 ``extra_info``: images/s of both, their ratio (goal >= 0.85) and the share of the run spent
 waiting for the loader (goal < 5%).
@@ -21,7 +21,7 @@ import darknet_metal as dm
 from darknet_metal.datasets import make_shapes
 from darknet_metal.training.run import TrainingSetup
 
-BATCH, SIZE, ITERATIONS = 16, 224, 8
+BATCH, ITERATIONS = 16, 8
 
 
 @pytest.fixture(scope="module")
@@ -30,25 +30,26 @@ def shapes(tmp_path_factory):
                        size=(320, 240), seed=0)
 
 
-def _cfg(folder, name, iterations):
+def _cfg(folder, name, size, iterations):
     text = (CFG_DIR / f"{name}.cfg").read_text()
-    for key, value in (("width", SIZE), ("height", SIZE), ("batch", BATCH),
+    for key, value in (("width", size), ("height", size), ("batch", BATCH),
                        ("subdivisions", 1), ("classes", 3), ("max_batches", iterations),
                        ("random", 0)):
         text = re.sub(rf"(?m)^{key}\s*=.*$", f"{key}={value}", text)
     text = re.sub(r"(?m)^filters=255", "filters=24", text)
-    path = folder / f"{name}-e2e.cfg"
+    path = folder / f"{name}-{size}-e2e.cfg"
     path.write_text(text)
     return path
 
 
+@pytest.mark.parametrize("size", [224, 416])
 @pytest.mark.parametrize("name", ["yolov3-tiny", "yolov4-tiny"])
-def test_end_to_end_training(benchmark, tmp_path, shapes, name):
-    cfg = _cfg(tmp_path, name, ITERATIONS)
+def test_end_to_end_training(benchmark, tmp_path, shapes, name, size):
+    cfg = _cfg(tmp_path, name, size, ITERATIONS)
     # The peer: train_step on one prepared batch, as the CPU training benchmark does.
     net = dm.load(cfg, seed=0)
     rng = np.random.default_rng(0)
-    x = rng.random((BATCH, 3, SIZE, SIZE), dtype=np.float32)
+    x = rng.random((BATCH, 3, size, size), dtype=np.float32)
     truths = [np.array([[1, 0.4, 0.5, 0.2, 0.3]], np.float32)] * BATCH
     net.train_step(x, truths)
     steps = []
@@ -73,7 +74,7 @@ def test_end_to_end_training(benchmark, tmp_path, shapes, name):
         results.append((BATCH * (len(records) - 1) / seconds, waits / seconds,
                         result.wait_share))
 
-    benchmark.group = f"train-e2e-{name}-{SIZE}-b{BATCH}"
+    benchmark.group = f"train-e2e-{name}-{size}-b{BATCH}"
     benchmark.pedantic(run, rounds=2, warmup_rounds=0)
     e2e = float(np.median([r[0] for r in results]))
     benchmark.extra_info.update(
