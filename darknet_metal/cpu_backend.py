@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from darknet_metal.backend import run_staged_passes
 from darknet_metal.cpu import update as cpu_update
 from darknet_metal.cpu.executor import StepList
 from darknet_metal.cpu.fill import fill_step
@@ -79,20 +80,14 @@ class _LoadedProgram:
     def run_passes(self, x: np.ndarray, stage_in: Sequence[tuple[np.ndarray, np.ndarray]],
                    stage_out: Sequence[tuple[np.ndarray, np.ndarray]],
                    then: StepList | None = None) -> None:
-        """One pass per mini-batch of ``x`` (the program's batch of images each), then
-        ``then``. Before pass s each ``(whole, per_pass)`` of ``stage_in`` copies rows
-        [s*k, (s+1)*k) of ``whole`` into ``per_pass`` (k = its rows); after it each
-        ``(per_pass, whole)`` of ``stage_out`` copies ``per_pass`` into ``whole[s]``."""
-        m = self.input_standin.shape[0]
-        for s in range(x.shape[0] // m):
-            for whole, per_pass in stage_in:
-                k = per_pass.shape[0]
-                np.copyto(per_pass, whole[s * k:(s + 1) * k])
-            self.steps.run(x[s * m:(s + 1) * m])
-            for per_pass, whole in stage_out:
-                np.copyto(whole[s], per_pass)
+        """One pass per mini-batch of ``x`` (the program's batch of images each), staged as
+        ``backend.run_staged_passes`` says, then ``then``."""
+        run_staged_passes(self.steps.run, self.input_standin.shape[0], x, stage_in, stage_out)
         if then is not None:
             then.run()
+
+    def release(self) -> None:
+        """Nothing to give back: the memory goes with the last reference."""
 
 
 class CpuBackend:

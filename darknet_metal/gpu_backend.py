@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from darknet_metal.backend import run_staged_passes
 from darknet_metal.cpu.executor import StepList
 from darknet_metal.errors import ArgumentError, DeviceError
 from darknet_metal.layers import LayerSpec
@@ -251,13 +252,7 @@ class BoundProgram:
         m = self.program.tensors[INPUT].shape[0]
         if any(isinstance(step, HostCall) for step in self.steps):
             # Host steps commit and wait anyway: stage on the host, pass by pass.
-            for s in range(x.shape[0] // m):
-                for whole, per_pass in stage_in:
-                    k = per_pass.shape[0]
-                    np.copyto(per_pass, whole[s * k:(s + 1) * k])
-                self.run(x[s * m:(s + 1) * m])
-                for per_pass, whole in stage_out:
-                    np.copyto(whole[s], per_pass)
+            run_staged_passes(self.run, m, x, stage_in, stage_out)
             if then is not None:
                 then.run()
             return

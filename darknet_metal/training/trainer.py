@@ -96,7 +96,7 @@ class Trainer:
         self.backend = backend = net._backend
         # A device that shares host memory gets page-aligned arrays it uses in place.
         self.state = TrainState(specs, net.params, net.dtype, adam=self.adam,
-                                         frozen=self.frozen, zeros=backend.training_zeros)
+                                frozen=self.frozen, zeros=backend.training_zeros)
         dtype = self.state.dtype
         self.heads = [s.index for s in specs if s.detection_head is not None]
         self.loss_layers = self.heads or [s.index for s in specs
@@ -144,7 +144,8 @@ class Trainer:
         size = self.net.input_shape
         if available is None or size in self._fitting:
             return
-        if self._bytes(program, self.mini_batch) <= available:
+        need = self._bytes(program, self.mini_batch)
+        if need <= available:
             self._fitting.add(size)
             return
         # Two more programs for the per-image cost; they must not replace the arrays the
@@ -161,7 +162,6 @@ class Trainer:
         advice = (f"subdivisions={fits[0]} ({self.batch // fits[0]} images per pass) would "
                   "fit" if fits else "even one image per pass does not fit: lower width and "
                   "height")
-        need = self._bytes(program, self.mini_batch)
         raise MemoryLimitError(
             f"{self.net.config.path}: a training pass of {self.mini_batch} images "
             f"(batch={self.batch}, subdivisions={self.subdivisions}) at {size[2]}x{size[1]} "
@@ -200,7 +200,7 @@ class Trainer:
     def release(self) -> None:
         """Frees the memory of the bound programs (the device's returns to its pool)."""
         for loaded in (self.program, self._gradient_program):
-            if loaded is not None and hasattr(loaded, "release"):
+            if loaded is not None:
                 loaded.release()
         self.program = self._gradient_program = None
 
