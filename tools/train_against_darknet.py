@@ -20,8 +20,8 @@ What it does, in OUT:
    and ``darknet-metal map``; ``darknet-metal map`` also on Darknet's final weights;
 6. prints a table and writes ``results.json``.
 
-The Darknet binary is built separately (its CPU build; see the README's "Training against the
-real Darknet"). A run takes about 5 minutes per program and seed on 2 cores at 224.
+The Darknet binary is built separately (its CPU build with the golden data's fixes; the README
+says how, under "Training from the command line"). A run takes about 5 minutes per program and seed on 2 cores at 224.
 """
 
 from __future__ import annotations
