@@ -21,7 +21,9 @@ What it does, in OUT:
 6. prints a table and writes ``results.json``.
 
 The Darknet binary is built separately (its CPU build with the golden data's fixes; the README
-says how, under "Training from the command line"). A run takes about 5 minutes per program and seed on 2 cores at 224.
+says how, under "Training from the command line"). A run takes about 5 minutes per program
+and seed on 2 cores at 224. Darknet runs inside its run's folder (it writes chart images into
+its working directory).
 """
 
 from __future__ import annotations
@@ -70,14 +72,15 @@ def shapes_cfg(source: str, iterations: int) -> str:
 
 
 def run(command: list[str], log: Path, *, stdin: str | None = None,
-        env: dict[str, str] | None = None, stdout: Path | None = None) -> float:
+        env: dict[str, str] | None = None, stdout: Path | None = None,
+        cwd: Path | None = None) -> float:
     """Run ``command`` with its output in ``log`` (its standard output in ``stdout`` when
     given); returns the seconds it took."""
     print("  $", " ".join(command), flush=True)
     start = time.monotonic()
     with open(log, "w") as err, open(stdout or os.devnull, "w") as out:
         done = subprocess.run(command, stdout=out if stdout else err, stderr=err, text=True,
-                              input=stdin, env=env)
+                              input=stdin, env=env, cwd=cwd)
     if done.returncode != 0:
         raise SystemExit(f"train_against_darknet: {command[0]} failed with status "
                          f"{done.returncode}; see {log}")
@@ -98,7 +101,7 @@ def our_map(data: Path, cfg: Path, weights: Path, report: Path) -> float:
 def darknet_map(darknet: str, data: Path, cfg: Path, weights: Path, log: Path,
                 env: dict[str, str]) -> float:
     run([darknet, "detector", "map", str(data), str(cfg), str(weights), "-dont_show",
-         "-nocolor"], log, env=env)
+         "-nocolor"], log, env=env, cwd=log.parent)
     found = DARKNET_MAP_LINE.findall(log.read_text())
     if not found:
         raise SystemExit(f"train_against_darknet: no mAP line in {log}")
@@ -148,7 +151,7 @@ def main() -> None:
         print(f"seed {seed}: Darknet", flush=True)
         dn_seconds = run([args.darknet, "detector", "train", str(run_data), str(cfg),
                           str(start), "-dont_show", "-nocolor"], folder / "train.log",
-                         stdin="yes\n", env=env)
+                         stdin="yes\n", env=env, cwd=folder)
         dn_final = folder / "yolov3-tiny-shapes_final.weights"
         dn_map = darknet_map(args.darknet, run_data, cfg, dn_final, folder / "map.log", env)
         dn_map_ours = our_map(data, cfg, dn_final, folder / "map-by-darknet-metal.json")
