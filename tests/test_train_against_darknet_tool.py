@@ -61,6 +61,7 @@ FAKE_DARKNET = textwrap.dedent("""\
         if sys.stdin.read().strip() != "yes":
             sys.exit("no yes on stdin")
         shutil.copyfile(weights, f"{{backup}}/{{base}}_final.weights")
+        open("chart.png", "w").close()  # as Darknet does, in its working directory
         print("1: loss=9.5, avg loss=9.5, rate=0.001")
         print("2: loss=7.25, avg loss=9.3, rate=0.001")
     else:
@@ -77,13 +78,14 @@ def test_the_tool_runs_both_programs_from_the_same_start(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, str(TOOL), "--darknet", str(fake), "--out", str(out),
                            "--seeds", "3", "--iterations", "2"],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     [result] = json.loads((out / "results.json").read_text())
     assert result["seed"] == 3
     assert result["darknet_map50"] == 12.34
     assert result["darknet_final_loss"] == 7.25
     assert "| 3 | 12.34% |" in done.stdout
+    assert (out / "darknet-seed3" / "chart.png").exists()  # not in the caller's folder
 
     # Darknet was handed the backbone plus the layers --seed 3 initialises: the start of
     # darknet-metal's own run, parameter for parameter.
