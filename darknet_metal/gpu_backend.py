@@ -45,6 +45,7 @@ from darknet_metal.metal.dispatch import Dispatch, pack
 from darknet_metal.ops import Unsupported
 from darknet_metal.ops.base import Shape
 from darknet_metal.params import Params
+from darknet_metal.pass_ring import PassRing
 from darknet_metal.program import (
     INPUT,
     HostStep,
@@ -161,6 +162,10 @@ class BoundProgram:
         self.buffers = [device.buffer(n) for n in self.memory.slot_bytes]
         self.placeholder = device.buffer(4)
         self.lists: list[Any] = []
+        #: Pass rings of streams over this program, by (kept outputs, depth), and how many
+        #: streams hold one (a held program is never evicted).
+        self.rings: dict[tuple[tuple[int, ...], int], PassRing] = {}
+        self.holders = 0
         try:
             self.input_buffer = self.buffer(INPUT)
             #: Per program step: its packed dispatch, or the host call running it.
@@ -259,19 +264,21 @@ class BoundProgram:
         start = time.perf_counter()
         per_image = x[0].size
         for s in range(x.shape[0] // m):
-            self._copy(x, s * m * per_image, self.input_buffer, m * per_image)
+            self.copy(x, s * m * per_image, self.input_buffer, m * per_image)
             for whole, per_pass in stage_in:
-                self._copy(whole, s * per_pass.size, per_pass, per_pass.size)
+                self.copy(whole, s * per_pass.size, per_pass, per_pass.size)
             for segment in self.segments:
                 segment()
             for per_pass, whole in stage_out:
-                self._copy(per_pass, 0, whole, per_pass.size, s * per_pass.size)
+                self.copy(per_pass, 0, whole, per_pass.size, s * per_pass.size)
         if then is not None:
             then.list.encode()
         self.last_encode_seconds = time.perf_counter() - start
         self.device_commit_and_wait()
 
-    def _wrap(self, array: np.ndarray) -> Any:
+    def wrap(self, array: np.ndarray) -> Any:
+        """The device buffer over page-aligned host ``array`` (wrapped on first use, kept
+        with the program)."""
         held = self.wrapped.get(id(array))
         if held is None or held[0] is not array:
             buf = self.device.upload(array, zero_copy=True)
@@ -281,11 +288,11 @@ class BoundProgram:
             held = self.wrapped[id(array)] = (array, buf)
         return held[1]
 
-    def _copy(self, src: Any, src_at: int, dst: Any, n: int, dst_at: int = 0) -> None:
+    def copy(self, src: Any, src_at: int, dst: Any, n: int, dst_at: int = 0) -> None:
         """dst[dst_at:dst_at+n] = src[src_at:src_at+n] (elements) as a kernel; arrays are
         wrapped, device buffers used as they are."""
-        buffers = {"src": src if not isinstance(src, np.ndarray) else self._wrap(src),
-                   "dst": dst if not isinstance(dst, np.ndarray) else self._wrap(dst)}
+        buffers = {"src": src if not isinstance(src, np.ndarray) else self.wrap(src),
+                   "dst": dst if not isinstance(dst, np.ndarray) else self.wrap(dst)}
         name, args, bound, grid, group = pack("copy_buf_f32", buffers, {"n": n}, {"n": n})
         self.device.dispatch(name, args, bound, grid, group, offsets=(4 * src_at, 4 * dst_at))
 
@@ -551,8 +558,11 @@ class GpuBackend:
             self._programs.move_to_end(key)
             return bound
         while len(self._programs) >= MAX_PROGRAMS:
-            _, old = self._programs.popitem(last=False)
-            old.release()
+            # The least recently used program no stream holds.
+            free = next((k for k, b in self._programs.items() if not b.holders), None)
+            if free is None:
+                break
+            self._programs.pop(free).release()
         program = build_program(
             self.specs, self._emit, batch=batch, keep=keep, simd=self.simd,
             param_nbytes={ref: buf.nbytes for ref, buf in self._params.items()},
@@ -609,6 +619,26 @@ class GpuBackend:
             else:
                 result.append(None)
         return result
+
+    def hold_pass_ring(self, batch: int, outputs: Sequence[int], depth: int) -> PassRing | None:
+        """``depth`` pass slots at ``batch`` keeping the outputs of layers ``outputs``, for a
+        stream (see ``pass_ring.PassRing``), held until ``let_go_pass_ring``; None when the
+        program has host steps (a CPU fallback layer): such passes wait for the device
+        anyway and run one at a time through ``forward``."""
+        keep = tuple(int(i) for i in outputs)
+        bound = self._bound(batch, frozenset(keep))
+        if any(isinstance(step, HostCall) for step in bound.steps):
+            return None
+        ring = bound.rings.get((keep, depth))
+        if ring is None:
+            ring = bound.rings[(keep, depth)] = PassRing(bound, keep, depth)
+        bound.holders += 1
+        return ring
+
+    def let_go_pass_ring(self, ring: PassRing) -> None:
+        """Waits for the ring's passes in flight and lets its program be evicted again."""
+        ring.drain()
+        ring.bound.holders -= 1
 
     # -- training --------------------------------------------------------------------------
 

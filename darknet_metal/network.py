@@ -5,15 +5,16 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from darknet_metal import arguments
 from darknet_metal.backend import Backend
-from darknet_metal.boxes import Detection, YoloHead, detect_boxes
+from darknet_metal.boxes import Detection, YoloHead
 from darknet_metal.cfg import NetConfig, parse_cfg
+from darknet_metal.detection import Detector, ImageSource, check_images, is_image_sequence
 from darknet_metal.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -21,10 +22,10 @@ from darknet_metal.errors import (
     DeviceError,
     MemoryLimitError,
 )
-from darknet_metal.image import load_image, prepare_input
 from darknet_metal.layers import LayerSpec, Shape, build_layers, input_shape
 from darknet_metal.memory import format_bytes, pass_bytes, physical_memory
 from darknet_metal.params import Params, init_params
+from darknet_metal.stream import DetectionStream
 from darknet_metal.summary import summary_table
 from darknet_metal.weights import (
     WeightsCoverage,
@@ -231,32 +232,66 @@ class Network:
         """What the box decoder needs of each ``[yolo]`` layer."""
         return [self.layers[index].detection_head for index in self.yolo_layers]
 
-    def detect(self, image: str | os.PathLike[str] | np.ndarray, thresh: float = 0.25,
-               nms: float = 0.45) -> list[Detection]:
-        """Detect objects in one image as ``darknet detector test`` does.
+    def detect(self, image: ImageSource | Sequence[ImageSource], thresh: float = 0.25,
+               nms: float = 0.45) -> list[Detection] | list[list[Detection]]:
+        """Detect objects as ``darknet detector test`` does.
 
-        ``image`` is a path or an HxWx3 uint8 RGB array. Returns one ``Detection`` per (box,
+        ``image``: a path or an (H, W, 3) uint8 RGB array; returns one ``Detection`` per (box,
         class) with objectness x class probability above ``thresh`` after NMS with IoU
-        threshold ``nms``; boxes in pixels of the original image.
+        threshold ``nms``, boxes in pixels of the original image. Or a sequence of them
+        (list, tuple): run in passes of ``self.batch`` images (``load(..., batch=N)``), the
+        last one shorter; returns one such list per image, in order, each equal to detecting
+        that image alone. Raises ``ImageError`` naming an unreadable image (images before it
+        have been run), ``CfgError`` for a network that cannot detect.
         """
-        if not self.yolo_layers:
-            raise CfgError("the network has no [yolo] layer to detect with",
-                           path=self.config.path)
-        thresh = arguments.number("thresh", thresh, 0.0, 1.0)
-        nms = arguments.number("nms", nms, 0.0, 1.0)
-        img = load_image(image)
+        detector = Detector(self, thresh, nms)
+        if not is_image_sequence(image):
+            prepared = detector.prepare(image)  # type: ignore[arg-type]
+            outputs = self.forward(prepared.x[None])
+            return detector.detections([out[0] for out in outputs], prepared.width,
+                                       prepared.height)
+        images = list(image)  # type: ignore[arg-type]
+        check_images(images)
+        found: list[list[Detection]] = []
+        for start in range(0, len(images), self.batch):
+            chunk = [detector.prepare(item) for item in images[start:start + self.batch]]
+            outputs = self.forward(np.stack([item.x for item in chunk]))
+            found += detector.batch_detections(outputs, chunk)
+        return found
+
+    def stream(self, frames: Iterable[ImageSource], thresh: float = 0.25, nms: float = 0.45,
+               *, batch: int | None = None, depth: int = 2, workers: int = 2) -> DetectionStream:
+        """Detections of each of ``frames`` (paths or (H, W, 3) uint8 RGB arrays, from any
+        iterable: a list, a generator, a video reader), pipelined: ``workers`` threads read
+        and resize the next frames, and boxes are decoded in another thread, while passes of
+        ``batch`` frames (default ``self.batch``; the last pass is padded) run; on ``metal``
+        and ``emu`` up to ``depth`` passes are in flight on the device at once (each with its
+        own input and output memory, allocated once). Yields one list of ``Detection`` per
+        frame, in order, equal to ``detect(frame, thresh, nms)``.
+
+        Returns a ``DetectionStream`` (an iterator; ``.timings`` gives each pass's
+        ``PassTimings``, ``.close()`` stops it early). While it runs, the network is shared
+        with other threads pass by pass; do not ``resize`` or move it meanwhile.
+        """
+        return DetectionStream(self, frames, thresh=thresh, nms=nms, batch=batch, depth=depth,
+                               workers=workers)
+
+    def warmup(self, batch: int | None = None, depth: int = 2) -> None:
+        """Build now what the first ``detect`` or ``stream`` at ``batch`` images per pass
+        (default ``self.batch``) would: the pass's program and memory, the device's pipeline
+        states and parameters, and on ``metal``/``emu`` the ``depth`` pass slots a stream
+        uses — so that the first frame costs what every other does."""
+        batch = arguments.positive_int("batch", self.batch if batch is None else batch)
+        depth = arguments.positive_int("depth", depth)
         c, h, w = self.input_shape
-        if c != 3:
-            raise CfgError(f"detect needs a network with channels=3 in [net]; this one takes {c}",
-                           path=self.config.path, line=self.config.net.line)
-        letterbox = bool(self.config.net.values.get("letter_box"))
-        x = prepare_input(img, w, h, letterbox)[None]
-        outputs = [out[0] for out in self.forward(x)]
-        last_yolo = self.layers[self.yolo_layers[-1]].values
-        return detect_boxes(outputs, self.yolo_heads(), w, h, img.shape[2], img.shape[1],
-                            thresh=thresh, nms=nms, nms_kind=last_yolo["nms_kind"],
-                            beta_nms=last_yolo["beta_nms"], letterbox=letterbox,
-                            names=self.names)
+        wanted = self.yolo_layers or None
+        self.forward(np.zeros((batch, c, h, w), np.float32), outputs=wanted)
+        if self.device != "cpu" and wanted:
+            with self._running():
+                backend: Any = self._backend
+                ring = backend.hold_pass_ring(batch, wanted, depth)
+                if ring is not None:
+                    backend.let_go_pass_ring(ring)
 
     def save_weights(self, path: str | os.PathLike[str]) -> None:
         """Write the parameters (the trained ones after training), the rolling statistics and

@@ -89,6 +89,8 @@ typedef struct dm_stats {
     uint64_t live_bytes;         /* their class sizes */
     uint64_t pooled_buffers;     /* released, kept for reuse */
     uint64_t pooled_bytes;
+    uint64_t peak_in_flight;     /* most command buffers committed and not yet waited for at
+                                    once (a counter: reset with the others) */
 } dm_stats;
 
 /* One dispatch. `args` (if args_size > 0) is bound at buffer index 0 by value (setBytes);

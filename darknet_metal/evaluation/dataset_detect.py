@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from darknet_metal import arguments
-from darknet_metal.boxes import detect_boxes
-from darknet_metal.errors import ArgumentTypeError, CfgError, ImageError
+from darknet_metal.detection import Detector
+from darknet_metal.errors import ArgumentTypeError, ImageError
 from darknet_metal.evaluation.detections import detections_to_array
-from darknet_metal.image import load_image, prepare_input
 
 if TYPE_CHECKING:
     from darknet_metal.network import Network
@@ -61,24 +60,14 @@ def detect_dataset(
     if isinstance(images, str | bytes | os.PathLike) or not isinstance(images, Sequence):
         raise ArgumentTypeError("images must be a sequence of image paths, not "
                                 f"{type(images).__name__}")
-    thresh = arguments.number("thresh", thresh, 0.0, 1.0)
-    nms = arguments.number("nms", nms, 0.0, 1.0)
     batch = arguments.positive_int("batch", batch)
-    if not net.yolo_layers:
-        raise CfgError("the network has no [yolo] layer to detect with", path=net.config.path)
-    c, h, w = net.input_shape
-    if c != 3:
-        raise CfgError(f"detection needs a network with channels=3 in [net]; this one takes "
-                       f"{c}", path=net.config.path, line=net.config.net.line)
+    detector = Detector(net, thresh, nms)
     for i, path in enumerate(images):
         if not isinstance(path, str | os.PathLike):
             raise ArgumentTypeError(f"images[{i}] must be a path, not {type(path).__name__}")
         if not os.path.isfile(path):
             raise ImageError(f"{os.fspath(path)}: no such image file (images[{i}])")
 
-    letterbox = bool(net.config.net.values.get("letter_box"))
-    last_yolo = net.layers[net.yolo_layers[-1]].values
-    heads = net.yolo_heads()
     bar = None
     if progress:
         from tqdm import tqdm
@@ -88,18 +77,12 @@ def detect_dataset(
     sizes: list[tuple[int, int]] = []
     try:
         for start in range(0, len(images), batch):
-            chunk = images[start:start + batch]
-            loaded = [load_image(p) for p in chunk]
-            x = np.stack([prepare_input(img, w, h, letterbox) for img in loaded])
-            outputs = net.forward(x)
-            for n, img in enumerate(loaded):
-                iw, ih = int(img.shape[2]), int(img.shape[1])
-                found = detect_boxes([out[n] for out in outputs], heads, w, h, iw, ih,
-                                     thresh=thresh, nms=nms, nms_kind=last_yolo["nms_kind"],
-                                     beta_nms=last_yolo["beta_nms"], letterbox=letterbox,
-                                     names=net.names)
-                detections.append(detections_to_array(found, iw, ih))
-                sizes.append((iw, ih))
+            chunk = [detector.prepare(p) for p in images[start:start + batch]]
+            outputs = net.forward(np.stack([item.x for item in chunk]))
+            for item, found in zip(chunk, detector.batch_detections(outputs, chunk),
+                                   strict=True):
+                detections.append(detections_to_array(found, item.width, item.height))
+                sizes.append((item.width, item.height))
             if bar is not None:
                 bar.update(len(chunk))
     finally:

@@ -155,6 +155,8 @@ def stats(device: str = "metal") -> dict[str, int]:
     ``bytes_uploaded``/``bytes_downloaded``, ``pool_hits``/``pool_misses`` (buffer requests
     served from the pool / newly allocated), ``cpu_fallbacks`` (layers run on the CPU),
     ``pipelines_built``, ``encode_ns`` (host nanoseconds spent encoding dispatches, one by one
-    or as prepared lists), and memory: ``allocated_bytes``, ``peak_allocated_bytes``,
-    ``live_buffers``, ``live_bytes``, ``pooled_buffers``, ``pooled_bytes``."""
+    or as prepared lists), ``peak_in_flight`` (most command buffers committed and not yet
+    waited for at once; reset to the current number by ``reset_counters``), and memory:
+    ``allocated_bytes``, ``peak_allocated_bytes``, ``live_buffers``, ``live_bytes``,
+    ``pooled_buffers``, ``pooled_bytes``."""
     return {k: int(v) for k, v in get_device(device).stats().items()}

@@ -66,6 +66,7 @@ cdef extern from "dm_shim.h" nogil:
         uint64_t live_bytes
         uint64_t pooled_buffers
         uint64_t pooled_bytes
+        uint64_t peak_in_flight
 
     ctypedef struct dm_dispatch_desc:
         const void *args

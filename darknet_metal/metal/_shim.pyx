@@ -232,6 +232,7 @@ cdef class Device:
             "live_bytes": s.live_bytes,
             "pooled_buffers": s.pooled_buffers,
             "pooled_bytes": s.pooled_bytes,
+            "peak_in_flight": s.peak_in_flight,
         }
 
     def reset_peak(self) -> None:
@@ -286,9 +287,14 @@ cdef class Device:
         _raise(dm_device_commit(self._ptr))
 
     def synchronize(self) -> None:
-        """Commits and waits for all work; raises the first failure of that work."""
+        """Commits and waits for all work; raises the first failure of that work. Other
+        Python threads run meanwhile (the wait releases the GIL)."""
         self._check()
-        _raise(dm_device_synchronize(self._ptr))
+        cdef dm_device *ptr = self._ptr
+        cdef int rc
+        with nogil:
+            rc = dm_device_synchronize(ptr)
+        _raise(rc)
 
     def buffer(self, nbytes: int) -> Buffer:
         """An uninitialised buffer of ``nbytes`` bytes from the pool."""
@@ -631,13 +637,23 @@ cdef class Buffer:
             raise DeviceError("read_into needs a C-contiguous writeable array")
         cdef unsigned char[::1] view = out.reshape(-1).view(np.uint8)
         cdef void *dst = &view[0] if view.shape[0] else NULL
-        _raise(dm_buffer_read(self._ptr, offset, dst, view.shape[0]))
+        cdef dm_buffer *ptr = self._ptr
+        cdef size_t at = offset
+        cdef size_t n = view.shape[0]
+        cdef int rc
+        with nogil:  # the wait for the device lets other Python threads run
+            rc = dm_buffer_read(ptr, at, dst, n)
+        _raise(rc)
 
     def sync(self) -> None:
         """Waits for the device work that uses this buffer (a wrapped array is then
         current)."""
         self._ok()
-        _raise(dm_buffer_sync(self._ptr))
+        cdef dm_buffer *ptr = self._ptr
+        cdef int rc
+        with nogil:  # the wait for the device lets other Python threads run
+            rc = dm_buffer_sync(ptr)
+        _raise(rc)
 
     def __repr__(self) -> str:
         if self._ptr == NULL:

@@ -30,6 +30,7 @@ int dm_device_reset_counters(dm_device *device) {
     s->kernels_dispatched = s->command_buffers_committed = s->waits = 0;
     s->bytes_uploaded = s->bytes_downloaded = s->pool_hits = s->pool_misses = 0;
     s->cpu_fallbacks = s->pipelines_built = s->encode_ns = 0;
+    s->peak_in_flight = (uint64_t)device->n_in_flight;
     return DM_OK;
 }
 

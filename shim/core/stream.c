@@ -38,6 +38,8 @@ int dm_stream_commit(dm_device *device) {
     device->in_flight[device->n_in_flight].command = command;
     device->in_flight[device->n_in_flight].seq = seq;
     device->n_in_flight++;
+    if ((uint64_t)device->n_in_flight > device->stats.peak_in_flight)
+        device->stats.peak_in_flight = (uint64_t)device->n_in_flight;
     device->stats.command_buffers_committed++;
     return rc;
 }

@@ -131,6 +131,30 @@ def test_one_commit_per_pass_and_waits_only_on_reads(device):
     assert s["encode_ns"] > 0
 
 
+def test_peak_in_flight_counts_committed_unwaited_command_buffers(device):
+    n = 64
+    x = device.upload(np.ones(n, np.float32))
+    outs = [device.buffer(4 * n) for _ in range(4)]
+    device.reset_counters()
+    assert device.stats()["peak_in_flight"] == 0
+    for out in outs[:3]:  # three command buffers committed, none waited for
+        device.dispatch("selftest_axpy_f32", axpy_args(n, 1.0), [x, x, out], n, 64)
+        device.commit()
+    assert device.stats()["peak_in_flight"] == 3
+    outs[0].sync()  # waits for the first only: two stay in flight
+    device.reset_counters()
+    assert device.stats()["peak_in_flight"] == 2
+    device.synchronize()
+    for out in outs:  # one at a time: never more than one in flight
+        device.dispatch("selftest_axpy_f32", axpy_args(n, 1.0), [x, x, out], n, 64)
+        device.commit()
+        out.sync()
+    s = device.stats()
+    assert (s["peak_in_flight"], s["waits"], s["command_buffers_committed"]) == (2, 5, 4)
+    device.reset_counters()
+    assert device.stats()["peak_in_flight"] == 0
+
+
 def test_read_commits_pending_work(device):
     out = device.buffer(16)
     x = device.upload(np.arange(4, dtype=np.float32))
