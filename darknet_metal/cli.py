@@ -18,7 +18,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,20 @@ def _parser() -> argparse.ArgumentParser:
         help="image files; alpha is ignored, as Darknet does (a warning says so when an "
         "image has transparent pixels). Without any, the bundled sample image (Darknet's "
         "dog.jpg) is used",
+    )
+    detect.add_argument(
+        "--list",
+        metavar="FILE",
+        type=Path,
+        help="a text file of image paths, one a line (blank lines skipped), as `darknet "
+        "detector test ... < FILE` reads them; detected after the IMAGE arguments",
+    )
+    detect.add_argument(
+        "--json",
+        metavar="FILE",
+        type=Path,
+        help="also write every image's detections to FILE in the JSON of Darknet's "
+        "`-out result.json`",
     )
     detect.add_argument(
         "--model", metavar="NAME", help=f"bundled model: {', '.join(model_names())}"
@@ -205,7 +220,25 @@ def _check_detect_args(args: argparse.Namespace) -> None:
         args.parser.error("--cfg and --weights go together")
 
 
+def _image_list(path: Path) -> list[str]:
+    """The image paths of a ``--list`` file, one a line; ImageError naming the file if it
+    cannot be read or lists nothing."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ImageError(f"{path}: cannot read the image list: {exc}") from exc
+    images = [line.strip() for line in text.splitlines() if line.strip()]
+    if not images:
+        raise ImageError(f"{path}: the image list names no image")
+    return images
+
+
 def _run_detect(args: argparse.Namespace) -> int:
+    if args.list is not None:
+        args.images = [*args.images, *_image_list(args.list)]
+    if args.json is not None and args.json.is_dir():
+        _error(f"{args.json}: --json is a directory")
+        return 1
     if not args.images:
         args.images = [str(SAMPLE_IMAGE)]
         _note(f"no IMAGE given: detecting in the bundled sample {SAMPLE_IMAGE}")
@@ -230,32 +263,57 @@ def _run_detect(args: argparse.Namespace) -> int:
         return 1
 
     net = _load_network(args)
+    from darknet_metal.detection_json import frame_entry, write_detections_json
     from darknet_metal.draw import draw_detections, save_image_atomic
     from darknet_metal.image import load_image
 
     _warm_up(net)
-    for image, out_name in todo:
+    # Images stream through the network (read ahead, boxes decoded in a worker); the ones
+    # handed to it wait here, in order, for their detections.
+    handed: deque[tuple[str, str, np.ndarray]] = deque()
+    failed: list[str] = []
+
+    def report(image: str, exc: Exception) -> None:
+        message = str(exc)
+        _error(message if str(image) in message else f"{image}: {message}")
+        failed.append(image)
+
+    def frames() -> Iterator[np.ndarray]:
+        for image, out_name in todo:
+            try:
+                if _has_transparent_pixels(image):
+                    _warn(
+                        f"{image}: has transparent pixels; alpha is ignored, as Darknet does "
+                        "(they are read with the colours stored under them)"
+                    )
+                rgb = _to_uint8_hwc(load_image(image))
+            except (DarknetMetalError, OSError) as exc:
+                report(image, exc)
+                continue
+            handed.append((image, out_name, rgb))
+            yield rgb
+
+    entries = []
+    stream = net.stream(frames(), thresh=args.thresh, nms=args.nms, batch=1)
+    for k, detections in enumerate(stream):
+        image, out_name, rgb = handed.popleft()
         try:
-            if _has_transparent_pixels(image):
-                _warn(
-                    f"{image}: has transparent pixels; alpha is ignored, as Darknet does "
-                    "(they are read with the colours stored under them)"
-                )
-            rgb = _to_uint8_hwc(load_image(image))
-            start = time.perf_counter()
-            detections = net.detect(rgb, thresh=args.thresh, nms=args.nms)
-            elapsed_ms = (time.perf_counter() - start) * 1000.0
+            # One frame per pass: pass k is this image's; its forward time is Darknet's.
+            elapsed_ms = stream.timings[k].device * 1000.0
             shown = [d for d in detections if not d.name.startswith(_HIDDEN_PREFIX)]
             lines = [f"{image}: Predicted in {elapsed_ms:f} milli-seconds."]
             lines += format_detections(shown)
             print("\n".join(lines), flush=True)
+            height, width = rgb.shape[:2]
+            entries.append(frame_entry(len(entries) + 1, detections, width, height,
+                                       filename=str(image)))
             args.out.mkdir(parents=True, exist_ok=True)
             save_image_atomic(draw_detections(rgb, shown), args.out / out_name)
         except (DarknetMetalError, OSError) as exc:
-            message = str(exc)
-            _error(message if str(image) in message else f"{image}: {message}")
-            failures += 1
-    return 1 if failures else 0
+            report(image, exc)
+    if args.json is not None:
+        write_detections_json(args.json, entries)
+    return 1 if failures or failed else 0
 
 
 def _warm_up(net: Any) -> None:
@@ -264,9 +322,8 @@ def _warm_up(net: Any) -> None:
     The first pass plans the program and makes buffers and pipelines (hundreds of ms, against
     tens for the next ones), so it is kept out of the per-image times Darknet's lines print.
     """
-    x = np.zeros((1, *net.input_shape), np.float32)
     start = time.perf_counter()
-    net.forward(x)
+    net.warmup(batch=1)
     elapsed_ms = (time.perf_counter() - start) * 1000.0
     print(
         f"{PROG}: warm-up: {elapsed_ms:.1f} ms (first forward pass, not in the times below)",

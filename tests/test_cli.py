@@ -167,6 +167,55 @@ def test_bad_images_are_reported_and_the_others_still_run(
     assert [p.name for p in out_dir.iterdir()] == ["dog_predictions.jpg"]
 
 
+def test_detect_list_writes_darknets_json_matching_detect(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import darknet_metal as dm
+
+    junk = tmp_path / "junk.jpg"
+    junk.write_bytes(b"this is not a JPEG file")
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{DOG}\n\n{junk}\n{COFFEE}\n")
+    result = tmp_path / "result.json"
+    rc = main(["detect", "--list", str(listing), "--json", str(result), "--out",
+               str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert rc == 1  # the junk image
+    assert len(_error_lines(err)) == 1 and str(junk) in err
+    assert _parse(out) == {str(DOG): _expected("dog"), str(COFFEE): _expected("coffee")}
+
+    entries = json.loads(result.read_text())
+    assert [(e["frame_id"], e["filename"]) for e in entries] == [(1, str(DOG)), (2, str(COFFEE))]
+    net = dm.load(MODEL_DIR / "yolov3-tiny.cfg", MODEL_DIR / "yolov3-tiny.weights",
+                  names=MODEL_DIR / "coco.names")
+    for entry, path, stem in zip(entries, (DOG, COFFEE), ("dog", "coffee"), strict=True):
+        found = net.detect(path)
+        width, height = GOLDEN[stem]["width"], GOLDEN[stem]["height"]
+        assert [(o["class_id"], o["name"]) for o in entry["objects"]] == [
+            (d.class_id, d.name) for d in found]
+        for o, d in zip(entry["objects"], found, strict=True):
+            box = o["relative_coordinates"]
+            assert o["confidence"] == pytest.approx(d.confidence, rel=1e-6)
+            assert box["center_x"] * width == pytest.approx(d.left + d.width / 2, abs=1e-3)
+            assert box["center_y"] * height == pytest.approx(d.top + d.height / 2, abs=1e-3)
+            assert box["width"] * width == pytest.approx(d.width, abs=1e-3)
+            assert box["height"] * height == pytest.approx(d.height, abs=1e-3)
+    # The golden classes, in Darknet's -out order.
+    assert sorted(o["name"] for o in entries[0]["objects"]) == sorted(
+        d["cls"] for d in GOLDEN["dog"]["detections"])
+
+
+def test_detect_list_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    assert main(["detect", "--list", str(empty)]) == 1
+    assert "names no image" in capsys.readouterr().err
+    assert main(["detect", "--list", str(tmp_path / "none.txt")]) == 1
+    assert "none.txt" in capsys.readouterr().err
+    assert main(["detect", str(DOG), "--json", str(tmp_path)]) == 1
+    assert "--json is a directory" in capsys.readouterr().err
+
+
 def test_detect_with_cfg_weights_and_names(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
