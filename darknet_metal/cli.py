@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
-        if args.run is _run_detect:
+        if args.run in (_run_detect, _run_video):
             _check_detect_args(args)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
@@ -102,24 +102,7 @@ def _parser() -> argparse.ArgumentParser:
         help="also write every image's detections to FILE in the JSON of Darknet's "
         "`-out result.json`",
     )
-    detect.add_argument(
-        "--model", metavar="NAME", help=f"bundled model: {', '.join(model_names())}"
-    )
-    detect.add_argument("--cfg", metavar="C", type=Path, help="network .cfg file")
-    detect.add_argument("--weights", metavar="W", type=Path, help=".weights file for --cfg")
-    detect.add_argument("--names", metavar="N", type=Path, help="class names file, one a line")
-    detect.add_argument(
-        "--thresh",
-        type=unit_float,
-        default=0.25,
-        help="report boxes above this probability (default: %(default)s)",
-    )
-    detect.add_argument(
-        "--nms",
-        type=unit_float,
-        default=0.45,
-        help="IoU above which NMS drops a box (default: %(default)s)",
-    )
+    _add_model_arguments(detect)
     detect.add_argument(
         "--out",
         metavar="DIR",
@@ -127,14 +110,32 @@ def _parser() -> argparse.ArgumentParser:
         default=Path("."),
         help="where to write images, made when the first one is written (default: %(default)s)",
     )
-    detect.add_argument(
-        "--device",
-        default="cpu",
-        choices=DEVICES,
-        help="cpu, metal (Apple GPU) or emu (Metal kernels in the CPU emulator) "
-        "(default: %(default)s)",
-    )
     detect.set_defaults(run=_run_detect, parser=detect)
+
+    video = commands.add_parser(
+        "video",
+        help="detect objects in a video file",
+        description=(
+            "Detect in every frame of VIDEO (decoded with OpenCV: pip install "
+            '"darknet-metal[video]") through a pipelined stream, with a progress bar and '
+            "the frame rate on stderr; --out writes the frames with boxes, labels and an "
+            "FPS counter, as Darknet's video example draws them, at the source's size and "
+            "frame rate; --json writes each frame's detections in Darknet's JSON. "
+            f"Without --model or --cfg, the bundled {DEFAULT_MODEL} is used."
+        ),
+    )
+    video.add_argument("video", metavar="VIDEO", type=Path, help="video file")
+    video.add_argument("--out", metavar="FILE", type=Path,
+                       help="annotated video to write (.mp4, .mov, .m4v, .mkv, .avi)")
+    video.add_argument("--json", metavar="FILE", type=Path,
+                       help="write every frame's detections to FILE (Darknet's JSON)")
+    video.add_argument("--batch", metavar="N", type=positive_int, default=1,
+                       help="frames per pass (default: %(default)s)")
+    video.add_argument("--no-fps", action="store_true",
+                       help="leave the FPS counter off the annotated frames")
+    video.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _add_model_arguments(video)
+    video.set_defaults(run=_run_video, parser=video)
 
     summary = commands.add_parser(
         "summary",
@@ -205,6 +206,35 @@ def _run_partial(args: argparse.Namespace) -> int:
     _note(f"wrote {args.out}: the parameters of layers 0-{args.layers - 1} "
           f"({len(kept)} with parameters) from {args.weights}")
     return 0
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The network, thresholds and device options ``detect`` and ``video`` share."""
+    parser.add_argument(
+        "--model", metavar="NAME", help=f"bundled model: {', '.join(model_names())}"
+    )
+    parser.add_argument("--cfg", metavar="C", type=Path, help="network .cfg file")
+    parser.add_argument("--weights", metavar="W", type=Path, help=".weights file for --cfg")
+    parser.add_argument("--names", metavar="N", type=Path, help="class names file, one a line")
+    parser.add_argument(
+        "--thresh",
+        type=unit_float,
+        default=0.25,
+        help="report boxes above this probability (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--nms",
+        type=unit_float,
+        default=0.45,
+        help="IoU above which NMS drops a box (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=DEVICES,
+        help="cpu, metal (Apple GPU) or emu (Metal kernels in the CPU emulator) "
+        "(default: %(default)s)",
+    )
 
 
 def _run_doctor(args: argparse.Namespace) -> int:
@@ -314,6 +344,36 @@ def _run_detect(args: argparse.Namespace) -> int:
     if args.json is not None:
         write_detections_json(args.json, entries)
     return 1 if failures or failed else 0
+
+
+def _run_video(args: argparse.Namespace) -> int:
+    from darknet_metal.detection_json import frame_entry, write_detections_json
+    from darknet_metal.video import detect_video, open_video
+
+    _check_model_paths(args)
+    for option in (args.out, args.json):
+        if option is not None and option.is_dir():
+            _error(f"{option}: is a directory")
+            return 1
+    info, frames = open_video(args.video)  # a bad video is reported before loading a model
+    frames.close()
+    net = _load_network(args)
+    _warm_up(net)
+    entries: list[dict[str, Any]] = []
+
+    def record(index: int, detections: list[Detection]) -> None:
+        if args.json is not None:
+            entries.append(frame_entry(index + 1, detections, info.width, info.height))
+
+    report = detect_video(net, args.video, out=args.out, thresh=args.thresh, nms=args.nms,
+                          batch=args.batch, fps_overlay=not args.no_fps, on_frame=record,
+                          progress=not args.quiet)
+    if args.json is not None:
+        write_detections_json(args.json, entries)
+    print(f"{args.video}: {report.frames} frames, {report.boxes} detections, "
+          f"{report.fps:.1f} FPS ({report.seconds:.2f} s)"
+          + (f"; wrote {args.out}" if args.out is not None else ""), flush=True)
+    return 0
 
 
 def _warm_up(net: Any) -> None:
