@@ -15,8 +15,8 @@ import os
 import numpy as np
 from PIL import Image, ImageOps
 
+from .cpu.image_resize import resize_bilinear
 from .errors import ArgumentError, ImageError
-from .fp32 import fma32
 
 __all__ = [
     "letterbox_geometry",
@@ -143,24 +143,6 @@ def _check_size(width: int, height: int, who: str) -> None:
             )
 
 
-def _axis_samples(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
-    """Integer source index and float32 fraction of each destination sample on one axis.
-
-    Darknet maps destination d to source d * (src - 1) / (dst - 1), all in float32, and
-    truncates. For dst == 1 Darknet divides by zero (undefined behaviour in its C code);
-    here the single sample reads source index 0.
-    """
-    if dst == 1:
-        scale = np.float32(0.0)
-    else:
-        scale = np.float32(src - 1) / np.float32(dst - 1)
-    pos = np.arange(dst, dtype=np.float32) * scale
-    idx = pos.astype(np.int64)
-    np.minimum(idx, src - 1, out=idx)
-    frac = pos - idx.astype(np.float32)
-    return idx, frac
-
-
 def resize_image(img: np.ndarray, width: int, height: int) -> np.ndarray:
     """Darknet's ``resize_image``: bilinear, two passes, float32, bit-exact.
 
@@ -177,43 +159,15 @@ def resize_image(img: np.ndarray, width: int, height: int) -> np.ndarray:
     interpolations into fused multiply-adds: ``fma(1-dx, p[ix], dx * p[ix+1])`` and
     ``fma(dy, row[iy+1], (1-dy) * row[iy])``. This function does the same, which makes it
     bit-identical to those outputs; a Darknet build without FMA differs by 1 ulp here and
-    there. Same size in and out returns a float32 copy.
+    there. Same size in and out returns a float32 copy. The loops are C
+    (``cpu/image_resize.pyx``) and release the GIL.
     """
     _check_chw(img, "resize_image")
     _check_size(width, height, "resize_image")
-    src = np.asarray(img, dtype=np.float32)
-    channels, src_h, src_w = src.shape
-    if src_w == width and src_h == height:
+    src = np.ascontiguousarray(img, dtype=np.float32)
+    if src.shape[1:] == (height, width):
         return src.copy()
-
-    iy, dy = _axis_samples(src_h, height)
-    interpolate_rows = src_h > 1 and height > 1
-    iy1 = np.minimum(iy[: height - 1] + 1, src_h - 1) if interpolate_rows else iy[:0]
-    # The first pass is row by row, so only the source rows the second pass reads are needed.
-    needed = np.union1d(iy, iy1)
-    rows = np.take(src, needed, axis=1) if len(needed) < src_h else src
-    local = np.zeros(src_h, dtype=np.int64)
-    local[needed] = np.arange(len(needed))
-
-    # Pass 1: horizontal, (C, rows, W) -> (C, rows, width).
-    if src_w == 1:
-        part = np.repeat(rows, width, axis=2)
-    else:
-        ix, dx = _axis_samples(src_w, width)
-        ix1 = np.minimum(ix + 1, src_w - 1)
-        part = fma32(
-            np.take(rows, ix, axis=2), np.float32(1) - dx, dx * np.take(rows, ix1, axis=2)
-        )
-        part[:, :, width - 1] = rows[:, :, src_w - 1]
-
-    # Pass 2: vertical, (C, rows, width) -> (C, height, width).
-    out = (np.float32(1) - dy)[None, :, None] * np.take(part, local[iy], axis=1)
-    if interpolate_rows:
-        last = height - 1
-        out[:, :last, :] = fma32(
-            np.take(part, local[iy1], axis=1), dy[:last, None], out[:, :last, :]
-        )
-    return out
+    return resize_bilinear(src, width, height)
 
 
 def letterbox_geometry(
