@@ -75,6 +75,41 @@ def test_detect_from_many_threads(device):
         assert got == serial[i % 2], f"thread {i}"
 
 
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+def test_eight_threads_times_fifty_detections_equal_serial_without_growth(device):
+    # yolov3-tiny's COCO weights on the CPU; on emu the micro network (seeded, untrained: its
+    # ~200 boxes per image at 0.265 are as strict a comparison) to keep 800 passes quick.
+    # Each thread compares as it goes and keeps nothing, so memory is the network's.
+    import psutil
+    from training_golden import TRAIN
+
+    from darknet_metal import metal
+
+    if device == "cpu":
+        net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights",
+                      names=YOLOV3_TINY / "coco.names", input_size=(128, 128))
+        thresh = 0.1
+    else:
+        net = dm.load(TRAIN / "micro-v4-sgd" / "micro-v4-sgd.cfg", seed=1, device=device)
+        thresh = 0.265
+    images = [IMAGES / "dog.jpg", IMAGES / "coffee.png"]
+    serial = [net.detect(image, thresh=thresh) for image in images]
+    assert serial[0] and serial[1]
+
+    def fifty(i, calls=50):
+        return [k for k in range(calls)
+                if net.detect(images[(i + k) % 2], thresh=thresh) != serial[(i + k) % 2]]
+
+    # A first round makes every buffer and cache (and lets the allocator settle).
+    assert _in_threads(lambda i: fifty(i, calls=5)) == [[]] * THREADS
+    rss = psutil.Process().memory_info().rss
+    device_bytes = metal.stats(device)["allocated_bytes"] if device != "cpu" else 0
+    assert _in_threads(fifty) == [[]] * THREADS  # no call differs from the serial one
+    assert psutil.Process().memory_info().rss <= rss + 8 * 2**20
+    if device != "cpu":
+        assert metal.stats(device)["allocated_bytes"] == device_bytes
+
+
 def test_two_networks_share_the_emulator_from_threads():
     nets = [dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", seed=s, input_size=SIZE, device="emu")
             for s in (1, 2)]
