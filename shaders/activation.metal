@@ -7,10 +7,11 @@ using namespace metal;
 
 // y[i] = f(x[i]); y may be bound to the same buffer as x (each thread reads before it writes
 // its own element). Grid: n threads.
-kernel void activation_fwd_f32(constant dm_activation_args& args [[buffer(0)]],
-                               device const float* x [[buffer(1)]],
-                               device float* y [[buffer(2)]],
-                               uint gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void activation_fwd(constant dm_activation_args& args [[buffer(0)]],
+                           device const T* x [[buffer(1)]],
+                           device T* y [[buffer(2)]],
+                           uint gid [[thread_position_in_grid]]) {
     if (gid >= args.n) return;
     y[gid] = dm_activate(x[gid], args.act);
 }
@@ -60,3 +61,8 @@ template [[host_name("normalize_channels_softmax_fwd_f32")]] kernel normalize_ch
     normalize_channels_fwd<1>;
 template [[host_name("normalize_channels_softmax_maxval_fwd_f32")]] kernel
     normalize_channels_fwd_t normalize_channels_fwd<2>;
+
+typedef decltype(activation_fwd<float>) activation_fwd_f32_t;
+typedef decltype(activation_fwd<half>) activation_fwd_f16_t;
+template [[host_name("activation_fwd_f32")]] kernel activation_fwd_f32_t activation_fwd<float>;
+template [[host_name("activation_fwd_f16")]] kernel activation_fwd_f16_t activation_fwd<half>;

@@ -25,58 +25,61 @@ constant uint GEMM_K_TILE = GEMM_TK * GEMM_TILE;
 constant uint GEMM_C_TILE = GEMM_TILE * GEMM_TILE;
 
 // Element (r, k) of op(A) and (k, n) of op(B); TA/TB: the operand is stored transposed.
-template <bool TA>
-inline float gemm_load_a(device const float* a, uint lda, uint r, uint k) {
-    return TA ? a[k * lda + r] : a[r * lda + k];
+// T is the storage type of A, B, bias and C (float, or half for fp16 networks); tiles and
+// sums are float either way.
+template <bool TA, typename T>
+inline float gemm_load_a(device const T* a, uint lda, uint r, uint k) {
+    return float(TA ? a[k * lda + r] : a[r * lda + k]);
 }
 
-template <bool TB>
-inline float gemm_load_b(device const float* b, uint ldb, uint k, uint n) {
-    return TB ? b[n * ldb + k] : b[k * ldb + n];
+template <bool TB, typename T>
+inline float gemm_load_b(device const T* b, uint ldb, uint k, uint n) {
+    return float(TB ? b[n * ldb + k] : b[k * ldb + n]);
 }
 
 // C is read only when beta != 0: with beta = 0 it may be uninitialised, and 0 * NaN would
 // otherwise leak NaN into the result.
-inline float gemm_epilogue(constant dm_gemm_args& args, device const float* bias,
-                           device const float* c, uint zg, uint r, uint n, float v) {
+template <typename T>
+inline float gemm_epilogue(constant dm_gemm_args& args, device const T* bias,
+                           device const T* c, uint zg, uint r, uint n, float v) {
     if (args.bias_mode == DM_BIAS_ROWS) {
-        v += bias[zg * args.bias_group_stride + r];
+        v += float(bias[zg * args.bias_group_stride + r]);
     } else if (args.bias_mode == DM_BIAS_COLS) {
-        v += bias[zg * args.bias_group_stride + n];
+        v += float(bias[zg * args.bias_group_stride + n]);
     }
-    if (args.beta != 0.0f) v += args.beta * c[r * args.ldc + n];
+    if (args.beta != 0.0f) v += args.beta * float(c[r * args.ldc + n]);
     return dm_activate(v, args.act);
 }
 
 // Fills a (GEMM_TK x GEMM_TILE) tile of op(A)^T (as[k][m]) and of op(B) (bs[k][n]) for the
 // K step k0, zero outside the matrices. The thread mapping follows the stored layout so that
 // neighbouring threads read neighbouring addresses.
-template <bool TA, bool TB>
-inline void gemm_fill_tiles(constant dm_gemm_args& args, device const float* a,
-                            device const float* b, uint row0, uint col0, uint k0, uint tid,
+template <bool TA, bool TB, typename T>
+inline void gemm_fill_tiles(constant dm_gemm_args& args, device const T* a,
+                            device const T* b, uint row0, uint col0, uint k0, uint tid,
                             uint nthreads, threadgroup float* as, threadgroup float* bs,
                             uint pitch) {
     for (uint i = tid; i < GEMM_TK * GEMM_TILE; i += nthreads) {
         uint r = TA ? i % GEMM_TILE : i / GEMM_TK;
         uint k = TA ? i / GEMM_TILE : i % GEMM_TK;
         uint gr = row0 + r, gk = k0 + k;
-        as[k * pitch + r] = (gr < args.M && gk < args.K) ? gemm_load_a<TA>(a, args.lda, gr, gk)
+        as[k * pitch + r] = (gr < args.M && gk < args.K) ? gemm_load_a<TA, T>(a, args.lda, gr, gk)
                                                            : 0.0f;
         uint n = TB ? i / GEMM_TK : i % GEMM_TILE;
         uint kb = TB ? i % GEMM_TK : i / GEMM_TILE;
         uint gn = col0 + n, gkb = k0 + kb;
-        bs[kb * pitch + n] = (gn < args.N && gkb < args.K) ? gemm_load_b<TB>(b, args.ldb, gkb, gn)
-                                                            : 0.0f;
+        bs[kb * pitch + n] = (gn < args.N && gkb < args.K)
+                                 ? gemm_load_b<TB, T>(b, args.ldb, gkb, gn) : 0.0f;
     }
 }
 
 // Grid: threads (ceil(N/32)*16, ceil(M/32)*16, slices), threadgroup (16, 16, 1).
-template <bool TA, bool TB>
+template <bool TA, bool TB, typename T>
 kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
-                       device const float* a [[buffer(1)]],
-                       device const float* b [[buffer(2)]],
-                       device const float* bias [[buffer(3)]],
-                       device float* c [[buffer(4)]],
+                       device const T* a [[buffer(1)]],
+                       device const T* b [[buffer(2)]],
+                       device const T* bias [[buffer(3)]],
+                       device T* c [[buffer(4)]],
                        uint3 tg [[threadgroup_position_in_grid]],
                        uint2 lid [[thread_position_in_threadgroup]]) {
     threadgroup float a_tile[GEMM_PADDED_TILE];
@@ -89,8 +92,8 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
     const uint tid = lid.y * GEMM_SIDE + lid.x;
     float acc00 = 0.0f, acc01 = 0.0f, acc10 = 0.0f, acc11 = 0.0f;
     for (uint k0 = 0; k0 < args.K; k0 += GEMM_TK) {
-        gemm_fill_tiles<TA, TB>(args, a, b, row0, col0, k0, tid, GEMM_SIDE * GEMM_SIDE, a_tile,
-                                b_tile, GEMM_TILE + 1);
+        gemm_fill_tiles<TA, TB, T>(args, a, b, row0, col0, k0, tid, GEMM_SIDE * GEMM_SIDE, a_tile,
+                                   b_tile, GEMM_TILE + 1);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (uint k = 0; k < GEMM_TK; ++k) {
             const uint o = k * (GEMM_TILE + 1);
@@ -108,19 +111,19 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
         for (uint j = 0; j < 2; ++j) {
             uint r = row0 + lid.y + i * GEMM_SIDE, n = col0 + lid.x + j * GEMM_SIDE;
             if (r < args.M && n < args.N) {
-                c[r * args.ldc + n] = gemm_epilogue(args, bias, c, zg, r, n, acc[i][j]);
+                c[r * args.ldc + n] = T(gemm_epilogue<T>(args, bias, c, zg, r, n, acc[i][j]));
             }
         }
     }
 }
 
 // Grid: threads (ceil(N/32)*128, ceil(M/32), slices), threadgroup (128, 1, 1).
-template <bool TA, bool TB>
+template <bool TA, bool TB, typename T>
 kernel void gemm_simd(constant dm_gemm_args& args [[buffer(0)]],
-                      device const float* a [[buffer(1)]],
-                      device const float* b [[buffer(2)]],
-                      device const float* bias [[buffer(3)]],
-                      device float* c [[buffer(4)]],
+                      device const T* a [[buffer(1)]],
+                      device const T* b [[buffer(2)]],
+                      device const T* bias [[buffer(3)]],
+                      device T* c [[buffer(4)]],
                       uint3 tg [[threadgroup_position_in_grid]],
                       uint tid [[thread_index_in_threadgroup]],
                       uint sg [[simdgroup_index_in_threadgroup]]) {
@@ -138,8 +141,8 @@ kernel void gemm_simd(constant dm_gemm_args& args [[buffer(0)]],
         for (uint j = 0; j < 2; ++j) acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
     for (uint k0 = 0; k0 < args.K; k0 += GEMM_TK) {
-        gemm_fill_tiles<TA, TB>(args, a, b, row0, col0, k0, tid, GEMM_SIMD_THREADS, a_tile, b_tile,
-                                GEMM_TILE);
+        gemm_fill_tiles<TA, TB, T>(args, a, b, row0, col0, k0, tid, GEMM_SIMD_THREADS, a_tile,
+                                   b_tile, GEMM_TILE);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (uint k = 0; k < GEMM_TK; k += 8) {
             simdgroup_float8x8 ma[2];
@@ -169,17 +172,23 @@ kernel void gemm_simd(constant dm_gemm_args& args [[buffer(0)]],
     for (uint e = tid; e < GEMM_TILE * GEMM_TILE; e += GEMM_SIMD_THREADS) {
         uint r = row0 + e / GEMM_TILE, n = col0 + e % GEMM_TILE;
         if (r < args.M && n < args.N) {
-            c[r * args.ldc + n] = gemm_epilogue(args, bias, c, zg, r, n, c_tile[e]);
+            c[r * args.ldc + n] = T(gemm_epilogue<T>(args, bias, c, zg, r, n, c_tile[e]));
         }
     }
 }
 
-typedef decltype(gemm_tiled<false, false>) gemm_tiled_t;
-template [[host_name("gemm_nn_f32")]] kernel gemm_tiled_t gemm_tiled<false, false>;
-template [[host_name("gemm_nt_f32")]] kernel gemm_tiled_t gemm_tiled<false, true>;
-template [[host_name("gemm_tn_f32")]] kernel gemm_tiled_t gemm_tiled<true, false>;
+typedef decltype(gemm_tiled<false, false, float>) gemm_tiled_t;
+template [[host_name("gemm_nn_f32")]] kernel gemm_tiled_t gemm_tiled<false, false, float>;
+template [[host_name("gemm_nt_f32")]] kernel gemm_tiled_t gemm_tiled<false, true, float>;
+template [[host_name("gemm_tn_f32")]] kernel gemm_tiled_t gemm_tiled<true, false, float>;
+typedef decltype(gemm_tiled<false, false, half>) gemm_tiled_f16_t;
+template [[host_name("gemm_nn_f16")]] kernel gemm_tiled_f16_t gemm_tiled<false, false, half>;
+template [[host_name("gemm_nt_f16")]] kernel gemm_tiled_f16_t gemm_tiled<false, true, half>;
 
-typedef decltype(gemm_simd<false, false>) gemm_simd_t;
-template [[host_name("gemm_nn_simd_f32")]] kernel gemm_simd_t gemm_simd<false, false>;
-template [[host_name("gemm_nt_simd_f32")]] kernel gemm_simd_t gemm_simd<false, true>;
-template [[host_name("gemm_tn_simd_f32")]] kernel gemm_simd_t gemm_simd<true, false>;
+typedef decltype(gemm_simd<false, false, float>) gemm_simd_t;
+template [[host_name("gemm_nn_simd_f32")]] kernel gemm_simd_t gemm_simd<false, false, float>;
+template [[host_name("gemm_nt_simd_f32")]] kernel gemm_simd_t gemm_simd<false, true, float>;
+template [[host_name("gemm_tn_simd_f32")]] kernel gemm_simd_t gemm_simd<true, false, float>;
+typedef decltype(gemm_simd<false, false, half>) gemm_simd_f16_t;
+template [[host_name("gemm_nn_simd_f16")]] kernel gemm_simd_f16_t gemm_simd<false, false, half>;
+template [[host_name("gemm_nt_simd_f16")]] kernel gemm_simd_f16_t gemm_simd<false, true, half>;

@@ -28,10 +28,11 @@ kernel void softmax_fwd_f32(constant dm_softmax_args& args [[buffer(0)]],
 // logistic goes on every channel but w and h; then x and y become
 // v*scale_x_y - 0.5*(scale_x_y - 1). y may alias x. Grid (spatial, anchors*(5+classes),
 // batch).
-kernel void yolo_fwd_f32(constant dm_yolo_args& args [[buffer(0)]],
-                         device const float* x [[buffer(1)]],
-                         device float* y [[buffer(2)]],
-                         uint3 gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void yolo_fwd(constant dm_yolo_args& args [[buffer(0)]],
+                     device const T* x [[buffer(1)]],
+                     device T* y [[buffer(2)]],
+                     uint3 gid [[thread_position_in_grid]]) {
     const uint entries = 5u + args.classes;
     const uint channels = args.anchors * entries;
     if (gid.x >= args.spatial || gid.y >= channels || gid.z >= args.batch) return;
@@ -46,3 +47,8 @@ kernel void yolo_fwd_f32(constant dm_yolo_args& args [[buffer(0)]],
     }
     y[idx] = v;
 }
+
+typedef decltype(yolo_fwd<float>) yolo_fwd_f32_t;
+typedef decltype(yolo_fwd<half>) yolo_fwd_f16_t;
+template [[host_name("yolo_fwd_f32")]] kernel yolo_fwd_f32_t yolo_fwd<float>;
+template [[host_name("yolo_fwd_f16")]] kernel yolo_fwd_f16_t yolo_fwd<half>;

@@ -9,10 +9,11 @@ using namespace metal;
 // Grid (out_h*out_w, channels*ksize*ksize, images*groups): one thread per column element;
 // slice z reads channels [0, channels) of its own input slice (groups are consecutive
 // channel blocks of one image, so image b group g is slice b*groups + g).
-kernel void im2col_fwd_f32(constant dm_im2col_args& args [[buffer(0)]],
-                           device const float* image [[buffer(1)]],
-                           device float* col [[buffer(2)]],
-                           uint3 gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void im2col_fwd(constant dm_im2col_args& args [[buffer(0)]],
+                       device const T* image [[buffer(1)]],
+                       device T* col [[buffer(2)]],
+                       uint3 gid [[thread_position_in_grid]]) {
     const uint spatial = args.out_h * args.out_w;
     const uint k2 = args.ksize * args.ksize;
     const uint rows = args.channels * k2;
@@ -27,10 +28,15 @@ kernel void im2col_fwd_f32(constant dm_im2col_args& args [[buffer(0)]],
     const int iy = int(oy * args.stride_y + ky * args.dilation) - pad;
     const int ix = int(ox * args.stride_x + kx * args.dilation) - pad;
     const uint plane = args.height * args.width;
-    device const float* src = image + gid.z * args.channels * plane;
+    device const T* src = image + gid.z * args.channels * plane;
     float v = 0.0f;
     if (iy >= 0 && iy < int(args.height) && ix >= 0 && ix < int(args.width)) {
         v = src[c * plane + uint(iy) * args.width + uint(ix)];
     }
     col[(gid.z * rows + row) * spatial + gid.x] = v;
 }
+
+typedef decltype(im2col_fwd<float>) im2col_fwd_f32_t;
+typedef decltype(im2col_fwd<half>) im2col_fwd_f16_t;
+template [[host_name("im2col_fwd_f32")]] kernel im2col_fwd_f32_t im2col_fwd<float>;
+template [[host_name("im2col_fwd_f16")]] kernel im2col_fwd_f16_t im2col_fwd<half>;

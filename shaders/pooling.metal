@@ -8,13 +8,14 @@
 using namespace metal;
 
 // Grid (out_w, out_h, planes).
-kernel void maxpool_fwd_f32(constant dm_pool_args& args [[buffer(0)]],
-                            device const float* x [[buffer(1)]],
-                            device float* y [[buffer(2)]],
-                            uint3 gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void maxpool_fwd(constant dm_pool_args& args [[buffer(0)]],
+                        device const T* x [[buffer(1)]],
+                        device T* y [[buffer(2)]],
+                        uint3 gid [[thread_position_in_grid]]) {
     if (gid.x >= args.out_w || gid.y >= args.out_h || gid.z >= args.planes) return;
     const int offset = int(args.padding / 2);
-    device const float* src = x + gid.z * args.height * args.width;
+    device const T* src = x + gid.z * args.height * args.width;
     float best = -FLT_MAX;
     for (uint n = 0; n < args.size; ++n) {
         int yy = int(gid.y * args.stride_y + n) - offset;
@@ -57,3 +58,8 @@ kernel void avgpool_fwd_f32(constant dm_avgpool_args& args [[buffer(0)]],
     for (uint i = 0; i < args.spatial; ++i) total += src[i];
     y[gid] = total / float(args.spatial);
 }
+
+typedef decltype(maxpool_fwd<float>) maxpool_fwd_f32_t;
+typedef decltype(maxpool_fwd<half>) maxpool_fwd_f16_t;
+template [[host_name("maxpool_fwd_f32")]] kernel maxpool_fwd_f32_t maxpool_fwd<float>;
+template [[host_name("maxpool_fwd_f16")]] kernel maxpool_fwd_f16_t maxpool_fwd<half>;

@@ -7,10 +7,11 @@ using namespace metal;
 // Grid (out_w, out_h, planes). stride > 0: y = scale * x[.., j/s, i/s]. stride < 0: y is the
 // sum, in row-major block order, of scale * x over an s x s block, the input read with rows
 // out_w*s long and planes out_h*out_w*s*s long (exactly the input's when s divides its size).
-kernel void upsample_fwd_f32(constant dm_upsample_args& args [[buffer(0)]],
-                             device const float* x [[buffer(1)]],
-                             device float* y [[buffer(2)]],
-                             uint3 gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void upsample_fwd(constant dm_upsample_args& args [[buffer(0)]],
+                         device const T* x [[buffer(1)]],
+                         device T* y [[buffer(2)]],
+                         uint3 gid [[thread_position_in_grid]]) {
     if (gid.x >= args.out_w || gid.y >= args.out_h || gid.z >= args.planes) return;
     const uint dst = (gid.z * args.out_h + gid.y) * args.out_w + gid.x;
     if (args.stride > 0) {
@@ -20,7 +21,7 @@ kernel void upsample_fwd_f32(constant dm_upsample_args& args [[buffer(0)]],
     }
     const uint s = uint(-args.stride);
     const uint row = args.out_w * s;
-    device const float* src = x + gid.z * args.out_h * args.out_w * s * s;
+    device const T* src = x + gid.z * args.out_h * args.out_w * s * s;
     float total = 0.0f;
     for (uint dj = 0; dj < s; ++dj) {
         for (uint di = 0; di < s; ++di) {
@@ -55,3 +56,8 @@ kernel void reorg_fwd_f32(constant dm_reorg_args& args [[buffer(0)]],
         y[small] = x[large];
     }
 }
+
+typedef decltype(upsample_fwd<float>) upsample_fwd_f32_t;
+typedef decltype(upsample_fwd<half>) upsample_fwd_f16_t;
+template [[host_name("upsample_fwd_f32")]] kernel upsample_fwd_f32_t upsample_fwd<float>;
+template [[host_name("upsample_fwd_f16")]] kernel upsample_fwd_f16_t upsample_fwd<half>;

@@ -6,12 +6,18 @@
 using namespace metal;
 
 // Grid (spatial, channels, batch).
-kernel void route_fwd_f32(constant dm_route_args& args [[buffer(0)]],
-                          device const float* x [[buffer(1)]],
-                          device float* y [[buffer(2)]],
-                          uint3 gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void route_fwd(constant dm_route_args& args [[buffer(0)]],
+                      device const T* x [[buffer(1)]],
+                      device T* y [[buffer(2)]],
+                      uint3 gid [[thread_position_in_grid]]) {
     if (gid.x >= args.spatial || gid.y >= args.channels || gid.z >= args.batch) return;
     const uint src = (gid.z * args.src_channels + args.src_offset + gid.y) * args.spatial + gid.x;
     const uint dst = (gid.z * args.dst_channels + args.dst_offset + gid.y) * args.spatial + gid.x;
     y[dst] = x[src];
 }
+
+typedef decltype(route_fwd<float>) route_fwd_f32_t;
+typedef decltype(route_fwd<half>) route_fwd_f16_t;
+template [[host_name("route_fwd_f32")]] kernel route_fwd_f32_t route_fwd<float>;
+template [[host_name("route_fwd_f16")]] kernel route_fwd_f16_t route_fwd<half>;

@@ -63,10 +63,11 @@ kernel void fill_buf_f32(constant dm_fill_args& args [[buffer(0)]],
 }
 
 // dst[i] = src[i] (the buffers must not overlap). Grid: n.
-kernel void copy_buf_f32(constant dm_copy_args& args [[buffer(0)]],
-                         device const float* src [[buffer(1)]],
-                         device float* dst [[buffer(2)]],
-                         uint gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void copy_buf(constant dm_copy_args& args [[buffer(0)]],
+                     device const T* src [[buffer(1)]],
+                     device T* dst [[buffer(2)]],
+                     uint gid [[thread_position_in_grid]]) {
     if (gid >= args.n) return;
     dst[gid] = src[gid];
 }
@@ -194,3 +195,8 @@ kernel void finite_buf_f32(constant dm_finite_args& args [[buffer(0)]],
     if (gid >= args.n) return;
     if ((as_type<uint>(x[gid]) & 0x7F800000u) == 0x7F800000u) flag[0] = 0.0f;
 }
+
+typedef decltype(copy_buf<float>) copy_buf_f32_t;
+typedef decltype(copy_buf<half>) copy_buf_f16_t;
+template [[host_name("copy_buf_f32")]] kernel copy_buf_f32_t copy_buf<float>;
+template [[host_name("copy_buf_f16")]] kernel copy_buf_f16_t copy_buf<half>;

@@ -19,18 +19,20 @@ accepts two operands in the wrong order, and a kernel given too short a buffer r
 past its end without any error on the GPU.
 
 Each role declares its extent: an integer expression over the argument-struct fields and the
-grid axis names (a field wins where both have the name) giving how many float32 elements the
-role must hold, that is the largest element offset the kernel can touch, plus one, for those
-arguments. Expressions use only ``+ - * //``, parentheses, integer literals, names and
-``max``/``min`` calls, and are evaluated by walking their syntax tree, not by ``eval``, so a
-declaration is data that can never run code. A role the kernel touches only under a condition
-declares it as ``used_if``, an expression that is zero when the kernel leaves the role alone
-(a GEMM's bias with ``bias_mode = DM_BIAS_NONE``, the weight table of an unweighted
-shortcut): there, and only there, the role may be given as ``None`` (the dispatch must still
-bind some buffer at that index: Metal's validation wants every index bound).
-``Kernel.bind`` raises ``BindingError`` for a missing or unknown role, ``None`` where the
-kernel touches the role, or a buffer (anything with ``nbytes``) holding fewer bytes than 4 x
-the extent.
+grid axis names (a field wins where both have the name) giving how many elements (of the
+role's type: float, half, int or uint) the role must hold, that is the largest element
+offset the kernel can touch, plus one, for those arguments. Expressions use only
+``+ - * //``, parentheses, integer literals, names and ``max``/``min`` calls, and are evaluated by
+walking their syntax tree, not by ``eval``, so a declaration is data that can never run
+code. A role the kernel touches only under a condition declares it as ``used_if``, an
+expression that is zero when the kernel leaves the role alone (a GEMM's bias with
+``bias_mode = DM_BIAS_NONE``, the weight table of an unweighted shortcut): there, and only
+there, the role may be given as ``None`` (the dispatch must still bind some buffer at that
+index: Metal's validation wants every index bound). ``Kernel.bind`` raises ``BindingError``
+for a missing or unknown role, ``None`` where the kernel touches the role, or a buffer
+(anything with ``nbytes``) holding fewer bytes than the element size times the extent.
+Forward kernels listed in ``HALF_TWINS`` also exist for half storage (``_f16``), declared
+from their float twins.
 
 Grid rules (``Grid``): the host dispatches with ``dispatchThreads`` over ``axes``, named sizes
 given in x, y, z order. Without ``tile`` there is one thread per element and the threadgroup
@@ -43,6 +45,7 @@ threadgroup barriers). ``Grid.dispatch`` computes both.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import functools
 import math
@@ -237,7 +240,8 @@ def _expr(text: str) -> Expr:
 
 _DIRECTIONS = ("in", "out", "inout")
 #: Role element types -> the NumPy dtype a host array bound there must have.
-_ELEMENT_TYPES = {"f32": "float32", "i32": "int32", "u32": "uint32"}
+_ELEMENT_TYPES = {"f32": "float32", "f16": "float16", "i32": "int32", "u32": "uint32"}
+_ITEMSIZE = {"f32": 4, "f16": 2, "i32": 4, "u32": 4}
 _VERBS = {"in": "reads", "out": "writes", "inout": "reads and writes"}
 
 
@@ -254,8 +258,8 @@ class Binding:
     #: For an inout role: the argument field whose non-zero value makes the kernel read the
     #: role's old contents (empty: always read). A role not read need not be initialised.
     read_if: str = ""
-    #: The element type: "f32" (float), "i32" (int) or "u32" (uint); all are 4 bytes, so
-    #: extents count elements of any of them. ``bind`` refuses a NumPy array of another type.
+    #: The element type: "f32" (float), "f16" (half), "i32" (int) or "u32" (uint); extents
+    #: count elements, of ``itemsize`` bytes. ``bind`` refuses a NumPy array of another type.
     dtype: str = "f32"
 
     def __post_init__(self) -> None:
@@ -274,8 +278,13 @@ class Binding:
 
     @property
     def numpy_dtype(self) -> str:
-        """The NumPy dtype of the role's elements ("float32", "int32" or "uint32")."""
+        """The NumPy dtype of the role's elements ("float32", "float16", "int32", "uint32")."""
         return _ELEMENT_TYPES[self.dtype]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return _ITEMSIZE[self.dtype]
 
     @property
     def reads(self) -> bool:
@@ -385,7 +394,7 @@ class Kernel:
 
         Raises BindingError for a missing or unknown role, a ``None`` where the kernel
         touches the role (see ``Binding.used_if``), or a buffer with ``nbytes`` (shim
-        ``Buffer``, NumPy array) smaller than 4 bytes times the role's extent, or an array
+        ``Buffer``, NumPy array) smaller than the role's element size times its extent, or an array
         whose ``dtype`` is not the role's element type. Objects without ``nbytes`` are passed
         through unchecked.
         """
@@ -418,7 +427,7 @@ class Kernel:
             held = getattr(buf, "nbytes", None)
             if held is not None:
                 expr = _expr(b.extent)
-                need = 4 * max(0, self._value(b, b.extent, values))
+                need = b.itemsize * max(0, self._value(b, b.extent, values))
                 if held < need:
                     raise BindingError(
                         f"{self.name}: buffer for role {b.role!r} holds {held} bytes; "
@@ -1170,6 +1179,41 @@ _ELEMENTWISE: tuple[Kernel, ...] = (
 )
 
 
+#: Forward kernels that also exist for half storage (fp16 networks): the same template
+#: instantiated for ``half`` in its shader, named with ``_f16`` for ``_f32``, every float
+#: role holding half instead (sums stay float inside the kernels).
+HALF_TWINS = (
+    "activation_fwd_f32",
+    "im2col_fwd_f32",
+    "gemm_nn_f32",
+    "gemm_nt_f32",
+    "gemm_nn_simd_f32",
+    "gemm_nt_simd_f32",
+    "maxpool_fwd_f32",
+    "route_fwd_f32",
+    "upsample_fwd_f32",
+    "yolo_fwd_f32",
+    "copy_buf_f32",
+)
+
+
+def half_name(name: str) -> str:
+    """The ``_f16`` twin's name of ``_f32`` kernel ``name``."""
+    if not name.endswith("_f32"):
+        raise ValueError(f"{name} is not a float32 kernel name")
+    return name[: -len("_f32")] + "_f16"
+
+
+def _half_twins(table: Mapping[str, Kernel]) -> tuple[Kernel, ...]:
+    twins = []
+    for name in HALF_TWINS:
+        k = table[name]
+        bindings = tuple(dataclasses.replace(b, dtype="f16") if b.dtype == "f32" else b
+                         for b in k.bindings)
+        twins.append(dataclasses.replace(k, name=half_name(name), bindings=bindings))
+    return tuple(twins)
+
+
 def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
     table: dict[str, Kernel] = {}
     for group in groups:
@@ -1181,8 +1225,8 @@ def _table(*groups: tuple[Kernel, ...]) -> dict[str, Kernel]:
 
 
 #: Every kernel, keyed by its Metal function name.
-KERNELS: dict[str, Kernel] = _table(_FORWARD, _CONV_TRAIN, _YOLO_TRAIN, _LAYERS_TRAIN,
-                                    _ELEMENTWISE)
+_SINGLE = _table(_FORWARD, _CONV_TRAIN, _YOLO_TRAIN, _LAYERS_TRAIN, _ELEMENTWISE)
+KERNELS: dict[str, Kernel] = _table(tuple(_SINGLE.values()), _half_twins(_SINGLE))
 
 
 def kernel(name: str) -> Kernel:

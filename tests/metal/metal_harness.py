@@ -65,7 +65,7 @@ class Runner:
     ) -> None:
         """Run kernel ``name``: pack ``args`` into its struct (buffer 0), bind ``buffers``
         (role -> C-contiguous array of the role's element type, float32 unless the registry
-        says int32 or uint32, used in place, or None where the kernel does not
+        says float16, int32 or uint32, used in place, or None where the kernel does not
         touch the role) through ``Kernel.bind``, which checks each array against the role's
         declared extent, and dispatch the grid its registry entry gives for ``sizes``."""
         k = registry.kernel(name)
@@ -75,7 +75,7 @@ class Runner:
             np.full(1, np.nan, np.float32) if b is None else b for b in k.bind(buffers, args, sizes)
         ]
         for b in bound:
-            assert b.dtype.itemsize == 4 and b.flags["C_CONTIGUOUS"], name
+            assert b.dtype.itemsize in (2, 4) and b.flags["C_CONTIGUOUS"], name
         packed = np.frombuffer(registry.ARGS[k.args].pack(**args), np.uint8).copy()
         grid, group = k.grid.dispatch(**sizes)
         self.emu.dispatch(name, [packed, *bound], grid, group, order=order, seed=seed)

@@ -140,7 +140,7 @@ def _kernel_params(name, tables):
 
 
 #: The MSL element type of each role dtype.
-_MSL_ELEMENT = {"f32": "float", "i32": "int", "u32": "uint"}
+_MSL_ELEMENT = {"f32": "float", "f16": "half", "i32": "int", "u32": "uint"}
 
 
 @pytest.mark.parametrize("name", sorted(registry.KERNELS))
@@ -163,6 +163,9 @@ def test_buffers_match_signature(name, tables):
         ptype, actual = buffers[i]
         assert actual == pname, f"{name}: buffer {i} is '{actual}', registry says '{pname}'"
         element = _MSL_ELEMENT[k.binding(pname).dtype]
+        # In a template over the storage type, T is the instantiation's float or half.
+        if element in re.findall(r"\w+", info.function.partition("<")[2]):
+            element = f"(?:{element}|T)"
         if kind == "in":
             assert re.fullmatch(rf"device\s+const\s+{element}\s*\*", ptype), (name, ptype)
         else:
@@ -630,7 +633,8 @@ def test_kernels_stay_within_their_declared_extents(emu_runner, name):
         # Integer roles (indices, counts) get small values of both signs: kernels guard what
         # they index with them.
         dtype = k.binding(role).numpy_dtype
-        body = (rng.standard_normal(n) if dtype == "float32" else rng.integers(-3, 40, n))
+        body = (rng.standard_normal(n) if dtype.startswith("float")
+                else rng.integers(-3, 40, n))
         return np.concatenate([body.astype(dtype), np.full(tail, 1234.5).astype(dtype)])
 
     backing = {role: filled(role, n) for role, n in extents.items()}
