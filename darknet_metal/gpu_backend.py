@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 
 #: Programs kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
 MAX_PROGRAMS = 4
+#: ``precision`` values: float32 storage, or half storage with float arithmetic.
+PRECISIONS = ("fp32", "fp16")
 #: Input sizes whose layer placements are kept (``GpuBackend.resize``).
 MAX_PLACEMENTS = 32
 
@@ -83,25 +85,29 @@ class LayerPlacement:
 class DeviceArray:
     """A layer output that stays on the device until read.
 
-    ``shape`` (N, C, H, W), ``dtype`` float32, ``nbytes``. ``numpy()`` or ``np.asarray``
-    downloads it (waiting for the pass that computes it). Valid until the next forward pass of
-    the same backend, which reuses the buffer: reading it later raises DeviceError.
+    ``shape`` (N, C, H, W), ``dtype`` float32 (what ``numpy()`` returns; an fp16 network's
+    outputs are held as half and converted), ``nbytes`` (held on the device). ``numpy()`` or
+    ``np.asarray`` downloads it (waiting for the pass that computes it). Valid until the next
+    forward pass of the same backend, which reuses the buffer: reading it later raises
+    DeviceError.
     """
 
-    __slots__ = ("_backend", "_buffer", "_generation", "dtype", "shape")
+    __slots__ = ("_backend", "_buffer", "_generation", "_stored", "dtype", "shape")
 
     def __init__(
-        self, backend: GpuBackend, buffer: Any, shape: tuple[int, ...], generation: int
+        self, backend: GpuBackend, buffer: Any, shape: tuple[int, ...], generation: int,
+        stored: np.dtype | type = np.float32,
     ) -> None:
         self._backend = backend
         self._buffer = buffer
         self._generation = generation
+        self._stored = np.dtype(stored)
         self.shape = shape
         self.dtype = np.dtype(np.float32)
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * 4
+        return int(np.prod(self.shape)) * self._stored.itemsize
 
     def numpy(self) -> np.ndarray:
         """A new host array with the contents (downloads ``nbytes`` bytes)."""
@@ -111,9 +117,9 @@ class DeviceArray:
                 "a later pass of the same backend (from this thread or another); read outputs "
                 "before the next forward, or use Network.forward, which returns copies"
             )
-        out = np.empty(self.shape, np.float32)
+        out = np.empty(self.shape, self._stored)
         self._buffer.read_into(out)
-        return out
+        return out if self._stored == np.float32 else out.astype(np.float32)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self.numpy()
@@ -176,8 +182,8 @@ class BoundProgram:
             ]
             #: Per step with offsets: the byte offset of each bound buffer, in index order.
             self.offsets: dict[int, tuple[int, ...]] = {
-                i: tuple(4 * step.offsets.get(role, 0)
-                         for role in registry.kernel(step.kernel).roles)
+                i: tuple(b.itemsize * step.offsets.get(b.role, 0)
+                         for b in registry.kernel(step.kernel).bindings)
                 for i, step in enumerate(program.steps)
                 if isinstance(step, KernelStep) and step.offsets
             }
@@ -289,12 +295,16 @@ class BoundProgram:
         return held[1]
 
     def copy(self, src: Any, src_at: int, dst: Any, n: int, dst_at: int = 0) -> None:
-        """dst[dst_at:dst_at+n] = src[src_at:src_at+n] (elements) as a kernel; arrays are
-        wrapped, device buffers used as they are."""
+        """dst[dst_at:dst_at+n] = src[src_at:src_at+n] (elements of the program's storage
+        type) as a kernel; arrays are wrapped, device buffers used as they are."""
         buffers = {"src": src if not isinstance(src, np.ndarray) else self.wrap(src),
                    "dst": dst if not isinstance(dst, np.ndarray) else self.wrap(dst)}
-        name, args, bound, grid, group = pack("copy_buf_f32", buffers, {"n": n}, {"n": n})
-        self.device.dispatch(name, args, bound, grid, group, offsets=(4 * src_at, 4 * dst_at))
+        half = self.program.storage == "f16"
+        itemsize = 2 if half else 4
+        name, args, bound, grid, group = pack("copy_buf_f16" if half else "copy_buf_f32",
+                                              buffers, {"n": n}, {"n": n})
+        self.device.dispatch(name, args, bound, grid, group,
+                             offsets=(itemsize * src_at, itemsize * dst_at))
 
     def read(self, t: Tensor) -> np.ndarray:
         """A new host array with tensor ``t`` (downloaded after the last ``run``)."""
@@ -362,7 +372,11 @@ class GpuBackend:
         device: str = "emu",
         gemm: str = "auto",
         fallback: Collection[int] = (),
+        precision: str = "fp32",
     ) -> None:
+        if precision not in PRECISIONS:
+            raise ArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, not "
+                                f"{precision!r}")
         if np.dtype(dtype) != np.float32:
             raise DeviceError(
                 f"device '{device}' computes in float32 only, not "
@@ -373,6 +387,9 @@ class GpuBackend:
         self.name = device
         self.specs = specs
         self.dtype = np.dtype(np.float32)
+        #: How activations and parameters are held on the device (``precision``).
+        self.storage = "f16" if precision == "fp16" else "f32"
+        self.stored_dtype = np.dtype(np.float16 if precision == "fp16" else np.float32)
         self.device = get_device(device)
         info = self.device.info
         if gemm == "auto":
@@ -393,6 +410,7 @@ class GpuBackend:
         self._forced = set(fallback)
         self._placements = self._place(self._forced)
         self._placements_by_shape[specs[0].in_shape] = self._placements
+        self._check_half(self._placements)
         self._training_state: TrainState | None = None
         self._training_fallback: dict[int, str] | None = None
         self._training_plans: TrainingPlans[tuple[Program, dict[int, str]]] = TrainingPlans()
@@ -419,7 +437,8 @@ class GpuBackend:
             e.host(e.inputs, [e.output], _never_run)
 
         program = build_program(self.specs, probe, batch=1, keep=None, simd=self.simd,
-                                param_nbytes=None)
+                                param_nbytes=None, itemsize=self.stored_dtype.itemsize,
+                                storage=self.storage)
         kernels: dict[int, list[str]] = {}
         for step in program.steps:
             if isinstance(step, KernelStep) and step.kernel not in kernels.get(step.layer, []):
@@ -437,6 +456,17 @@ class GpuBackend:
             else:
                 placements.append(LayerPlacement(spec.index, spec.kind, "kernels", names))
         return placements
+
+    def _check_half(self, placements: Sequence[LayerPlacement]) -> None:
+        # A CPU fallback would pass half tensors to the CPU layers, which compute in float32.
+        if self.storage != "f16":
+            return
+        off = [p for p in placements if p.where == "fallback"]
+        if off:
+            raise DeviceError(
+                "precision='fp16' needs every layer on the device's half-storage kernels; "
+                + "; ".join(f"layer {p.index} ({p.type}): {p.reason}" for p in off)
+                + " (load with precision='fp32')")
 
     def _pipeline_problem(self, names: Sequence[str]) -> str | None:
         max_threads = self.device.info["max_threads_per_threadgroup"]
@@ -462,6 +492,7 @@ class GpuBackend:
         self.specs = specs
         if placements is None:
             placements = self._place(self._forced)
+            self._check_half(placements)
             if len(self._placements_by_shape) >= MAX_PLACEMENTS:
                 self._placements_by_shape.clear()
             self._placements_by_shape[specs[0].in_shape] = placements
@@ -491,7 +522,7 @@ class GpuBackend:
         for spec in on_device:
             for name, value in spec.device_params(params.get(spec.index)).items():
                 if isinstance(value, np.ndarray):
-                    buf = self.device.upload(np.ascontiguousarray(value, np.float32))
+                    buf = self.device.upload(np.ascontiguousarray(value, self.stored_dtype))
                 else:
                     buf = self.device.buffer(int(value))
                 self._params[Param(spec.index, name)] = buf
@@ -500,6 +531,7 @@ class GpuBackend:
             self.specs,
             lambda spec, e: spec.emit_device_setup(e) if spec.index in on_device_indices else None,
             batch=1, keep=(), simd=self.simd, param_nbytes=sizes,
+            itemsize=self.stored_dtype.itemsize, storage=self.storage,
         )
         for step in setup.steps:
             buffers = {role: None if ref is None else self._params[ref]
@@ -566,6 +598,7 @@ class GpuBackend:
         program = build_program(
             self.specs, self._emit, batch=batch, keep=keep, simd=self.simd,
             param_nbytes={ref: buf.nbytes for ref, buf in self._params.items()},
+            itemsize=self.stored_dtype.itemsize, storage=self.storage,
         )
         bound = self._programs[key] = BoundProgram(self, program)
         return bound
@@ -589,7 +622,7 @@ class GpuBackend:
         bound = self._bound(x.shape[0], keep)
         self.generation += 1
         start = time.perf_counter()
-        bound.input_buffer.write(x)
+        bound.input_buffer.write(np.ascontiguousarray(x, self.stored_dtype))
         if timings is None:
             for segment in bound.segments:
                 segment()
@@ -614,7 +647,8 @@ class GpuBackend:
             if keep is None or spec.index in keep:
                 buf = bound.buffer(Tensor(spec.index, "output"))
                 result.append(
-                    DeviceArray(self, buf, (x.shape[0], *spec.out_shape), self.generation)
+                    DeviceArray(self, buf, (x.shape[0], *spec.out_shape), self.generation,
+                                self.stored_dtype)
                 )
             else:
                 result.append(None)
@@ -689,6 +723,9 @@ class GpuBackend:
         CPU training steps as host steps inside the device program (each a commit, a wait
         and the transfers of what it reads and writes). Kept per input size
         (``TrainingPlans``): a size seen before costs nothing to build again."""
+        if self.storage != "f32":
+            raise DeviceError("training runs in float32; this backend holds half "
+                              "(precision='fp16')")
         key = (self.specs[0].in_shape, batch, first_backward, keep_deltas)
         program, fallback = self._training_plans.get(
             state, key, lambda: self._build_training(state, batch, first_backward, keep_deltas))

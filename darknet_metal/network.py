@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 #: Devices ``load`` accepts: the CPU reference, the Apple GPU, and the CPU emulator of the
 #: Metal compute model (the same kernels as "metal").
 DEVICES = ("cpu", "metal", "emu")
+#: ``load``'s ``precision``: float32, or half storage on the Metal devices.
+PRECISIONS = ("fp32", "fp16")
 
 
 def _read_names(names: str | os.PathLike[str] | Sequence[str] | None) -> list[str] | None:
@@ -65,7 +67,7 @@ class Network:
 
     def __init__(self, config: NetConfig, layers: list[LayerSpec], params: dict[int, Params], *,
                  header: WeightsHeader, names: list[str] | None, device: str, batch: int,
-                 dtype: np.dtype | type = np.float32) -> None:
+                 dtype: np.dtype | type = np.float32, precision: str = "fp32") -> None:
         self.config = config
         self.layers = layers
         self.params = params
@@ -81,13 +83,16 @@ class Network:
         self.batch = batch
         self.dtype = _check_dtype(dtype, device)
         _check_device(device)
+        #: "fp32", or "fp16" (metal/emu: activations and parameters held as half, arithmetic
+        #: in float; inference only).
+        self.precision = _check_precision(precision, device, self.dtype)
         self._backend_instance: Backend | None = None
         self._trainer_instance: Trainer | None = None
         self._params_changed = False
         # A network's executor reuses its memory from pass to pass: one pass at a time.
         self._lock = threading.RLock()
         # Bytes a pass plans at batch 1 and 2: memory grows by their difference per image.
-        itemsize = self.dtype.itemsize
+        itemsize = 2 if self.precision == "fp16" else self.dtype.itemsize
         self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
         self.check_memory(batch)
         # Batch sizes already found to fit: forward checks each new one once.
@@ -98,7 +103,7 @@ class Network:
         # Built on first use, so a cfg can be inspected (summary, layers) without running it.
         if self._backend_instance is None:
             self._backend_instance = _make_backend(self.device, self.layers, self.params,
-                                                   self.dtype)
+                                                   self.dtype, self.precision)
             self._params_changed = False
         elif self._params_changed:
             # Inference works on prepared copies (batch norm folded): refresh them.
@@ -145,6 +150,7 @@ class Network:
         network then stays where it was)."""
         _check_dtype(self.dtype, device)
         _check_device(device)
+        _check_precision(self.precision, device, self.dtype)
         with self._running():
             if device != self.device:
                 # Training state is bound to the old device's memory (momentum included).
@@ -302,6 +308,10 @@ class Network:
     # -- training -------------------------------------------------------------------------
 
     def _trainer(self) -> Trainer:
+        if self.precision != "fp32":
+            raise ArgumentError(
+                f"training runs in float32; this network was loaded with precision="
+                f"{self.precision!r} (load it with precision='fp32' to train)")
         if self._trainer_instance is None:
             from darknet_metal.training.trainer import Trainer
 
@@ -405,7 +415,7 @@ class Network:
         input size): the backend keeps its parameters, the trainer its state and the
         programs of the sizes seen before."""
         self.layers = layers
-        itemsize = self.dtype.itemsize
+        itemsize = 2 if self.precision == "fp16" else self.dtype.itemsize
         self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
         self._fitting_batches = set()
         if self._backend_instance is not None:
@@ -461,22 +471,35 @@ def _check_device(device: str) -> None:
         get_device(device)
 
 
+def _check_precision(precision: object, device: str, dtype: np.dtype) -> str:
+    if precision not in PRECISIONS:
+        raise ArgumentError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, "
+                            f"not {precision!r}")
+    if precision == "fp16" and device == "cpu":
+        raise ArgumentError("precision='fp16' runs on the Metal devices ('metal', 'emu'); the "
+                            "CPU computes in float32 (or float64)")
+    if precision == "fp16" and dtype != np.float32:
+        raise ArgumentError(f"precision='fp16' needs dtype float32, not {dtype}")
+    return str(precision)
+
+
 def _make_backend(device: str, specs: list[LayerSpec], params: dict[int, Params],
-                  dtype: np.dtype) -> Backend:
+                  dtype: np.dtype, precision: str = "fp32") -> Backend:
     if device == "cpu":
         from darknet_metal.cpu_backend import CpuBackend
 
         return CpuBackend(specs, params, dtype)
     from darknet_metal.gpu_backend import GpuBackend
 
-    return GpuBackend(specs, params, dtype, device=device)
+    return GpuBackend(specs, params, dtype, device=device, precision=precision)
 
 
 def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None, *,
          names: str | os.PathLike[str] | Sequence[str] | None = None, device: str = "cpu",
          batch: int | None = None, subdivisions: int | None = None, seed: int | None = None,
          dtype: np.dtype | type = np.float32,
-         input_size: tuple[int, int] | None = None, partial: bool = False) -> Network:
+         input_size: tuple[int, int] | None = None, partial: bool = False,
+         precision: str = "fp32") -> Network:
     """Load a Darknet network.
 
     ``cfg``: the ``.cfg`` path. ``weights``: a ``.weights`` path, or None to initialise the
@@ -492,7 +515,11 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     (convolutional weights do not depend on it). ``partial``: ``weights`` may hold only the
     first layers (a backbone such as ``yolov4-tiny.conv.29``, or the output of ``darknet-metal
     partial``); the others are initialised as without weights, and ``net.weights_coverage``
-    says which came from the file.
+    says which came from the file. ``precision``: "fp32", or "fp16" on ``metal``/``emu``:
+    weights and activations held as half (about half the device memory), every sum and
+    activation computed in float and rounded once per stored value; inference only (training
+    raises ``ArgumentError``); every layer must have half-storage kernels (``DeviceError``
+    naming the layers otherwise).
     Raises ``CfgError`` / ``WeightsError`` naming the file and line or layer at fault,
     ``ArgumentError`` / ``ArgumentTypeError`` naming a bad argument, ``DeviceError`` for a
     device this machine lacks (or float64 on a Metal device), ``MemoryLimitError`` when a pass
@@ -504,6 +531,7 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     size = None if input_size is None else arguments.size_pair("input_size", input_size)
     _check_device(device)
     _check_dtype(dtype, device)
+    _check_precision(precision, device, np.dtype(dtype))
     config = parse_cfg(cfg)
     if size is not None:
         config.net.values["width"], config.net.values["height"] = size
@@ -523,7 +551,7 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
         for index, layer in loaded.items():
             params[index].update(layer)
     net = Network(config, layers, params, header=header, names=_read_names(names),
-                  device=device, batch=batch or 1, dtype=dtype)
+                  device=device, batch=batch or 1, dtype=dtype, precision=precision)
     if coverage is not None and coverage.initialised:
         net.weights_coverage = coverage
     net.training_seed = seed or 0

@@ -40,10 +40,11 @@ class PassRing:
         self.depth = depth
         page = int(bound.device.info["page_size"])
         program = bound.program
+        stored = np.float16 if program.storage == "f16" else np.float32
         self.kept = [Tensor(i, "output") for i in outputs]
-        self.inputs = [aligned_empty(program.tensors[INPUT].shape, np.float32, page)
+        self.inputs = [aligned_empty(program.tensors[INPUT].shape, stored, page)
                        for _ in range(depth)]
-        self.outputs = [[aligned_empty(program.tensors[t].shape, np.float32, page)
+        self.outputs = [[aligned_empty(program.tensors[t].shape, stored, page)
                          for t in self.kept] for _ in range(depth)]
         # Wrap every slot array now: a stream allocates nothing after its first pass.
         for slot in range(depth):
@@ -74,15 +75,15 @@ class PassRing:
         return time.perf_counter() - began
 
     def finish(self, slot: int) -> tuple[list[np.ndarray], float, float]:
-        """Wait for the pass in ``slot`` and return copies of its kept outputs, with the
-        seconds spent waiting for the device and copying them out."""
+        """Wait for the pass in ``slot`` and return float32 copies of its kept outputs, with
+        the seconds spent waiting for the device and copying them out."""
         if not self.started[slot]:
             raise ArgumentError(f"pass slot {slot} was not started")
         began = time.perf_counter()
         self.bound.wrap(self.outputs[slot][0]).sync()
         waited = time.perf_counter()
         self.started[slot] = False
-        copies = [out.copy() for out in self.outputs[slot]]
+        copies = [out.astype(np.float32) for out in self.outputs[slot]]
         return copies, waited - began, time.perf_counter() - waited
 
     def drain(self) -> None:

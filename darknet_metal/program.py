@@ -133,6 +133,9 @@ class Program:
     keep: frozenset[Tensor]
     steps: list[Step] = field(default_factory=list)
     layer_ends: list[int] = field(default_factory=list)
+    #: How float tensors are stored on a device: "f32", or "f16" (half: the kernels are the
+    #: registry's ``_f16`` twins).
+    storage: str = "f32"
 
     def owner(self, t: Tensor) -> Tensor:
         """The tensor whose memory ``t`` is (``t`` itself unless it is an alias)."""
@@ -226,16 +229,18 @@ class _Builder:
         itemsize: int,
         simd: bool,
         param_nbytes: Mapping[Param, int] | None,
+        storage: str = "f32",
     ) -> None:
         self.specs = specs
         self.batch = batch
         self.itemsize = itemsize
+        self.storage = storage
         self.simd = simd
         self.param_nbytes = param_nbytes
         self.tensors: dict[Tensor, TensorSpec] = {}
         self.written: set[Tensor] = set()  # owners of the tensors some step has written
         self.owner: dict[Tensor, Tensor] = {}
-        self.program = Program(batch, mode, self.tensors, frozenset(keep))
+        self.program = Program(batch, mode, self.tensors, frozenset(keep), storage=storage)
         self.declare(INPUT, (batch, *specs[0].in_shape))
         self.written.add(INPUT)
         self.clear: Callable[[LayerEmitter, Tensor], None] | None = None
@@ -303,6 +308,12 @@ class _Builder:
     ) -> None:
         from darknet_metal.metal import registry
 
+        if self.storage == "f16":
+            if name not in registry.HALF_TWINS:
+                from darknet_metal.ops.base import Unsupported
+
+                raise Unsupported(f"no half-storage (fp16) kernel for {name} yet")
+            name = registry.half_name(name)
         k = registry.kernel(name)
         for role, offset in offsets.items():
             if buffers.get(role) is None or offset < 0:
@@ -310,7 +321,7 @@ class _Builder:
                                    f"{'unbound' if buffers.get(role) is None else 'bound'}")
         stand_ins: dict[str, Any] = {}
         for role, ref in buffers.items():
-            skipped = 4 * offsets.get(role, 0)
+            skipped = k.binding(role).itemsize * offsets.get(role, 0)
             if isinstance(ref, Tensor):
                 if ref not in self.tensors:
                     raise BindingError(f"{name}: role {role!r} is bound to undeclared {ref}")
@@ -353,6 +364,7 @@ def build_program(
     itemsize: int = 4,
     simd: bool = False,
     param_nbytes: Mapping[Param, int] | None = None,
+    storage: str = "f32",
     emit_backward: Callable[[LayerSpec, LayerEmitter], None] | None = None,
     clear: Callable[[LayerEmitter, Tensor], None] | None = None,
     first_backward: int = 0,
@@ -363,7 +375,9 @@ def build_program(
     For each layer in order, its output is declared ((batch, *out_shape), or an alias of its
     first input for ops whose output is their input) and ``emit(spec, emitter)`` appends its
     steps. ``keep``: layer indices whose outputs survive the pass (None: all). ``itemsize``:
-    bytes per element; ``simd``: passed to the ops; ``param_nbytes``: sizes of the device
+    bytes per element; ``storage``: "f16" runs every kernel step as its half-storage twin
+    (an op emitting a kernel without one raises ``ops.Unsupported``); ``simd``: passed to the
+    ops; ``param_nbytes``: sizes of the device
     parameters kernel steps may bind (for the binding checks; None: not known yet, so their
     sizes are not checked).
 
@@ -381,7 +395,8 @@ def build_program(
         raise ArgumentError("a training program needs emit_backward and clear")
     kept = [s.index for s in specs] if keep is None else list(keep)
     b = _Builder(
-        specs, batch, mode, [Tensor(i, "output") for i in kept], itemsize, simd, param_nbytes
+        specs, batch, mode, [Tensor(i, "output") for i in kept], itemsize, simd, param_nbytes,
+        storage,
     )
     b.clear = clear
     b.first_backward = first_backward

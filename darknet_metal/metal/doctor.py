@@ -110,6 +110,61 @@ MINI_NETWORKS: list[tuple[str, str]] = [
 ]
 
 
+#: Small networks for the half-storage (fp16) kernels: the layer kinds they cover.
+HALF_NETWORKS: list[tuple[str, str]] = [
+    (
+        "half-detector",
+        _NET.format(w=16, h=12, c=3)
+        + (
+            "[convolutional]\nbatch_normalize=1\nfilters=8\nsize=3\nstride=1\npad=1\n"
+            "activation=leaky\n\n"
+            "[maxpool]\nsize=2\nstride=2\n\n"
+            "[convolutional]\nfilters=6\nsize=3\nstride=1\npad=1\nactivation=mish\n\n"
+            "[route]\nlayers=-1\ngroups=2\ngroup_id=1\n\n"
+            "[upsample]\nstride=2\n\n"
+            "[route]\nlayers=-1,0\n\n"
+            "[convolutional]\nfilters=21\nsize=1\nstride=1\npad=0\nactivation=linear\n\n"
+            "[yolo]\nmask=0,1,2\nanchors=1,2,3,4,5,6\nclasses=2\nnum=3\nscale_x_y=1.05\n"
+        ),
+    ),
+    (
+        "half-connected",
+        _NET.format(w=5, h=3, c=3)
+        + "[connected]\noutput=12\nactivation=relu\n\n[connected]\noutput=4\n"
+        "activation=linear\n",
+    ),
+]
+
+
+def _half_direct_checks(device: Any) -> list[tuple[str, float, bool]]:
+    """The half-storage kernels no fp16 layer dispatches yet (the separate activation, the
+    copy streams use) against NumPy, as half."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(777) * 3).astype(np.float16)
+    results = []
+    src = device.upload(x)
+    out = device.buffer(x.nbytes)
+    try:
+        got = np.empty_like(x)
+        device.dispatch(*pack("copy_buf_f16", {"src": src, "dst": out}, {"n": x.size},
+                              {"n": x.size}))
+        out.read_into(got)
+        results.append(("copy_buf_f16", *_verdict(got.astype(np.float32),
+                                                   x.astype(np.float32))))
+        leaky = ACTIVATIONS.index("leaky")
+        device.dispatch(*pack("activation_fwd_f16", {"x": src, "y": out},
+                              {"n": x.size, "act": leaky}, {"n": x.size}))
+        out.read_into(got)
+        v = x.astype(np.float64)
+        want = np.where(v > 0, v, 0.1 * v).astype(np.float16).astype(np.float32)
+        diff = float(np.abs(got.astype(np.float32) - want).max())
+        results.append(("activation_fwd_f16", diff, diff <= 2.0**-10 * float(np.abs(want).max())))
+    finally:
+        src.release()
+        out.release()
+    return results
+
+
 def _direct_checks(device: Any) -> list[tuple[str, float, bool]]:
     """Kernels no layer dispatches at inference: the transposed-A GEMMs against a float64
     NumPy product, and the training kernels against the CPU reference."""
@@ -665,8 +720,32 @@ def run_doctor(
                     + (f", failing layers {bad}" if bad else "")
                 )
                 ok &= not bad
+    for name, text in HALF_NETWORKS:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, f"{name}.cfg")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            for gemm in ("tiled", "simd"):
+                try:
+                    report = run_parity(path, seed=1, device=device, gemm=gemm, input_seed=2,
+                                        precision="fp16")
+                except Exception:
+                    ok = False
+                    out(f"  FAIL {name} ({gemm} GEMM, fp16): error\n{traceback.format_exc()}")
+                    continue
+                for row in report["layers"]:
+                    exercised.update(row["kernels"])  # the _f16 names
+                worst = max(r["max_abs"] for r in report["layers"])
+                bad = [r["index"] for r in report["layers"] if not r["ok"]]
+                out(
+                    f"  {'ok  ' if not bad else 'FAIL'} {name:<22} {gemm:<5} fp16  "
+                    f"{len(report['layers']):>2} layers, max abs diff {worst:.2e}"
+                    + (f", failing layers {bad}" if bad else "")
+                )
+                ok &= not bad
     try:
-        for name, diff, passed in [*_direct_checks(dev), *_layers_train_checks(dev)]:
+        for name, diff, passed in [*_direct_checks(dev), *_layers_train_checks(dev),
+                                   *_half_direct_checks(dev)]:
             exercised.update(_kernel_names(name))
             out(f"  {'ok  ' if passed else 'FAIL'} {name:<34} max abs diff {diff:.2e}")
             ok &= passed

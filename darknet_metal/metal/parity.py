@@ -30,19 +30,23 @@ from darknet_metal.network import load
 #: (max abs diff as a fraction of max |cpu| (plus ``ABS_FLOOR`` absolute), max NMSE), for every
 #: layer: see the table above.
 DEFAULT_TOLERANCE = (1e-3, 1e-6)
+#: The same for ``precision="fp16"`` (half storage rounds every stored value to 11 bits):
+#: 1e-2 of the largest value, NMSE 1e-4 (relative L2 1e-2).
+HALF_TOLERANCE = (1e-2, 1e-4)
 ABS_FLOOR = 1e-6
 
 
-def compare(gpu: np.ndarray, cpu: np.ndarray) -> dict[str, Any]:
-    """Max abs diff, NMSE, the allowed values (``DEFAULT_TOLERANCE``) and the verdict for one
-    layer output."""
+def compare(gpu: np.ndarray, cpu: np.ndarray,
+            tolerance: tuple[float, float] = DEFAULT_TOLERANCE) -> dict[str, Any]:
+    """Max abs diff, NMSE, the allowed values (``tolerance``: fraction of max |cpu|, max NMSE)
+    and the verdict for one layer output."""
     g, c = gpu.astype(np.float64), cpu.astype(np.float64)
     diff = g - c
     finite = bool(np.isfinite(g).all())
     max_abs = float(np.abs(diff).max()) if diff.size else 0.0
     denom = float((c * c).sum())
     nmse = float((diff * diff).sum()) / denom if denom > 0 else float((diff * diff).sum())
-    rel, nmse_max = DEFAULT_TOLERANCE
+    rel, nmse_max = tolerance
     allowed = rel * (float(np.abs(c).max()) if c.size else 0.0) + ABS_FLOOR
     ok = finite and max_abs <= allowed and nmse <= nmse_max
     return {
@@ -65,13 +69,15 @@ def run_parity(
     gemm: str = "auto",
     input_seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """Run ``cfg`` on the CPU and on ``device`` and compare every layer's output.
 
     ``weights``: a ``.weights`` file, or None for random weights from ``seed``. ``image``: an
     image file prepared as ``detect`` does, or None for a uniform [0, 1) random input from
     ``input_seed``. ``size``: (W, H) replacing the [net] size (small sizes make the emulator
-    fast). ``gemm``: the GPU backend's GEMM choice. ``progress``, when given, is called with
+    fast). ``gemm``: the GPU backend's GEMM choice; ``precision``: the device's ("fp16" is
+    judged by ``HALF_TOLERANCE``). ``progress``, when given, is called with
     a line at the start and end of each stage (loading, CPU pass, device pass; the end
     line with the seconds it took). Returns a JSON-serialisable report: the
     settings, device facts, ``layers`` (index, type, shape, where, kernels, reason, max_abs,
@@ -92,7 +98,8 @@ def run_parity(
         else:
             x = np.random.default_rng(input_seed).random((1, c, h, w), dtype=np.float32)
         start = time.perf_counter()
-        backend = GpuBackend(net.layers, net.params, np.float32, device=device, gemm=gemm)
+        backend = GpuBackend(net.layers, net.params, np.float32, device=device, gemm=gemm,
+                             precision=precision)
         load_s = time.perf_counter() - start
     layers_at = f"{len(net.layers)} layers at {w}x{h}"
     try:
@@ -118,7 +125,7 @@ def run_parity(
             "kernels": list(place.kernels),
             "reason": place.reason,
         }
-        row.update(compare(g, ref))
+        row.update(compare(g, ref, HALF_TOLERANCE if precision == "fp16" else DEFAULT_TOLERANCE))
         layers.append(row)
     return {
         "cfg": os.fspath(cfg),
@@ -129,6 +136,7 @@ def run_parity(
         "device": device,
         "device_info": device_info(device),
         "gemm": "simd" if simd else "tiled",
+        "precision": precision,
         "seconds": {"gpu_load": load_s, "cpu_forward": cpu_s, "gpu_forward": gpu_s},
         "layers": layers,
         "ok": all(row["ok"] for row in layers),

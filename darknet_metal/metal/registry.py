@@ -1200,7 +1200,7 @@ HALF_TWINS = (
 def half_name(name: str) -> str:
     """The ``_f16`` twin's name of ``_f32`` kernel ``name``."""
     if not name.endswith("_f32"):
-        raise ValueError(f"{name} is not a float32 kernel name")
+        raise ArgumentError(f"{name} is not a float32 kernel name")
     return name[: -len("_f32")] + "_f16"
 
 
