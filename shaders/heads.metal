@@ -5,13 +5,14 @@ using namespace metal;
 
 // One thread per run of n values: exp(x/T - max/T) / sum, max over the run, summed in order
 // as Darknet's softmax. y may alias x. Grid: rows (= batch*groups).
-kernel void softmax_fwd_f32(constant dm_softmax_args& args [[buffer(0)]],
-                            device const float* x [[buffer(1)]],
-                            device float* y [[buffer(2)]],
-                            uint gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void softmax_fwd(constant dm_softmax_args& args [[buffer(0)]],
+                        device const T* x [[buffer(1)]],
+                        device T* y [[buffer(2)]],
+                        uint gid [[thread_position_in_grid]]) {
     if (gid >= args.rows) return;
-    device const float* src = x + gid * args.n;
-    device float* dst = y + gid * args.n;
+    device const T* src = x + gid * args.n;
+    device T* dst = y + gid * args.n;
     const float t = args.temperature;
     float largest = -FLT_MAX;
     for (uint i = 0; i < args.n; ++i) largest = src[i] > largest ? src[i] : largest;
@@ -52,3 +53,8 @@ typedef decltype(yolo_fwd<float>) yolo_fwd_f32_t;
 typedef decltype(yolo_fwd<half>) yolo_fwd_f16_t;
 template [[host_name("yolo_fwd_f32")]] kernel yolo_fwd_f32_t yolo_fwd<float>;
 template [[host_name("yolo_fwd_f16")]] kernel yolo_fwd_f16_t yolo_fwd<half>;
+
+typedef decltype(softmax_fwd<float>) softmax_fwd_f32_t;
+typedef decltype(softmax_fwd<half>) softmax_fwd_f16_t;
+template [[host_name("softmax_fwd_f32")]] kernel softmax_fwd_f32_t softmax_fwd<float>;
+template [[host_name("softmax_fwd_f16")]] kernel softmax_fwd_f16_t softmax_fwd<half>;

@@ -33,10 +33,11 @@ kernel void maxpool_fwd(constant dm_pool_args& args [[buffer(0)]],
 
 // maxpool_depth=1: output channel g is the maximum of input channels g, g + out_channels, ...
 // Grid (spatial, out_channels, batch).
-kernel void maxpool_depth_fwd_f32(constant dm_maxpool_depth_args& args [[buffer(0)]],
-                                  device const float* x [[buffer(1)]],
-                                  device float* y [[buffer(2)]],
-                                  uint3 gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void maxpool_depth_fwd(constant dm_maxpool_depth_args& args [[buffer(0)]],
+                              device const T* x [[buffer(1)]],
+                              device T* y [[buffer(2)]],
+                              uint3 gid [[thread_position_in_grid]]) {
     if (gid.x >= args.spatial || gid.y >= args.out_channels || gid.z >= args.batch) return;
     float best = -FLT_MAX;
     for (uint k = gid.y; k < args.channels; k += args.out_channels) {
@@ -48,12 +49,13 @@ kernel void maxpool_depth_fwd_f32(constant dm_maxpool_depth_args& args [[buffer(
 
 // Global average: one thread per plane sums its values in order (as Darknet does), then
 // divides by their count. Grid: planes.
-kernel void avgpool_fwd_f32(constant dm_avgpool_args& args [[buffer(0)]],
-                            device const float* x [[buffer(1)]],
-                            device float* y [[buffer(2)]],
-                            uint gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void avgpool_fwd(constant dm_avgpool_args& args [[buffer(0)]],
+                        device const T* x [[buffer(1)]],
+                        device T* y [[buffer(2)]],
+                        uint gid [[thread_position_in_grid]]) {
     if (gid >= args.planes) return;
-    device const float* src = x + gid * args.spatial;
+    device const T* src = x + gid * args.spatial;
     float total = 0.0f;
     for (uint i = 0; i < args.spatial; ++i) total += src[i];
     y[gid] = total / float(args.spatial);
@@ -63,3 +65,13 @@ typedef decltype(maxpool_fwd<float>) maxpool_fwd_f32_t;
 typedef decltype(maxpool_fwd<half>) maxpool_fwd_f16_t;
 template [[host_name("maxpool_fwd_f32")]] kernel maxpool_fwd_f32_t maxpool_fwd<float>;
 template [[host_name("maxpool_fwd_f16")]] kernel maxpool_fwd_f16_t maxpool_fwd<half>;
+
+typedef decltype(maxpool_depth_fwd<float>) maxpool_depth_fwd_f32_t;
+typedef decltype(maxpool_depth_fwd<half>) maxpool_depth_fwd_f16_t;
+template [[host_name("maxpool_depth_fwd_f32")]] kernel maxpool_depth_fwd_f32_t maxpool_depth_fwd<float>;
+template [[host_name("maxpool_depth_fwd_f16")]] kernel maxpool_depth_fwd_f16_t maxpool_depth_fwd<half>;
+
+typedef decltype(avgpool_fwd<float>) avgpool_fwd_f32_t;
+typedef decltype(avgpool_fwd<half>) avgpool_fwd_f16_t;
+template [[host_name("avgpool_fwd_f32")]] kernel avgpool_fwd_f32_t avgpool_fwd<float>;
+template [[host_name("avgpool_fwd_f16")]] kernel avgpool_fwd_f16_t avgpool_fwd<half>;

@@ -35,10 +35,11 @@ kernel void upsample_fwd(constant dm_upsample_args& args [[buffer(0)]],
 // with the layer's reverse flag as `forward`: the small side is indexed (batch, channels,
 // height, width), the large side read as (channels/s^2, height*s, width*s). reverse=0 copies
 // large -> small, reverse=1 small -> large. Grid (width, height, batch*channels).
-kernel void reorg_fwd_f32(constant dm_reorg_args& args [[buffer(0)]],
-                          device const float* x [[buffer(1)]],
-                          device float* y [[buffer(2)]],
-                          uint3 gid [[thread_position_in_grid]]) {
+template <typename T>
+kernel void reorg_fwd(constant dm_reorg_args& args [[buffer(0)]],
+                      device const T* x [[buffer(1)]],
+                      device T* y [[buffer(2)]],
+                      uint3 gid [[thread_position_in_grid]]) {
     if (gid.x >= args.width || gid.y >= args.height || gid.z >= args.batch * args.channels) {
         return;
     }
@@ -61,3 +62,8 @@ typedef decltype(upsample_fwd<float>) upsample_fwd_f32_t;
 typedef decltype(upsample_fwd<half>) upsample_fwd_f16_t;
 template [[host_name("upsample_fwd_f32")]] kernel upsample_fwd_f32_t upsample_fwd<float>;
 template [[host_name("upsample_fwd_f16")]] kernel upsample_fwd_f16_t upsample_fwd<half>;
+
+typedef decltype(reorg_fwd<float>) reorg_fwd_f32_t;
+typedef decltype(reorg_fwd<half>) reorg_fwd_f16_t;
+template [[host_name("reorg_fwd_f32")]] kernel reorg_fwd_f32_t reorg_fwd<float>;
+template [[host_name("reorg_fwd_f16")]] kernel reorg_fwd_f16_t reorg_fwd<half>;

@@ -133,6 +133,32 @@ HALF_NETWORKS: list[tuple[str, str]] = [
         + "[connected]\noutput=12\nactivation=relu\n\n[connected]\noutput=4\n"
         "activation=linear\n",
     ),
+    (
+        "half-combine",
+        _NET.format(w=7, h=5, c=4)
+        + (
+            "[convolutional]\nfilters=4\nsize=1\nstride=1\npad=0\nactivation=leaky\n\n"
+            "[convolutional]\nfilters=6\nsize=3\nstride=1\npad=1\nactivation=linear\n\n"
+            "[shortcut]\nfrom=-2\nactivation=linear\n\n"
+            "[shortcut]\nfrom=-2,-3\nweights_type=per_channel\nweights_normalization=softmax\n"
+            "activation=swish\n\n"
+            "[avgpool]\n\n"
+            "[scale_channels]\nfrom=-2\n\n"
+            "[convolutional]\nfilters=1\nsize=1\nstride=1\npad=0\nactivation=logistic\n\n"
+            "[scale_channels]\nfrom=-2\nscale_wh=1\n\n"
+            "[sam]\nfrom=-3\nactivation=linear\n"
+        ),
+    ),
+    (
+        "half-pool-softmax",
+        _NET.format(w=16, h=12, c=8)
+        + (
+            "[maxpool]\nmaxpool_depth=1\nout_channels=4\n\n"
+            "[reorg]\nstride=2\n\n"
+            "[connected]\noutput=10\nactivation=linear\n\n"
+            "[softmax]\ngroups=2\n"
+        ),
+    ),
 ]
 
 

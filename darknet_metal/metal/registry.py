@@ -1194,6 +1194,14 @@ HALF_TWINS = (
     "upsample_fwd_f32",
     "yolo_fwd_f32",
     "copy_buf_f32",
+    "shortcut_weights_fwd_f32",
+    "shortcut_fwd_f32",
+    "scale_channels_fwd_f32",
+    "sam_fwd_f32",
+    "maxpool_depth_fwd_f32",
+    "avgpool_fwd_f32",
+    "softmax_fwd_f32",
+    "reorg_fwd_f32",
 )
 
 

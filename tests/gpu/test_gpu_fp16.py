@@ -92,12 +92,12 @@ def test_fp16_refusals(tmp_path, tiny_fp16):
     x = np.zeros((1, 3, 416, 416), np.float32)
     with pytest.raises(ArgumentError, match="training runs in float32"):
         tiny_fp16.train_step(x, [np.zeros((0, 5), np.float32)])
-    # A layer kind without half-storage kernels yet ([avgpool]) is named at the first pass.
-    text = (CFG_DIR / "yolov4-tiny.cfg").read_text()
-    first_conv = text.index("[convolutional]", text.index("[convolutional]") + 1)
-    small = tmp_path / "avg.cfg"
-    small.write_text(text[:first_conv] + "[avgpool]\n\n[connected]\noutput=3\n"
-                     "activation=linear\n\n[softmax]\n")
-    net = dm.load(small, seed=1, device="emu", precision="fp16", input_size=(64, 64))
-    with pytest.raises(DeviceError, match=r"layer 1 \(avgpool\)"):
-        net.forward(np.zeros((1, 3, 64, 64), np.float32))
+    # What has no half-storage kernels yet (the channel-normalising activations) is named at
+    # the first pass.
+    small = tmp_path / "norm.cfg"
+    small.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n"
+                     "[convolutional]\nfilters=4\nsize=1\nactivation=leaky\n\n"
+                     "[convolutional]\nfilters=4\nsize=1\nactivation=normalize_channels\n")
+    net = dm.load(small, seed=1, device="emu", precision="fp16")
+    with pytest.raises(DeviceError, match=r"layer 1 \(convolutional\): no half-storage"):
+        net.forward(np.zeros((1, 3, 8, 8), np.float32))

@@ -152,3 +152,50 @@ def test_data_movement_half_equals_float(emu_runner, order):
                                       err_msg=base)
         if base == "copy_buf":
             np.testing.assert_array_equal(results["f16"], x.reshape(-1))
+
+
+# (kernel, args, grid sizes): the other half-storage twins, each compared with its float
+# kernel (checked against the CPU reference in the other kernel tests) on the same half
+# inputs. Every role is filled from the arguments' extents.
+_TWIN_CASES = [
+    ("shortcut_weights_fwd", dict(n_inputs=3, channels=6, per_channel=1, normalization=2),
+     {"channels": 6}),
+    ("shortcut_weights_fwd", dict(n_inputs=3, channels=6, per_channel=0, normalization=1),
+     {"channels": 6}),
+    ("shortcut_fwd", dict(batch=2, channels=6, spatial=35, src_channels=4, source=1, first=1,
+                          weighted=1), {"spatial": 35, "channels": 6, "batch": 2}),
+    ("scale_channels_fwd", dict(batch=2, channels=5, spatial=21, scale_wh=0),
+     {"spatial": 21, "channels": 5, "batch": 2}),
+    ("scale_channels_fwd", dict(batch=2, channels=5, spatial=21, scale_wh=1),
+     {"spatial": 21, "channels": 5, "batch": 2}),
+    ("sam_fwd", dict(n=300), {"n": 300}),
+    ("maxpool_depth_fwd", dict(batch=2, channels=6, spatial=20, out_channels=2),
+     {"spatial": 20, "out_channels": 2, "batch": 2}),
+    ("avgpool_fwd", dict(planes=12, spatial=49), {"planes": 12}),
+    ("softmax_fwd", dict(rows=6, n=10, temperature=0.5), {"rows": 6}),
+    ("reorg_fwd", dict(batch=2, width=4, height=3, channels=8, stride=2, reverse=0),
+     {"width": 4, "height": 3, "slices": 16}),
+    ("reorg_fwd", dict(batch=2, width=4, height=3, channels=8, stride=2, reverse=1),
+     {"width": 4, "height": 3, "slices": 16}),
+]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("case", range(len(_TWIN_CASES)))
+def test_other_twins_equal_their_float_kernels_within_half(emu_runner, order, case):
+    base, args, sizes = _TWIN_CASES[case]
+    k32 = registry.kernel(f"{base}_f32")
+    extents = k32.extents(args, sizes)
+    rng = np.random.default_rng(10 + case)
+    inputs = {role: _half(rng, extents[role], scale=2.0) for role in k32.inputs}
+    results = {}
+    for dtype, suffix in ((np.float16, "f16"), (np.float32, "f32")):
+        buffers = {role: a.astype(dtype) for role, a in inputs.items()}
+        buffers.update({role: np.zeros(extents[role], dtype) for role in k32.outputs
+                        if role not in inputs})
+        emu_runner.run(f"{base}_{suffix}", args, buffers, sizes, order=order)
+        results[suffix] = {role: buffers[role] for role in k32.outputs}
+    for role in k32.outputs:
+        full = results["f32"][role].astype(np.float64)
+        assert np.count_nonzero(full) > full.size // 2, (base, role)  # the kernel wrote
+        _near_half(results["f16"][role], full, f"{base}.{role}")
