@@ -35,6 +35,24 @@ _NET = "[net]\nwidth={w}\nheight={h}\nchannels={c}\n"
 
 _ELEMENTWISE = [a for a in ACTIVATIONS if a not in CHANNEL_ACTIVATIONS]
 
+
+def _combine(sam_activation: str) -> str:
+    """[shortcut] (plain and weighted), [scale_channels] both ways and [sam] (with
+    ``sam_activation``) after two convolutions."""
+    return _NET.format(w=7, h=5, c=4) + (
+        "[convolutional]\nfilters=4\nsize=1\nstride=1\npad=0\nactivation=leaky\n\n"
+        "[convolutional]\nfilters=6\nsize=3\nstride=1\npad=1\nactivation=linear\n\n"
+        "[shortcut]\nfrom=-2\nactivation=linear\n\n"
+        "[shortcut]\nfrom=-2,-3\nweights_type=per_channel\nweights_normalization=softmax\n"
+        "activation=swish\n\n"
+        "[avgpool]\n\n"
+        "[scale_channels]\nfrom=-2\n\n"
+        "[convolutional]\nfilters=1\nsize=1\nstride=1\npad=0\nactivation=logistic\n\n"
+        "[scale_channels]\nfrom=-2\nscale_wh=1\n\n"
+        f"[sam]\nfrom=-3\nactivation={sam_activation}\n"
+    )
+
+
 #: Small networks that together run every kernel a layer kind dispatches: (name, cfg text).
 MINI_NETWORKS: list[tuple[str, str]] = [
     (
@@ -78,22 +96,7 @@ MINI_NETWORKS: list[tuple[str, str]] = [
             "[avgpool]\n"
         ),
     ),
-    (
-        "combine",
-        _NET.format(w=7, h=5, c=4)
-        + (
-            "[convolutional]\nfilters=4\nsize=1\nstride=1\npad=0\nactivation=leaky\n\n"
-            "[convolutional]\nfilters=6\nsize=3\nstride=1\npad=1\nactivation=linear\n\n"
-            "[shortcut]\nfrom=-2\nactivation=linear\n\n"
-            "[shortcut]\nfrom=-2,-3\nweights_type=per_channel\nweights_normalization=softmax\n"
-            "activation=swish\n\n"
-            "[avgpool]\n\n"
-            "[scale_channels]\nfrom=-2\n\n"
-            "[convolutional]\nfilters=1\nsize=1\nstride=1\npad=0\nactivation=logistic\n\n"
-            "[scale_channels]\nfrom=-2\nscale_wh=1\n\n"
-            "[sam]\nfrom=-3\nactivation=normalize_channels\n"
-        ),
-    ),
+    ("combine", _combine("normalize_channels")),
     (
         "heads",
         _NET.format(w=5, h=3, c=3)
@@ -133,22 +136,7 @@ HALF_NETWORKS: list[tuple[str, str]] = [
         + "[connected]\noutput=12\nactivation=relu\n\n[connected]\noutput=4\n"
         "activation=linear\n",
     ),
-    (
-        "half-combine",
-        _NET.format(w=7, h=5, c=4)
-        + (
-            "[convolutional]\nfilters=4\nsize=1\nstride=1\npad=0\nactivation=leaky\n\n"
-            "[convolutional]\nfilters=6\nsize=3\nstride=1\npad=1\nactivation=linear\n\n"
-            "[shortcut]\nfrom=-2\nactivation=linear\n\n"
-            "[shortcut]\nfrom=-2,-3\nweights_type=per_channel\nweights_normalization=softmax\n"
-            "activation=swish\n\n"
-            "[avgpool]\n\n"
-            "[scale_channels]\nfrom=-2\n\n"
-            "[convolutional]\nfilters=1\nsize=1\nstride=1\npad=0\nactivation=logistic\n\n"
-            "[scale_channels]\nfrom=-2\nscale_wh=1\n\n"
-            "[sam]\nfrom=-3\nactivation=linear\n"
-        ),
-    ),
+    ("half-combine", _combine("linear")),
     (
         "half-pool-softmax",
         _NET.format(w=16, h=12, c=8)
@@ -724,47 +712,28 @@ def run_doctor(
 
     out(_section("kernel parity (vs CPU reference)"))
     exercised: set[str] = set()
+    networks = [(n, t, "fp32") for n, t in MINI_NETWORKS]
+    networks += [(n, t, "fp16") for n, t in HALF_NETWORKS]
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text in MINI_NETWORKS:
+        for name, text, precision in networks:
             path = os.path.join(tmp, f"{name}.cfg")
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
-            for gemm in ("tiled", "simd"):
-                try:
-                    report = run_parity(path, seed=1, device=device, gemm=gemm, input_seed=2)
-                except Exception:
-                    ok = False
-                    out(f"  FAIL {name} ({gemm} GEMM): error\n{traceback.format_exc()}")
-                    continue
-                for row in report["layers"]:
-                    exercised.update(row["kernels"])
-                worst = max(r["max_abs"] for r in report["layers"])
-                bad = [r["index"] for r in report["layers"] if not r["ok"]]
-                out(
-                    f"  {'ok  ' if not bad else 'FAIL'} {name:<22} {gemm:<5} GEMM  "
-                    f"{len(report['layers']):>2} layers, max abs diff {worst:.2e}"
-                    + (f", failing layers {bad}" if bad else "")
-                )
-                ok &= not bad
-    for name, text in HALF_NETWORKS:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, f"{name}.cfg")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
+            kind = "GEMM" if precision == "fp32" else "fp16"
             for gemm in ("tiled", "simd"):
                 try:
                     report = run_parity(path, seed=1, device=device, gemm=gemm, input_seed=2,
-                                        precision="fp16")
+                                        precision=precision)
                 except Exception:
                     ok = False
-                    out(f"  FAIL {name} ({gemm} GEMM, fp16): error\n{traceback.format_exc()}")
+                    out(f"  FAIL {name} ({gemm} {kind}): error\n{traceback.format_exc()}")
                     continue
                 for row in report["layers"]:
-                    exercised.update(row["kernels"])  # the _f16 names
+                    exercised.update(row["kernels"])  # as dispatched: _f16 names in fp16
                 worst = max(r["max_abs"] for r in report["layers"])
                 bad = [r["index"] for r in report["layers"] if not r["ok"]]
                 out(
-                    f"  {'ok  ' if not bad else 'FAIL'} {name:<22} {gemm:<5} fp16  "
+                    f"  {'ok  ' if not bad else 'FAIL'} {name:<22} {gemm:<5} {kind}  "
                     f"{len(report['layers']):>2} layers, max abs diff {worst:.2e}"
                     + (f", failing layers {bad}" if bad else "")
                 )
