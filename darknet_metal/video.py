@@ -23,7 +23,7 @@ import numpy as np
 from PIL import ImageDraw, ImageFont
 
 from darknet_metal.draw import draw_detections, label_font_size
-from darknet_metal.errors import ArgumentError, ImageError
+from darknet_metal.errors import ArgumentError, DependencyError, ImageError
 
 if TYPE_CHECKING:
     from darknet_metal.boxes import Detection
@@ -40,7 +40,7 @@ def _cv2() -> Any:
     try:
         import cv2
     except ImportError as exc:
-        raise ArgumentError('video needs OpenCV: pip install "darknet-metal[video]"') from exc
+        raise DependencyError('video needs OpenCV: pip install "darknet-metal[video]"') from exc
     return cv2
 
 
