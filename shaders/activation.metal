@@ -19,11 +19,11 @@ kernel void activation_fwd(constant dm_activation_args& args [[buffer(0)]],
 // One thread per pixel (x: pixel, y: image) normalises that pixel across its channels with
 // Darknet's epsilon 1e-4 in the denominator. MODE: 0 normalize_channels (positive parts over
 // their sum), 1 normalize_channels_softmax, 2 normalize_channels_softmax_maxval (softmax
-// shifted by the pixel's maximum). y may alias x.
-template <int MODE>
+// shifted by the pixel's maximum). y may alias x. T: the storage type (float or half).
+template <int MODE, typename T>
 kernel void normalize_channels_fwd(constant dm_normalize_channels_args& args [[buffer(0)]],
-                                   device const float* x [[buffer(1)]],
-                                   device float* y [[buffer(2)]],
+                                   device const T* x [[buffer(1)]],
+                                   device T* y [[buffer(2)]],
                                    uint2 gid [[thread_position_in_grid]]) {
     if (gid.x >= args.spatial || gid.y >= args.batch) return;
     const uint step = args.spatial;
@@ -48,19 +48,26 @@ kernel void normalize_channels_fwd(constant dm_normalize_channels_args& args [[b
             if (v > max_val || k == 0) max_val = v;
         }
     }
-    for (uint k = 0; k < args.channels; ++k) total += exp(x[base + k * step] - max_val);
+    for (uint k = 0; k < args.channels; ++k) total += exp(float(x[base + k * step]) - max_val);
     for (uint k = 0; k < args.channels; ++k) {
-        y[base + k * step] = exp(x[base + k * step] - max_val) / total;
+        y[base + k * step] = exp(float(x[base + k * step]) - max_val) / total;
     }
 }
 
-typedef decltype(normalize_channels_fwd<0>) normalize_channels_fwd_t;
+typedef decltype(normalize_channels_fwd<0, float>) normalize_channels_fwd_t;
 template [[host_name("normalize_channels_fwd_f32")]] kernel normalize_channels_fwd_t
-    normalize_channels_fwd<0>;
+    normalize_channels_fwd<0, float>;
 template [[host_name("normalize_channels_softmax_fwd_f32")]] kernel normalize_channels_fwd_t
-    normalize_channels_fwd<1>;
+    normalize_channels_fwd<1, float>;
 template [[host_name("normalize_channels_softmax_maxval_fwd_f32")]] kernel
-    normalize_channels_fwd_t normalize_channels_fwd<2>;
+    normalize_channels_fwd_t normalize_channels_fwd<2, float>;
+typedef decltype(normalize_channels_fwd<0, half>) normalize_channels_fwd_f16_t;
+template [[host_name("normalize_channels_fwd_f16")]] kernel normalize_channels_fwd_f16_t
+    normalize_channels_fwd<0, half>;
+template [[host_name("normalize_channels_softmax_fwd_f16")]] kernel
+    normalize_channels_fwd_f16_t normalize_channels_fwd<1, half>;
+template [[host_name("normalize_channels_softmax_maxval_fwd_f16")]] kernel
+    normalize_channels_fwd_f16_t normalize_channels_fwd<2, half>;
 
 typedef decltype(activation_fwd<float>) activation_fwd_f32_t;
 typedef decltype(activation_fwd<half>) activation_fwd_f16_t;

@@ -136,7 +136,13 @@ HALF_NETWORKS: list[tuple[str, str]] = [
         + "[connected]\noutput=12\nactivation=relu\n\n[connected]\noutput=4\n"
         "activation=linear\n",
     ),
-    ("half-combine", _combine("linear")),
+    ("half-combine", _combine("normalize_channels")),
+    (
+        "half-channels",
+        _NET.format(w=7, h=5, c=3)
+        + "".join(f"[convolutional]\nfilters=5\nsize=1\nstride=1\npad=0\nactivation={a}\n\n"
+                  for a in ("normalize_channels_softmax", "normalize_channels_softmax_maxval")),
+    ),
     (
         "half-pool-softmax",
         _NET.format(w=16, h=12, c=8)

@@ -1202,6 +1202,9 @@ HALF_TWINS = (
     "avgpool_fwd_f32",
     "softmax_fwd_f32",
     "reorg_fwd_f32",
+    "normalize_channels_fwd_f32",
+    "normalize_channels_softmax_fwd_f32",
+    "normalize_channels_softmax_maxval_fwd_f32",
 )
 
 

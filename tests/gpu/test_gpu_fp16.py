@@ -92,12 +92,19 @@ def test_fp16_refusals(tmp_path, tiny_fp16):
     x = np.zeros((1, 3, 416, 416), np.float32)
     with pytest.raises(ArgumentError, match="training runs in float32"):
         tiny_fp16.train_step(x, [np.zeros((0, 5), np.float32)])
-    # What has no half-storage kernels yet (the channel-normalising activations) is named at
-    # the first pass.
-    small = tmp_path / "norm.cfg"
+    # A layer that would run on the CPU (here forced) cannot take half tensors: named.
+    from darknet_metal.gpu_backend import GpuBackend
+
+    small = tmp_path / "small.cfg"
     small.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n"
                      "[convolutional]\nfilters=4\nsize=1\nactivation=leaky\n\n"
                      "[convolutional]\nfilters=4\nsize=1\nactivation=normalize_channels\n")
-    net = dm.load(small, seed=1, device="emu", precision="fp16")
-    with pytest.raises(DeviceError, match=r"layer 1 \(convolutional\): no half-storage"):
-        net.forward(np.zeros((1, 3, 8, 8), np.float32))
+    net = dm.load(small, seed=1)
+    with pytest.raises(DeviceError, match=r"layer 1 \(convolutional\): CPU fallback"):
+        GpuBackend(net.layers, net.params, device="emu", precision="fp16", fallback={1})
+    # Every inference kernel has its half twin: the channel-normalising activation runs.
+    half = dm.load(small, seed=1, device="emu", precision="fp16")
+    full = dm.load(small, seed=1, device="emu")
+    x = np.random.default_rng(1).random((1, 3, 8, 8), dtype=np.float32)
+    a, b = half.forward(x, outputs=[1])[0], full.forward(x, outputs=[1])[0]
+    assert np.linalg.norm(a - b) / np.linalg.norm(b) <= 1e-2

@@ -177,6 +177,9 @@ _TWIN_CASES = [
      {"width": 4, "height": 3, "slices": 16}),
     ("reorg_fwd", dict(batch=2, width=4, height=3, channels=8, stride=2, reverse=1),
      {"width": 4, "height": 3, "slices": 16}),
+    *((f"{variant}_fwd", dict(batch=2, channels=7, spatial=15), {"spatial": 15, "batch": 2})
+      for variant in ("normalize_channels", "normalize_channels_softmax",
+                      "normalize_channels_softmax_maxval")),
 ]
 
 
@@ -197,5 +200,5 @@ def test_other_twins_equal_their_float_kernels_within_half(emu_runner, order, ca
         results[suffix] = {role: buffers[role] for role in k32.outputs}
     for role in k32.outputs:
         full = results["f32"][role].astype(np.float64)
-        assert np.count_nonzero(full) > full.size // 2, (base, role)  # the kernel wrote
+        assert np.count_nonzero(full) > full.size // 3, (base, role)  # the kernel wrote
         _near_half(results["f16"][role], full, f"{base}.{role}")
