@@ -20,7 +20,7 @@ Order matters to users who compare outputs line by line, so it is reproduced too
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -38,6 +38,7 @@ __all__ = [
     "detect_boxes",
     "diou_nms",
     "nms_sort",
+    "shown",
 ]
 
 #: ``nms_kind`` values of a ``[yolo]`` section that Darknet understands.
@@ -613,6 +614,12 @@ def detect_boxes(
             diou_nms(boxes, objectness, probs, nms, beta_nms)
 
     return _to_detections(boxes, objectness, probs, image_w, image_h, thresh, names)
+
+
+def shown(detections: Iterable[Detection]) -> list[Detection]:
+    """The detections Darknet reports: those of classes whose name does not start with
+    ``dont_show`` (its way to hide classes from printed, drawn and JSON output)."""
+    return [d for d in detections if not d.name.startswith("dont_show")]
 
 
 def _to_detections(

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from darknet_metal.boxes import shown
 from darknet_metal.cli_args import multiple_of_32, positive_int, unit_float
 from darknet_metal.datasets import cli as datasets_cli
 from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, WeightsError
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
 PROG = "darknet-metal"
 DEFAULT_MODEL = "yolov3-tiny"
 
-# Darknet never reports a class whose name starts with this (its way to hide classes).
-_HIDDEN_PREFIX = "dont_show"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -330,15 +329,15 @@ def _run_detect(args: argparse.Namespace) -> int:
         try:
             # One frame per pass: pass k is this image's; its forward time is Darknet's.
             elapsed_ms = stream.timings[k].device * 1000.0
-            shown = [d for d in detections if not d.name.startswith(_HIDDEN_PREFIX)]
+            reported = shown(detections)
             lines = [f"{image}: Predicted in {elapsed_ms:f} milli-seconds."]
-            lines += format_detections(shown)
+            lines += format_detections(reported)
             print("\n".join(lines), flush=True)
             height, width = rgb.shape[:2]
             entries.append(frame_entry(len(entries) + 1, detections, width, height,
                                        filename=str(image)))
             args.out.mkdir(parents=True, exist_ok=True)
-            save_image_atomic(draw_detections(rgb, shown), args.out / out_name)
+            save_image_atomic(draw_detections(rgb, reported), args.out / out_name)
         except (DarknetMetalError, OSError) as exc:
             report(image, exc)
     if args.json is not None:

@@ -24,12 +24,10 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from darknet_metal.boxes import Detection
+from darknet_metal.boxes import Detection, shown
 from darknet_metal.files import atomic_write
 
 __all__ = ["frame_entry", "write_detections_json"]
-
-_HIDDEN_PREFIX = "dont_show"
 
 
 def frame_entry(frame_id: int, detections: Iterable[Detection], width: int, height: int,
@@ -37,9 +35,7 @@ def frame_entry(frame_id: int, detections: Iterable[Detection], width: int, heig
     """The JSON object of one image (``filename`` given) or video frame: ``detections`` in
     pixels of a ``width`` x ``height`` image."""
     objects = []
-    for d in detections:
-        if d.name.startswith(_HIDDEN_PREFIX):
-            continue
+    for d in shown(detections):
         objects.append({
             "class_id": d.class_id,
             "name": d.name,

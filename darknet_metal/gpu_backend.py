@@ -48,6 +48,7 @@ from darknet_metal.params import Params
 from darknet_metal.pass_ring import PassRing
 from darknet_metal.program import (
     INPUT,
+    STORAGE,
     HostStep,
     KernelStep,
     LayerEmitter,
@@ -63,8 +64,6 @@ if TYPE_CHECKING:
 
 #: Programs kept per backend (one per (batch, requested outputs)); the oldest is freed beyond it.
 MAX_PROGRAMS = 4
-#: ``precision`` values: float32 storage, or half storage with float arithmetic.
-PRECISIONS = ("fp32", "fp16")
 #: Input sizes whose layer placements are kept (``GpuBackend.resize``).
 MAX_PLACEMENTS = 32
 
@@ -374,8 +373,8 @@ class GpuBackend:
         fallback: Collection[int] = (),
         precision: str = "fp32",
     ) -> None:
-        if precision not in PRECISIONS:
-            raise ArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, not "
+        if precision not in STORAGE:
+            raise ArgumentError(f"precision must be one of {', '.join(STORAGE)}, not "
                                 f"{precision!r}")
         if np.dtype(dtype) != np.float32:
             raise DeviceError(
@@ -388,8 +387,8 @@ class GpuBackend:
         self.specs = specs
         self.dtype = np.dtype(np.float32)
         #: How activations and parameters are held on the device (``precision``).
-        self.storage = "f16" if precision == "fp16" else "f32"
-        self.stored_dtype = np.dtype(np.float16 if precision == "fp16" else np.float32)
+        self.storage = STORAGE[precision]
+        self.stored_dtype = np.dtype(np.float16 if self.storage == "f16" else np.float32)
         self.device = get_device(device)
         info = self.device.info
         if gemm == "auto":

@@ -25,6 +25,7 @@ from darknet_metal.errors import (
 from darknet_metal.layers import LayerSpec, Shape, build_layers, input_shape
 from darknet_metal.memory import format_bytes, pass_bytes, physical_memory
 from darknet_metal.params import Params, init_params
+from darknet_metal.program import STORAGE
 from darknet_metal.stream import DetectionStream
 from darknet_metal.summary import summary_table
 from darknet_metal.weights import (
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
 #: Devices ``load`` accepts: the CPU reference, the Apple GPU, and the CPU emulator of the
 #: Metal compute model (the same kernels as "metal").
 DEVICES = ("cpu", "metal", "emu")
-#: ``load``'s ``precision``: float32, or half storage on the Metal devices.
-PRECISIONS = ("fp32", "fp16")
 
 
 def _read_names(names: str | os.PathLike[str] | Sequence[str] | None) -> list[str] | None:
@@ -472,8 +471,8 @@ def _check_device(device: str) -> None:
 
 
 def _check_precision(precision: object, device: str, dtype: np.dtype) -> str:
-    if precision not in PRECISIONS:
-        raise ArgumentError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, "
+    if precision not in STORAGE:
+        raise ArgumentError(f"precision must be one of {', '.join(map(repr, STORAGE))}, "
                             f"not {precision!r}")
     if precision == "fp16" and device == "cpu":
         raise ArgumentError("precision='fp16' runs on the Metal devices ('metal', 'emu'); the "

@@ -119,6 +119,10 @@ class HostStep:
 Step = KernelStep | HostStep
 
 
+#: ``precision`` (``load``, ``GpuBackend``) -> how a device program stores float tensors.
+STORAGE = {"fp32": "f32", "fp16": "f16"}
+
+
 @dataclass
 class Program:
     """The steps of one pass, in order, and every tensor they use.

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import ImageDraw, ImageFont
 
+from darknet_metal.boxes import shown
 from darknet_metal.draw import draw_detections, label_font_size
 from darknet_metal.errors import ArgumentError, DependencyError, ImageError
 
@@ -33,7 +34,6 @@ __all__ = ["VideoInfo", "VideoReport", "detect_video", "open_video"]
 
 #: Codec by output extension (OpenCV's FFmpeg backend in its pip wheels writes these).
 _FOURCC = {".mp4": "mp4v", ".m4v": "mp4v", ".mov": "mp4v", ".avi": "MJPG", ".mkv": "mp4v"}
-_HIDDEN_PREFIX = "dont_show"
 
 
 def _cv2() -> Any:
@@ -204,8 +204,7 @@ def draw_frame(rgb: np.ndarray, detections: list[Detection], fps: float | None,
                num_classes: int) -> np.ndarray:
     """``rgb`` with the boxes and labels of ``detections`` and, unless ``fps`` is None, an
     "FPS: x.x" counter in the top left corner; a new (H, W, 3) uint8 array."""
-    shown = [d for d in detections if not d.name.startswith(_HIDDEN_PREFIX)]
-    canvas = draw_detections(rgb, shown, num_classes=num_classes)
+    canvas = draw_detections(rgb, shown(detections), num_classes=num_classes)
     if fps is not None:
         draw = ImageDraw.Draw(canvas)
         size = label_font_size(rgb.shape[0])
