@@ -32,6 +32,7 @@ from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, Weight
 from darknet_metal.evaluation import cli as evaluation_cli
 from darknet_metal.models import SAMPLE_IMAGE, model_files, model_names
 from darknet_metal.network import DEVICES
+from darknet_metal.serving import server as serving_cli
 from darknet_metal.training import cli as training_cli
 
 if TYPE_CHECKING:
@@ -189,6 +190,7 @@ def _parser() -> argparse.ArgumentParser:
     datasets_cli.add_commands(commands)
     evaluation_cli.add_commands(commands)
     training_cli.add_commands(commands)
+    serving_cli.add_commands(commands)
     return parser
 
 

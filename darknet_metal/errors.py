@@ -110,6 +110,10 @@ class ImageError(DarknetMetalError, ValueError):
     """An image that cannot be read or has the wrong shape or type."""
 
 
+class ImageTooLargeError(ImageError):
+    """An image with more pixels than the caller allows (``decode_image``'s ``max_pixels``)."""
+
+
 class ModelNotFoundError(DarknetMetalError, FileNotFoundError):
     """A bundled model whose weights are not in the cache and cannot be downloaded."""
 
@@ -148,3 +152,34 @@ class CheckpointError(DarknetMetalError, ValueError):
 class DependencyError(DarknetMetalError, ImportError):
     """An optional library a call needs is not installed; the message names it and the
     ``pip install`` extra that brings it."""
+
+
+class RepositoryError(DarknetMetalError, ValueError):
+    """A model repository (``serve``) that cannot be served: a missing or malformed
+    ``config.pbtxt``, a config contradicting its ``.cfg``, a version folder without its files.
+
+    Attributes ``path`` (the file or folder), ``line`` (1-based, or None) and ``field`` (the
+    config field at fault, such as ``input[0].dims``, or None) locate the fault.
+    """
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None,
+                 line: int | None = None, field: str | None = None) -> None:
+        self.path = os.fspath(path) if path is not None else None
+        self.line = line
+        self.field = field
+        self.reason = message
+        where = self.path or "<repository>"
+        if line is not None:
+            where += f":{line}"
+        if field is not None:
+            where += f": field '{field}'"
+        super().__init__(f"{where}: {message}")
+
+
+class RequestError(DarknetMetalError, ValueError):
+    """A request the server answers with an error (``serve``): ``status`` is the HTTP status
+    (400 bad request, 404 unknown model, 413 too large, ...), the message names the field."""
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        self.status = status
+        super().__init__(message)

@@ -10,15 +10,17 @@ output row (see :func:`resize_image`).
 
 from __future__ import annotations
 
+import io
 import os
 
 import numpy as np
 from PIL import Image, ImageOps
 
 from .cpu.image_resize import resize_bilinear
-from .errors import ArgumentError, ImageError
+from .errors import ArgumentError, ImageError, ImageTooLargeError
 
 __all__ = [
+    "decode_image",
     "letterbox_geometry",
     "letterbox_image",
     "load_image",
@@ -92,11 +94,29 @@ def _rgb_from_file(path: str | os.PathLike[str]) -> np.ndarray:
         raise ImageError(f"{name}: image file not found")
     if os.path.isdir(name):
         raise ImageError(f"{name}: is a directory, not an image file")
+    return _decode(name, name)
+
+
+def decode_image(data: bytes, what: str = "image", max_pixels: int | None = None) -> np.ndarray:
+    """An encoded image (``data``: the bytes of a JPEG, PNG or any file Pillow reads) as
+    (H, W, 3) uint8 RGB, converted as ``load_image`` converts files. ``what`` names the image
+    in errors. Raises ``ImageError``, or ``ImageTooLargeError`` when it has more than
+    ``max_pixels`` pixels (found from its header, before decoding)."""
+    return _decode(io.BytesIO(data), what, max_pixels)
+
+
+def _decode(source: str | io.BytesIO, name: str, max_pixels: int | None = None) -> np.ndarray:
+    """Decode into (H, W, 3) uint8 RGB; ImageError naming ``name`` on any failure."""
     try:
-        with Image.open(name) as im:
+        with Image.open(source) as im:
+            if max_pixels is not None and im.width * im.height > max_pixels:
+                raise ImageTooLargeError(f"{name}: {im.width}x{im.height} is more than "
+                                         f"{max_pixels} pixels")
             im.load()
             im = ImageOps.exif_transpose(im)
             rgb = _pillow_to_rgb(im)
+    except ImageError:
+        raise
     except Image.DecompressionBombError as exc:
         raise ImageError(f"{name}: image too large to decode safely ({exc})") from exc
     except Exception as exc:  # Pillow raises many types for corrupt data; all mean "unreadable"
