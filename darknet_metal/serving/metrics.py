@@ -16,6 +16,7 @@ and ``emu``, the device's memory and buffer-pool counters as ``darknet_metal_dev
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from darknet_metal.serving.batcher import BatchRecord
 __all__ = ["ServingStats", "VersionStats"]
 
 _LABELS = ["model", "version"]
+_TRITON_HEADER = re.compile(rb"^# (HELP|TYPE) (nv_\w+)_total ", re.MULTILINE)
 # Device counters shown as gauges (the rest of ``dm.metal.stats`` are counters).
 _DEVICE_GAUGES = ("allocated_bytes", "peak_allocated_bytes", "live_buffers", "live_bytes",
                   "pooled_buffers", "pooled_bytes")
@@ -143,7 +145,10 @@ class ServingStats:
         """``/metrics``: every metric in Prometheus' text format (version 0.0.4)."""
         from prometheus_client import generate_latest
 
-        return generate_latest(self.registry)
+        text = generate_latest(self.registry)
+        # prometheus_client names every counter's HELP and TYPE lines "<name>_total"; Triton's
+        # counters (and the dashboards reading them) go without the suffix.
+        return _TRITON_HEADER.sub(rb"# \1 \2 ", text)
 
     def collect(self) -> Iterator[Any]:
         """The metric families (``prometheus_client``'s collector interface)."""
@@ -239,5 +244,5 @@ class ServingStats:
             family = Metric(f"darknet_metal_device_{key}",
                             f"The {self.device} device's {key.replace('_', ' ')} since it "
                             "started", "counter")
-            family.add_sample(f"darknet_metal_device_{key}", {}, counters.get(key, 0))
+            family.add_sample(f"darknet_metal_device_{key}_total", {}, counters.get(key, 0))
             yield family

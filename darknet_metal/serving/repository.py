@@ -258,8 +258,10 @@ def complete_config(source: ModelSource, net: Network, files: VersionFiles) -> N
     if tensor.format not in (nchw, no_format):
         fail("input[0].format", "the input is FORMAT_NCHW (planes of R, G and B)")
     if list(tensor.dims) != want_input:
+        hint = ("; without max_batch_size the dims include the batch (-1: any)"
+                if batch_dims and list(tensor.dims) == want_input[1:] else "")
         fail("input[0].dims", f"{list(tensor.dims)} contradicts the network, which takes "
-             f"{want_input}")
+             f"{want_input}{hint}")
     heads = {output_name(i): list(net.layers[i].out_shape) for i in net.yolo_layers}
     if not heads:
         fail("output", "the network has no [yolo] layer")

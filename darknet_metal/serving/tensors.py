@@ -64,6 +64,8 @@ def read_infer_request(body: bytes, header_length: str | None, *,
         header = json.loads(body[:split])
     except (UnicodeDecodeError, ValueError) as exc:
         raise RequestError(f"the request is not JSON ({exc})") from None
+    except RecursionError:
+        raise RequestError("the request is not JSON (nested too deeply)") from None
     if not isinstance(header, dict):
         raise RequestError(f"the request is a JSON {type(header).__name__}; expected an "
                            "object with 'inputs'")
