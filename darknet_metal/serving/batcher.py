@@ -56,8 +56,8 @@ class DynamicBatcher:
     ``max_batch_size``: most images one forward takes (0: each request as sent).
     ``queue_delay_us``: with dynamic batching, how long the oldest request may wait for
     others, in microseconds; None runs each request alone. ``preferred``: batch sizes run
-    at once without waiting. ``on_batch`` is called (from the instance's thread) after each
-    execution.
+    at once without waiting (the largest the queue's head requests can make). ``on_batch``
+    is called (from the instance's thread) after each execution.
     """
 
     def __init__(self, networks: Sequence[Network], outputs: Sequence[int], *,
@@ -94,7 +94,7 @@ class DynamicBatcher:
             if self._closed:
                 raise ArgumentError("the model is shutting down")
             self._queue.append(request)
-            self._ready.notify()
+            self._ready.notify_all()
         return request.future
 
     def close(self) -> None:
@@ -115,12 +115,16 @@ class DynamicBatcher:
                     self._ready.wait()
                 if self.queue_delay_ns is None or self.max_batch_size == 0:
                     return [self._queue.popleft()]
+                taken: list[_Request] = []
                 while self._queue and not self._closed:
-                    rows = sum(r.x.shape[0] for r in self._fitting())
-                    if rows >= self.max_batch_size or rows in self.preferred:
+                    fitting = self._fitting()
+                    preferred = self._preferred_prefix(fitting)
+                    if preferred:
+                        taken = preferred
                         break
-                    if len(self._fitting()) < len(self._queue):
-                        break  # the next request would not fit: run what fits now
+                    if (sum(r.x.shape[0] for r in fitting) >= self.max_batch_size
+                            or len(fitting) < len(self._queue)):
+                        break  # full, or the next request would not fit: run what fits
                     remaining = self._queue[0].arrival_ns + self.queue_delay_ns \
                         - time.monotonic_ns()
                     if remaining <= 0:
@@ -128,7 +132,7 @@ class DynamicBatcher:
                     self._ready.wait(remaining / 1e9)
                 if not self._queue:
                     continue  # another instance took them while this one waited
-                taken = self._fitting()
+                taken = taken or self._fitting()
                 for _ in taken:
                     self._queue.popleft()
                 if self._queue:
@@ -147,6 +151,16 @@ class DynamicBatcher:
             taken.append(request)
             rows += n
         return taken
+
+    def _preferred_prefix(self, fitting: list[_Request]) -> list[_Request]:
+        """The longest head of ``fitting`` holding a preferred number of images (as Triton's
+        batcher forms the largest preferred batch it can), or []."""
+        rows, best = 0, 0
+        for count, request in enumerate(fitting, 1):
+            rows += request.x.shape[0]
+            if rows in self.preferred:
+                best = count
+        return fitting[:best]
 
     def _serve(self, net: Network) -> None:
         while True:
