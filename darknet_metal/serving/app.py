@@ -176,24 +176,21 @@ def create_app(models: dict[str, ServedModel], stats: ServingStats,
 
     # --- inference ---------------------------------------------------------------------------
 
-    @answers_json
-    async def infer(request: Any) -> Any:
-        model, served = find(request)
+    async def run_request(request: Any, served: ServedVersion,
+                          prepare: Callable[[bytes], tuple[np.ndarray, Any]],
+                          finish: Callable[[list[np.ndarray], Any], Any]) -> Any:
+        """One request through its phases, timed and counted in the version's statistics:
+        the body read, ``prepare(body) -> (x, context)`` and ``finish(outputs, context)`` in
+        worker threads around the batcher."""
         arrival = time.monotonic_ns()
         try:
             body = await read_body(request)
             started = time.monotonic_ns()
-            wanted = await asyncio.to_thread(
-                read_infer_request, body, request.headers.get("inference-header-content-length"),
-                input_shape=served.network.input_shape,
-                max_batch_size=model.source.max_batch_size,
-                output_names=model.output_names, max_rows=UNBATCHED_MAX_ROWS)
+            x, context = await asyncio.to_thread(prepare, body)
             input_ns = time.monotonic_ns() - started
-            outs = await _run(served, wanted.x)
+            outs = await _run(served, x)
             started = time.monotonic_ns()
-            arrays = dict(zip(served.outputs, outs, strict=True))
-            answer, headers = await asyncio.to_thread(infer_response, wanted, model.name,
-                                                      served.version, arrays)
+            answer = await asyncio.to_thread(finish, outs, context)
             output_ns = time.monotonic_ns() - started
         except RequestError:
             served.stats.record_request(False, time.monotonic_ns() - arrival)
@@ -202,43 +199,55 @@ def create_app(models: dict[str, ServedModel], stats: ServingStats,
             served.stats.record_request(False, time.monotonic_ns() - arrival, reason="BACKEND")
             raise
         served.stats.record_request(True, time.monotonic_ns() - arrival, input_ns, output_ns)
+        return answer
+
+    @answers_json
+    async def infer(request: Any) -> Any:
+        model, served = find(request)
+        header_length = request.headers.get("inference-header-content-length")
+
+        def prepare(body: bytes) -> tuple[np.ndarray, Any]:
+            wanted = read_infer_request(body, header_length,
+                                        input_shape=served.network.input_shape,
+                                        max_batch_size=model.source.max_batch_size,
+                                        output_names=model.output_names,
+                                        max_rows=UNBATCHED_MAX_ROWS)
+            return wanted.x, wanted
+
+        def finish(outs: list[np.ndarray], wanted: Any) -> tuple[bytes, dict[str, str]]:
+            return infer_response(wanted, model.name, served.version,
+                                  dict(zip(served.outputs, outs, strict=True)))
+
+        answer, headers = await run_request(request, served, prepare, finish)
         return Response(answer, headers=headers)
 
     @answers_json
     async def detect(request: Any) -> Any:
         model, served = find(request)
-        arrival = time.monotonic_ns()
-        try:
+
+        def prepare(body: bytes) -> tuple[np.ndarray, Any]:
             thresh, nms = (_query_unit(request, key, model.source.parameter(key), default)
                            for key, default in (("thresh", 0.25), ("nms", 0.45)))
-            body = await read_body(request)
             if not body:
                 raise RequestError("the body is empty: send an image file's bytes (JPEG, PNG)")
-            started = time.monotonic_ns()
             detector = Detector(served.network, thresh, nms)
-            prepared = await asyncio.to_thread(_prepare_image, detector, body,
-                                               limits.max_image_pixels)
-            input_ns = time.monotonic_ns() - started
-            outs = await _run(served, prepared.x[None])
-            started = time.monotonic_ns()
-            found = await asyncio.to_thread(detector.detections, [out[0] for out in outs],
-                                            prepared.width, prepared.height)
-            output_ns = time.monotonic_ns() - started
-        except RequestError:
-            served.stats.record_request(False, time.monotonic_ns() - arrival)
-            raise
-        except Exception:
-            served.stats.record_request(False, time.monotonic_ns() - arrival, reason="BACKEND")
-            raise
-        served.stats.record_request(True, time.monotonic_ns() - arrival, input_ns, output_ns)
-        return JSONResponse({
-            "model_name": model.name, "model_version": str(served.version),
-            "width": prepared.width, "height": prepared.height,
-            "detections": [{"class_id": d.class_id, "name": d.name,
-                            "confidence": d.confidence, "objectness": d.objectness,
-                            "left": d.left, "top": d.top, "width": d.width,
-                            "height": d.height} for d in found],
-        })
+            prepared = _prepare_image(detector, body, limits.max_image_pixels)
+            return prepared.x[None], (detector, prepared)
+
+        def finish(outs: list[np.ndarray], context: Any) -> dict[str, Any]:
+            detector, prepared = context
+            found = detector.detections([out[0] for out in outs], prepared.width,
+                                        prepared.height)
+            return {
+                "model_name": model.name, "model_version": str(served.version),
+                "width": prepared.width, "height": prepared.height,
+                "detections": [{"class_id": d.class_id, "name": d.name,
+                                "confidence": d.confidence, "objectness": d.objectness,
+                                "left": d.left, "top": d.top, "width": d.width,
+                                "height": d.height} for d in found],
+            }
+
+        return JSONResponse(await run_request(request, served, prepare, finish))
 
     async def demo_page(request: Any) -> Any:
         page = resources.files("darknet_metal.serving").joinpath("demo.html").read_text()
