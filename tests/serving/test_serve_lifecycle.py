@@ -106,3 +106,33 @@ def test_the_demo_page_and_unknown_routes(tmp_path):
             assert exc.code == 404 and "error" in json.loads(exc.read())
         else:
             raise AssertionError("/v3 answered")
+
+
+def test_accepted_connections_do_not_wait_for_delayed_acks():
+    """Nagle's algorithm on the server's connections holds the second part of an answer
+    until the client's delayed ACK (40 ms): the listening socket must make asyncio set
+    TCP_NODELAY on each connection it accepts."""
+    import asyncio
+
+    from darknet_metal.serving.server import open_socket
+
+    async def check() -> int:
+        flags: list[int] = []
+
+        def connected(reader, writer):
+            sock = writer.get_extra_info("socket")
+            flags.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        listener = open_socket("127.0.0.1", 0)
+        server = await asyncio.start_server(connected, sock=listener)
+        port = listener.getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        while not flags:
+            await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return flags[0]
+
+    assert asyncio.run(asyncio.wait_for(check(), 30)) != 0
