@@ -146,9 +146,10 @@ def _json_data(data: Any, where: str, count: int, shape: list[int]) -> np.ndarra
         values = np.array(data)
     except (ValueError, TypeError):
         raise RequestError(f"{where}: not a flat or regularly nested list of numbers") from None
-    if values.dtype.kind not in "fiu" or values.size != count:
-        what = (f"{values.size} values" if values.dtype.kind in "fiu"
-                else "values that are not all numbers")
+    numeric = (np.issubdtype(values.dtype, np.integer)
+               or np.issubdtype(values.dtype, np.floating))
+    if not numeric or values.size != count:
+        what = f"{values.size} values" if numeric else "values that are not all numbers"
         raise RequestError(f"{where}: holds {what}; shape {shape} needs {count} numbers")
     with np.errstate(over="ignore"):
         return values.astype(np.float32).ravel()
