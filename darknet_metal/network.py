@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -317,9 +317,18 @@ class Network:
             self._trainer_instance = Trainer(self, seed=self.training_seed)
         return self._trainer_instance
 
-    def train_step(self, x: np.ndarray, truths: Sequence[Any]) -> StepReport:
+    def train_step(self, x: np.ndarray, truths: Sequence[Any], *,
+                   reduce: Callable[[float], tuple[int, float]] | None = None) -> StepReport:
         """One Darknet training iteration on ``x`` (batch, C, H, W) float32 at the network's
         size, batch = the cfg's ``batch`` (split into ``subdivisions`` mini-batches).
+
+        ``reduce``, to train one network across processes (``training.distributed``'s
+        ``Collective.step`` uses it): ``x`` is then this process's share of the batch (whole
+        mini-batches); ``reduce(loss)`` is called after its passes, sums the accumulators
+        (``gradient_buffers``) over the processes in place and returns ``(images, mean
+        loss)``: the update divides by the images of every process and ``seen`` advances by
+        them. (The accumulators carry SGD's momentum term from the last update: it must be
+        in one process's accumulators only, as ``Collective.step`` arranges.)
 
         ``truths``: per image a (k, 5) array of boxes (class, cx, cy, w, h), normalised to
         [0, 1] (k may be 0), for networks with ``[yolo]`` heads; for networks ending in
@@ -329,14 +338,14 @@ class Network:
         ``NonFiniteError`` (nothing changed) when the step produces NaN or infinity.
         """
         with self._running():
-            report = self._trainer().step(x, truths)
+            report = self._trainer().step(x, truths, reduce)
             self._params_changed = True
             return report
 
     def accumulate(self, x: np.ndarray, truths: Sequence[Any]) -> float:
-        """The forward and backward of ``train_step`` without the update: adds the batch's
-        gradients into the accumulators (``gradient_buffers``) and advances ``seen``. Returns
-        the loss."""
+        """The forward and backward of ``train_step`` without the update: adds the gradients
+        of ``x`` (the batch, or a share of it in whole mini-batches) into the accumulators
+        (``gradient_buffers``) and advances ``seen`` by its images. Returns the loss."""
         with self._running():
             return self._trainer().accumulate(x, truths)
 
@@ -356,6 +365,19 @@ class Network:
         them across processes)."""
         return {i: layer.grads for i, layer in self._trainer().state.layers.items()
                 if layer.grads}
+
+    def statistic_buffers(self) -> dict[int, Params]:
+        """The running statistics training updates (batch norm's ``rolling_mean`` and
+        ``rolling_variance``), per layer and name: the arrays the passes write, writable in
+        place (to average them across processes)."""
+        trainer = self._trainer()
+        found: dict[int, Params] = {}
+        for spec in self.layers:
+            values = trainer.state.layer(spec.index).values
+            kept = {name: values[name] for name in spec.statistics if name in values}
+            if kept:
+                found[spec.index] = kept
+        return found
 
     def gradients(self, x: np.ndarray, truths: Sequence[Any]) -> Gradients:
         """Forward and backward over a batch without changing any state (parameters,

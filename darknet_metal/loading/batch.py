@@ -225,18 +225,21 @@ def load_batch(
     width: int | None = None,
     height: int | None = None,
     sampling: str = "random",
+    slots: range | None = None,
 ) -> Batch:
-    """Batch ``iteration`` (``settings.batch`` images) made in the calling thread; the
-    loader's workers produce exactly this, image by image."""
+    """Batch ``iteration`` (``settings.batch`` images; with ``slots``, only those rows of
+    it, as a process training on a share of each batch loads) made in the calling thread;
+    the loader's workers produce exactly this, image by image."""
     width = settings.width if width is None else width
     height = settings.height if height is None else height
-    x = np.empty((settings.batch, settings.channels, height, width), np.float32)
+    slots = range(settings.batch) if slots is None else slots
+    x = np.empty((len(slots), settings.channels, height, width), np.float32)
     truths: list[np.ndarray] = []
     images: list[int] = []
-    for slot in range(settings.batch):
+    for row, slot in enumerate(slots):
         _, slot_truths, index = load_slot(
             source, settings, seed, iteration, slot, width=width, height=height,
-            sampling=sampling, out=x[slot],
+            sampling=sampling, out=x[row],
         )
         truths.append(slot_truths)
         images.append(index)

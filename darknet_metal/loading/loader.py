@@ -55,7 +55,8 @@ class Loader:
     in the caller's thread when asked for); ``prefetch``: batches in flight at most (>= 1);
     ``start_iteration``: the first batch's iteration (a resumed run continues its sequence);
     ``sampling``: "random" (Darknet's: each image drawn with replacement) or "epoch" (a
-    seeded permutation per epoch).
+    seeded permutation per epoch); ``slots``: the rows of each batch to load (default all:
+    a process training on a share of each batch loads its rows only).
 
     Use as a context manager (or call :meth:`close`): closing cancels the work queued, waits
     for the images being made, and leaves no thread behind. An image or label that cannot
@@ -74,6 +75,7 @@ class Loader:
         prefetch: int = 2,
         start_iteration: int = 0,
         sampling: str = "random",
+        slots: range | None = None,
     ) -> None:
         if not isinstance(settings, LoaderSettings):
             raise ArgumentError(f"settings must be LoaderSettings, not {type(settings).__name__}")
@@ -83,6 +85,12 @@ class Loader:
                 raise ArgumentError(f"{name} must be an integer >= {low}, not {value!r}")
         if sampling not in SAMPLINGS:
             raise ArgumentError(f"sampling must be one of {', '.join(SAMPLINGS)}, not {sampling!r}")
+        slots = range(settings.batch) if slots is None else slots
+        if not isinstance(slots, range) or len(slots) == 0 or slots.step != 1 or \
+                slots.start < 0 or slots.stop > settings.batch:
+            raise ArgumentError(f"slots must be a non-empty range within the batch's "
+                                f"{settings.batch} rows, not {slots!r}")
+        self.slots = slots
         self.source = SampleSource(samples, boxes, settings.classes)
         self.settings = settings
         self.seed = check_seed(seed)
@@ -130,6 +138,7 @@ class Loader:
                 batch = load_batch(
                     self.source, self.settings, self.seed, self.iteration,
                     width=self._size[0], height=self._size[1], sampling=self.sampling,
+                    slots=self.slots,
                 )
             else:
                 self._fill()
@@ -189,13 +198,13 @@ class Loader:
         while len(self._pending) < self.prefetch:
             width, height = self._size
             s = self.settings
-            x = np.empty((s.batch, s.channels, height, width), np.float32)
+            x = np.empty((len(self.slots), s.channels, height, width), np.float32)
             futures = [
                 self._pool.submit(
                     load_slot, self.source, s, self.seed, next_iteration, slot,
-                    width=width, height=height, sampling=self.sampling, out=x[slot],
+                    width=width, height=height, sampling=self.sampling, out=x[row],
                 )
-                for slot in range(s.batch)
+                for row, slot in enumerate(self.slots)
             ]
             self._pending.append(_Pending(next_iteration, width, height, x, futures))
             next_iteration += 1

@@ -36,7 +36,9 @@ def add_commands(commands: Any) -> None:
             "100 iterations, <cfg>_<N>.weights, <cfg>_best.weights with --map and "
             "<cfg>_final.weights into the backup folder, with <cfg>.log (Darknet's line per "
             "iteration), <cfg>.jsonl (a JSON record per iteration) and chart_<cfg>.png. "
-            "Never prompts; Ctrl-C writes <cfg>_last and exits with status 130."
+            "Never prompts; Ctrl-C writes <cfg>_last and exits with status 130. Under "
+            "`mpirun -n K` the K processes train one network together, each on its share "
+            "of K x batch images per iteration (pip install \"darknet-metal[mpi]\")."
         ),
     )
     train.add_argument("data", metavar="DATA", type=Path, help=".data or .yaml dataset file")
@@ -64,14 +66,30 @@ def add_commands(commands: Any) -> None:
                        help="threads loading and augmenting images (default: %(default)s)")
     train.add_argument("--no-chart", action="store_true", help="do not draw the chart")
     train.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--check-every", type=non_negative_int, default=50, metavar="N",
+                       help="under mpirun: compare the ranks' parameters every N iterations "
+                       "(0: never; default: %(default)s)")
     train.set_defaults(run=run_train)
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Exit status: 0 when max_batches was reached, 130 after Ctrl-C."""
+    """Exit status: 0 when max_batches was reached, 130 after Ctrl-C. Launched by mpirun
+    as several processes, they train one network together (``training.distributed``)."""
+    from darknet_metal.training.distributed import Collective
+
+    args.collective = collective = Collective.from_environment(args.check_every)
+    if collective is None:
+        return _train(args)
+    with collective.guard():
+        return _train(args, quiet=collective.rank != 0)
+
+
+def _train(args: argparse.Namespace, quiet: bool = False) -> int:
     from darknet_metal.training.run import TrainingSetup
 
     setup = TrainingSetup.from_args(args)
+    if quiet:
+        return 130 if setup.run(progress=False).interrupted else 0
     say = (lambda message: None) if args.quiet else _note
     for line in setup.describe():
         say(line)

@@ -16,6 +16,7 @@ import numpy as np
 
 from darknet_metal.errors import ArgumentError, DatasetError
 from darknet_metal.training.checkpoint import Checkpoint, find_checkpoint
+from darknet_metal.training.distributed import Collective
 from darknet_metal.training.session import RunResult, Schedule, TrainingRun
 
 
@@ -56,16 +57,23 @@ class TrainingSetup:
         return cls.create(args.data, args.cfg, args.weights, device=args.device,
                           seed=args.seed, evaluate=bool(args.map or args.map_every),
                           map_every=args.map_every, clear=args.clear, backup=args.backup,
-                          workers=args.workers, chart=not args.no_chart)
+                          workers=args.workers, chart=not args.no_chart,
+                          collective=getattr(args, "collective", None))
 
     @classmethod
     def create(cls, data: str | os.PathLike[str], cfg: str | os.PathLike[str],
                weights: str | os.PathLike[str] | None = None, *, device: str = "cpu",
                seed: int = 0, evaluate: bool = False, map_every: int | None = None,
                clear: bool = False, backup: str | os.PathLike[str] | None = None,
-               workers: int = 2, chart: bool = True) -> TrainingSetup:
+               workers: int = 2, chart: bool = True,
+               collective: Collective | None = None) -> TrainingSetup:
         """Read and check the dataset (``DatasetError`` with ``check-data``'s first message
-        when it has errors), load the network, make the loader and the run."""
+        when it has errors), load the network, make the loader and the run.
+
+        ``collective``: this process's rank among the processes training together
+        (``training.distributed``): the network is loaded with ``K x`` the cfg's batch and
+        subdivisions, the loader loads this rank's rows of each batch, every rank starts
+        from rank 0's parameters, and only rank 0 evaluates and writes."""
         import darknet_metal as dm
         from darknet_metal.datasets import check_dataset, load_dataset
         from darknet_metal.loading import Loader, random_size, settings_from_cfg
@@ -86,8 +94,16 @@ class TrainingSetup:
             if found is not None and not clear:
                 checkpoint = found
                 weights = found.weights
+        rows, sizes_override = None, {}
+        if collective is not None:
+            from darknet_metal.cfg import parse_cfg
+
+            values = parse_cfg(cfg).net.values
+            rows, batch, subdivisions = collective.share(int(values["batch"]),
+                                                         int(values["subdivisions"]))
+            sizes_override = {"batch": batch, "subdivisions": subdivisions}
         net = dm.load(cfg, weights, names=dataset.names, device=device, seed=seed,
-                      partial=weights is not None)
+                      partial=weights is not None, **sizes_override)
         heads = [net.layers[i].values["classes"] for i in net.yolo_layers]
         if not heads:
             raise ArgumentError(f"{cfg}: the network has no [yolo] layer to train a detector")
@@ -111,7 +127,8 @@ class TrainingSetup:
                                     len(dataset.train), batch, map_every=map_every)
         settings = settings_from_cfg(net.config, classes=dataset.classes)
         start = net.iteration
-        evaluation = _evaluation(dataset) if evaluate else None
+        writes = collective is None or collective.writes
+        evaluation = _evaluation(dataset) if evaluate and writes else None
         sizes = None
         if settings.random:
             def sizes(iteration: int, started: bool) -> tuple[int, int] | None:
@@ -120,14 +137,24 @@ class TrainingSetup:
                                    start_iteration=start)
 
         run_ = TrainingRun(net, LoaderSource(None), schedule, backup=folder, base=base,
-                           evaluate=evaluation, sizes=sizes, chart=chart)
+                           evaluate=evaluation, sizes=sizes, chart=chart and writes,
+                           collective=collective)
         if checkpoint is not None:
             run_.resume_from(checkpoint)
             started_from.append(f"training state of {checkpoint.state} (iteration "
                                 f"{checkpoint.iteration}): the run continues exactly")
             start = net.iteration
+        if collective is not None:
+            collective.broadcast_parameters(net)
+            collective.check_same_parameters(net, net.iteration)
+            start = net.iteration
+            started_from.append(
+                f"{collective.size} ranks, each on {collective.share_images} of the "
+                f"{collective.size * collective.share_images} images of an iteration "
+                f"(batch {net.config.net.values['batch']}, subdivisions "
+                f"{net.config.net.values['subdivisions']} in all)")
         loader = Loader(dataset.train, settings, boxes=dataset.read_boxes, seed=seed,
-                        workers=workers, start_iteration=start)
+                        workers=workers, start_iteration=start, slots=rows)
         run_.source = LoaderSource(loader)
         return cls(dataset, net, loader, run_, started_from)
 

@@ -30,6 +30,7 @@ from darknet_metal.training.progress import IterationRecord, LossChart
 
 if TYPE_CHECKING:
     from darknet_metal.network import Network
+    from darknet_metal.training.distributed import Collective
 
 
 class BatchSource(Protocol):
@@ -117,14 +118,17 @@ class TrainingRun:
     evaluations). ``sizes(iteration, started) -> (width, height) | None``: ``random=1``'s new
     input size for the iteration about to run, or None to keep the current one.
     ``progress``: a tqdm bar on ``stream``; ``chart``: draw the chart (matplotlib).
+    ``collective``: this process's rank when several train together
+    (``training.distributed``): each iteration's gradients are summed over the ranks and
+    only rank 0 writes files and shows progress.
     """
 
     def __init__(self, net: Network, source: BatchSource, schedule: Schedule, *,
                  backup: str | os.PathLike[str], base: str,
                  evaluate: Callable[[Network], float] | None = None,
                  sizes: Callable[[int, bool], tuple[int, int] | None] | None = None,
-                 progress: bool = True, chart: bool = True, stream: TextIO | None = None
-                 ) -> None:
+                 progress: bool = True, chart: bool = True, stream: TextIO | None = None,
+                 collective: Collective | None = None) -> None:
         if schedule.max_batches < 1:
             raise ArgumentError(f"max_batches must be at least 1, not {schedule.max_batches}")
         self.net = net
@@ -136,6 +140,9 @@ class TrainingRun:
         self.sizes = sizes
         self.progress = progress
         self.stream = stream
+        self.collective = collective
+        #: Whether this process writes the run's files (every process but ranks 1..K-1).
+        self.writes = collective is None or collective.writes
         self.state = RunState()
         self.init_size = (int(net.config.net.values["width"]),
                           int(net.config.net.values["height"]))
@@ -185,6 +192,8 @@ class TrainingRun:
         return int(values["width"]), int(values["height"])
 
     def _save_last(self) -> None:
+        if not self.writes:
+            return
         save_checkpoint(self.net, self.path("last"),
                         {"run": self.state.to_info(), "size": list(self.current_size)})
 
@@ -192,7 +201,8 @@ class TrainingRun:
 
     def run(self) -> RunResult:
         """Iterations until ``max_batches`` (or Ctrl-C, which writes ``_last`` first)."""
-        self.backup.mkdir(parents=True, exist_ok=True)
+        if self.writes:
+            self.backup.mkdir(parents=True, exist_ok=True)
         schedule, state = self.schedule, self.state
         start_iteration = self.net.iteration
         if start_iteration >= schedule.max_batches:
@@ -206,15 +216,15 @@ class TrainingRun:
         started = time.monotonic()
         wait_before = self.source.wait_seconds
         interrupted = False
-        log = open(self.backup / f"{self.base}.log", "a", encoding="utf-8")
-        jsonl = open(self.backup / f"{self.base}.jsonl", "a", encoding="utf-8")
+        logs = [open(self.backup / f"{self.base}.{kind}", "a", encoding="utf-8")
+                for kind in ("log", "jsonl")] if self.writes else []
         try:
             while self.net.iteration < schedule.max_batches:
                 record = self._iteration(start_iteration, started)
-                log.write(record.darknet_line() + "\n")
-                log.flush()
-                jsonl.write(record.to_json() + "\n")
-                jsonl.flush()
+                for file, line in zip(logs, (record.darknet_line(), record.to_json()),
+                                      strict=False):
+                    file.write(line + "\n")
+                    file.flush()
                 if bar is not None:
                     seconds = max(record.train_seconds + record.load_seconds, 1e-9)
                     bar.set_postfix_str(
@@ -226,14 +236,14 @@ class TrainingRun:
         except KeyboardInterrupt:
             interrupted = True
         finally:
-            log.close()
-            jsonl.close()
+            for file in logs:
+                file.close()
             if bar is not None:
                 bar.close()
         final = None
         if interrupted:
             self._save_last()
-        else:
+        elif self.writes:
             final = self.path("final")
             self.net.save_weights(final)
             self._save_last()
@@ -245,7 +255,7 @@ class TrainingRun:
                          state.best_map, waited / elapsed if elapsed > 0 else 0.0)
 
     def _bar(self, start: int) -> Any:
-        if not self.progress:
+        if not self.progress or not self.writes:
             return None
         from tqdm import tqdm
 
@@ -263,7 +273,9 @@ class TrainingRun:
         t0 = time.monotonic()
         x, truths = self.source.batch(iteration, width, height)
         t1 = time.monotonic()
-        report = net.train_step(x, truths)
+        collective = self.collective
+        report = (net.train_step(x, truths) if collective is None
+                  else collective.step(net, x, truths))
         t2 = time.monotonic()
         loss = float(report.loss)
         if state.avg_loss is None or not math.isfinite(state.avg_loss):
@@ -278,7 +290,8 @@ class TrainingRun:
         remaining = (schedule.max_batches - report.iteration) / rate if rate > 0 else None
         return IterationRecord(
             iteration=report.iteration, max_batches=schedule.max_batches, loss=loss,
-            avg_loss=state.avg_loss, rate=report.learning_rate, batch=int(x.shape[0]),
+            avg_loss=state.avg_loss, rate=report.learning_rate,
+            batch=int(x.shape[0]) * (1 if collective is None else collective.size),
             load_seconds=t1 - t0,
             train_seconds=t2 - t1, images=net.header.seen, remaining_seconds=remaining,
             width=width, height=height, last_map=state.last_map, best_map=state.best_map,
@@ -306,7 +319,8 @@ class TrainingRun:
         if iteration >= state.save_iteration + schedule.save_every or \
                 iteration % schedule.save_every == 0:
             state.save_iteration = iteration
-            self.net.save_weights(self.path(str(iteration)))
+            if self.writes:
+                self.net.save_weights(self.path(str(iteration)))
         if iteration >= state.last_iteration + 100 or (iteration % 100 == 0 and iteration > 1):
             state.last_iteration = iteration
             self._save_last()

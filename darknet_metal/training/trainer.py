@@ -11,7 +11,7 @@ truths in and reads the costs out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -213,22 +213,30 @@ class Trainer:
             return max(self.specs[i].values["max"] for i in self.heads), 5
         return (self.specs[self.loss_layers[0]].out_size if self.loss_layers else 0,)
 
-    def check_batch(self, x: np.ndarray, truths: Any) -> tuple[np.ndarray, list[np.ndarray]]:
+    def check_batch(self, x: np.ndarray, truths: Any, share: bool = False
+                    ) -> tuple[np.ndarray, list[np.ndarray]]:
         """``x`` as a C-contiguous (batch, C, H, W) array of the compute dtype, and the truths
-        as one array per image; raises ``ArgumentError`` naming the image and row at fault."""
+        as one array per image; raises ``ArgumentError`` naming the image and row at fault.
+        ``share``: ``x`` may be a share of the batch (whole mini-batches, up to ``batch``)."""
         c, h, w = self.net.input_shape
         if not isinstance(x, np.ndarray):
             raise ArgumentError(f"x must be a numpy array, not {type(x).__name__}")
-        if x.shape != (self.batch, c, h, w):
+        rows = x.shape[0] if x.ndim == 4 else -1
+        if share and tuple(x.shape[1:]) == (c, h, w) and 0 < rows <= self.batch \
+                and rows % self.mini_batch == 0:
+            pass
+        elif x.shape != (self.batch, c, h, w):
+            share_rule = (f", or a share of whole mini-batches of {self.mini_batch}"
+                          if share else "")
             raise ArgumentError(f"x must have shape {(self.batch, c, h, w)} (batch={self.batch} "
-                                f"images at the network's size), not {x.shape}")
+                                f"images at the network's size{share_rule}), not {x.shape}")
         x = np.ascontiguousarray(x, self.state.dtype)
         if not np.isfinite(x).all():
             raise ArgumentError("x holds NaN or infinite values")
         if isinstance(truths, np.ndarray) and truths.ndim >= 1 and not self.heads:
             truths = list(truths)
-        if not isinstance(truths, Sequence) or len(truths) != self.batch:
-            raise ArgumentError(f"truths must be a sequence of {self.batch} arrays (one per "
+        if not isinstance(truths, Sequence) or len(truths) != x.shape[0]:
+            raise ArgumentError(f"truths must be a sequence of {x.shape[0]} arrays (one per "
                                 "image)")
         out = []
         for i, t in enumerate(truths):
@@ -287,7 +295,8 @@ class Trainer:
         """Every mini-batch of ``x`` through ``loaded``, and ``then`` (update steps) after
         them, as one submission: the batch and all truths staged at once, each pass's cost
         staged out. Returns the loss (Darknet's mean over the loss layers, per image)."""
-        m, passes = self.mini_batch, self.subdivisions
+        m = self.mini_batch
+        passes = x.shape[0] // m
         zeros = self.backend.training_zeros or np.zeros
         if self._staged_x is None or self._staged_x.shape != x.shape:
             self._staged_x = zeros(x.shape, x.dtype)
@@ -317,11 +326,12 @@ class Trainer:
         return total / (passes * m)
 
     def accumulate(self, x: np.ndarray, truths: Any) -> float:
-        """Forward and backward over the mini-batches of ``x``, adding into the gradient
-        accumulators; advances ``seen`` by ``batch``. Returns the loss."""
-        x, truths = self.check_batch(x, truths)
+        """Forward and backward over the mini-batches of ``x`` (the batch, or a share of whole
+        mini-batches), adding into the gradient accumulators; advances ``seen`` by the
+        images given. Returns the loss."""
+        x, truths = self.check_batch(x, truths, share=True)
         loss = self._passes(x, truths, self.program)
-        self.net.header.seen += self.batch
+        self.net.header.seen += x.shape[0]
         return loss
 
     def _held(self, iteration: int) -> tuple[int, ...]:
@@ -364,21 +374,32 @@ class Trainer:
         self.t[0] = iteration
         return rate
 
-    def step(self, x: np.ndarray, truths: Any) -> StepReport:
+    def step(self, x: np.ndarray, truths: Any,
+             reduce: Callable[[float], tuple[int, float]] | None = None) -> StepReport:
         """One Darknet iteration (``accumulate`` then ``update``). A step that produces NaN or
-        infinity raises ``NonFiniteError`` and leaves every array and counter as before."""
-        x, truths = self.check_batch(x, truths)
+        infinity raises ``NonFiniteError`` and leaves every array and counter as before.
+
+        ``reduce(loss) -> (images, loss)``, for training across processes: ``x`` is this
+        process's share of the batch; after its passes, ``reduce`` sums the accumulators
+        over the processes in place and returns the images the sum covers and the mean
+        loss; the update then divides by those images and ``seen`` advances by them."""
+        x, truths = self.check_batch(x, truths, share=reduce is not None)
         saved = self._saved = self.state.snapshot(self._saved)
         seen = self.net.header.seen
         try:
             stats: dict[int, list[np.ndarray]] = {}
-            # The passes and the update in one submission (one wait on a device); the
-            # arrays are checked after it, and restored if anything is not finite.
             iteration = seen // self.batch + 1
             rate = self._set_rate(iteration)
-            update = self._update_steps(self.batch, self._held(iteration))
-            loss = self._passes(x, truths, self.program, stats, then=update)
-            self.net.header.seen += self.batch
+            if reduce is None:
+                # The passes and the update in one submission (one wait on a device); the
+                # arrays are checked after it, and restored if anything is not finite.
+                update = self._update_steps(self.batch, self._held(iteration))
+                loss = self._passes(x, truths, self.program, stats, then=update)
+                self.net.header.seen += self.batch
+            else:
+                images, loss = reduce(self._passes(x, truths, self.program, stats))
+                self._update_steps(images, self._held(iteration)).run()
+                self.net.header.seen += images
             self._check_finite(loss, "gradients")
             self._check_finite(loss, "parameters")
         except BaseException:
