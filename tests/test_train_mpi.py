@@ -31,11 +31,15 @@ BOUND = 300
 SIZE = 96
 
 
-def _mpirun(n: int, *command: str) -> list[str]:
-    launcher = [MPIRUN, "-n", str(n), "--oversubscribe"]
+def _launcher() -> list[str]:
+    launcher = [MPIRUN, "--oversubscribe"]
     if os.geteuid() == 0:
         launcher.append("--allow-run-as-root")
-    return [*launcher, *command]
+    return launcher
+
+
+def _mpirun(n: int, *command: str) -> list[str]:
+    return [*_launcher(), "-n", str(n), *command]
 
 
 def _train_command(*args: str) -> list[str]:
@@ -247,3 +251,21 @@ def test_a_two_rank_run_resumes_from_last(tmp_path, shapes):
     assert [r["images"] for r in records] == [4, 8, 12, 16]
     _assert_same_training(whole_cfg, part_dir / "tiny_final.weights",
                           tmp_path / "whole" / "tiny_final.weights")
+
+
+def test_ranks_started_from_different_weights_are_refused(tmp_path, shapes):
+    import darknet_metal as dm
+
+    cfg = tiny_cfg(tmp_path, batch=2, subdivisions=1, max_batches=3)
+    for seed in (1, 2):
+        dm.load(cfg, seed=seed).save_weights(tmp_path / f"start{seed}.weights")
+    launcher = _launcher()  # then one command per rank
+    rank = ["-n", "1"]
+    common = ["--backup", str(tmp_path / "b"), "-q", "--no-chart", "--workers", "0"]
+    done = _run([*launcher, *rank, *_train_command(str(shapes), cfg,
+                                                   str(tmp_path / "start1.weights"), *common),
+                 ":", *rank, *_train_command(str(shapes), cfg,
+                                             str(tmp_path / "start2.weights"), *common)])
+    assert done.returncode != 0
+    assert "at iteration 0 the trainable parameters of rank(s) 1 differ from rank 0's" in \
+        done.stdout + done.stderr, done.stderr[-3000:]

@@ -145,8 +145,10 @@ class TrainingSetup:
                                 f"{checkpoint.iteration}): the run continues exactly")
             start = net.iteration
         if collective is not None:
-            collective.broadcast_parameters(net)
+            # Compared before rank 0's are sent: a rank that read other weights or another
+            # checkpoint than rank 0 is an error, not something to paper over.
             collective.check_same_parameters(net, net.iteration)
+            collective.broadcast_parameters(net)
             start = net.iteration
             started_from.append(
                 f"{collective.size} ranks, each on {collective.share_images} of the "
