@@ -132,3 +132,19 @@ def test_one_process_is_the_ordinary_trainer(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     assert distributed.launched_size() == 1
     assert distributed.Collective.from_environment() is None
+
+
+def test_a_process_no_launcher_started_does_not_start_mpi():
+    """Initialising MPI outside a launcher makes the process a singleton job: Open MPI
+    starts a daemon and leaves variables that break an mpirun started from it later."""
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI", "PMIX_", "MPI_"))}
+    code = ("import sys; from darknet_metal.training.distributed import Collective; "
+            "assert Collective.from_environment() is None; "
+            "assert 'mpi4py.MPI' not in sys.modules, 'MPI was initialised'")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -76,18 +76,22 @@ class Collective:
     @classmethod
     def from_environment(cls, check_every: int = 50) -> Collective | None:
         """The run's ``Collective`` when this process was launched among others by an MPI
-        launcher; None for a single process (the ordinary trainer). Raises
+        launcher (Open MPI's mpirun/mpiexec, MPICH's or Intel MPI's hydra, a PMIx launcher:
+        see ``launched_size``); None for a single process (the ordinary trainer). Raises
         ``DependencyError`` when launched among others without mpi4py, which would train
         every process alone into the same files."""
         size = launched_size()
+        if size == 1:
+            # Not imported then: importing mpi4py's MPI initialises MPI, which in a process
+            # no launcher started makes it a singleton job (Open MPI starts a daemon for it
+            # and leaves variables in the environment that confuse an mpirun started later).
+            return None
         try:
             from mpi4py import MPI
         except ImportError as exc:
-            if size > 1:
-                raise DependencyError(
-                    f"started by an MPI launcher as one of {size} processes, but mpi4py is "
-                    f"not installed: {_INSTALL}") from exc
-            return None
+            raise DependencyError(
+                f"started by an MPI launcher as one of {size} processes, but mpi4py is "
+                f"not installed: {_INSTALL}") from exc
         comm = MPI.COMM_WORLD
         if comm.Get_size() == 1:
             return None
