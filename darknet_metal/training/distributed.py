@@ -133,7 +133,7 @@ class Collective:
         MPI = self._mpi
         for layer in net.gradient_buffers().values():
             for array in layer.values():
-                self.comm.Allreduce(MPI.IN_PLACE, _contiguous(array), op=MPI.SUM)
+                self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
         total = self.comm.allreduce(float(loss), op=MPI.SUM)
         return self.size * self.share_images, total / self.size
 
@@ -142,7 +142,7 @@ class Collective:
         MPI = self._mpi
         for layer in net.statistic_buffers().values():
             for array in layer.values():
-                self.comm.Allreduce(MPI.IN_PLACE, _contiguous(array), op=MPI.SUM)
+                self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
                 array /= self.size
         net._params_changed = True
 
@@ -150,7 +150,7 @@ class Collective:
         """Every rank takes rank 0's parameters, statistics and ``seen``."""
         for layer in net.params.values():
             for array in layer.values():
-                self.comm.Bcast(_contiguous(array), root=0)
+                self.comm.Bcast(array, root=0)
         net.header.seen = int(self.comm.bcast(int(net.header.seen), root=0))
         net._params_changed = True
 
@@ -205,8 +205,3 @@ def parameter_checksum(net: Network) -> str:
                 digest.update(np.ascontiguousarray(layer[name]).tobytes())
     return digest.hexdigest()
 
-
-def _contiguous(array: np.ndarray) -> np.ndarray:
-    if not array.flags.c_contiguous:
-        raise ValueError("a training array is not C-contiguous")  # TrainState makes them so
-    return array
