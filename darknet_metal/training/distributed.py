@@ -70,8 +70,6 @@ class Collective:
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
         self.check_every = int(check_every)
-        #: Images of this rank's share of an iteration (set by ``share``).
-        self.share_images = 0
 
     @classmethod
     def from_environment(cls, check_every: int = 50) -> Collective | None:
@@ -105,7 +103,6 @@ class Collective:
     def share(self, batch: int, subdivisions: int) -> tuple[range, int, int]:
         """This rank's rows of a ``size x batch`` iteration, and the cfg's ``batch`` and
         ``subdivisions`` every rank loads (``size`` times the given ones)."""
-        self.share_images = batch
         rows = range(self.rank * batch, (self.rank + 1) * batch)
         return rows, self.size * batch, self.size * subdivisions
 
@@ -129,13 +126,14 @@ class Collective:
 
     def reduce(self, net: Network, loss: float) -> tuple[int, float]:
         """Sum every gradient accumulator over the ranks, in place; returns the images the
-        sum covers and the mean of the ranks' losses (``Network.train_step``'s ``reduce``)."""
+        sum covers (the batch ``net`` was loaded with: every rank's share) and the mean of the
+        ranks' losses (``Network.train_step``'s ``reduce``)."""
         MPI = self._mpi
         for layer in net.gradient_buffers().values():
             for array in layer.values():
                 self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
         total = self.comm.allreduce(float(loss), op=MPI.SUM)
-        return self.size * self.share_images, total / self.size
+        return int(net.config.net.values["batch"]), total / self.size
 
     def average_statistics(self, net: Network) -> None:
         """Average the rolling batch-norm statistics over the ranks, in place."""

@@ -151,8 +151,8 @@ class TrainingSetup:
             collective.broadcast_parameters(net)
             start = net.iteration
             started_from.append(
-                f"{collective.size} ranks, each on {collective.share_images} of the "
-                f"{collective.size * collective.share_images} images of an iteration "
+                f"{collective.size} ranks, each on {len(rows)} of the "
+                f"{net.config.net.values['batch']} images of an iteration "
                 f"(batch {net.config.net.values['batch']}, subdivisions "
                 f"{net.config.net.values['subdivisions']} in all)")
         loader = Loader(dataset.train, settings, boxes=dataset.read_boxes, seed=seed,

@@ -222,10 +222,9 @@ class Trainer:
         if not isinstance(x, np.ndarray):
             raise ArgumentError(f"x must be a numpy array, not {type(x).__name__}")
         rows = x.shape[0] if x.ndim == 4 else -1
-        if share and tuple(x.shape[1:]) == (c, h, w) and 0 < rows <= self.batch \
-                and rows % self.mini_batch == 0:
-            pass
-        elif x.shape != (self.batch, c, h, w):
+        a_share = (share and tuple(x.shape[1:]) == (c, h, w) and 0 < rows <= self.batch
+                   and rows % self.mini_batch == 0)
+        if not a_share and x.shape != (self.batch, c, h, w):
             share_rule = (f", or a share of whole mini-batches of {self.mini_batch}"
                           if share else "")
             raise ArgumentError(f"x must have shape {(self.batch, c, h, w)} (batch={self.batch} "

@@ -38,7 +38,6 @@ SCRIPT = textwrap.dedent('''
     cfg, out = sys.argv[1:3]
     collective = Collective.from_environment()
     net = dm.load(cfg, seed=1, batch=8, subdivisions=2)
-    collective.share(4, 1)
     buffers = net.gradient_buffers()
     nbytes = sum(a.nbytes for layer in buffers.values() for a in layer.values())
     stats = sum(a.nbytes for layer in net.statistic_buffers().values() for a in layer.values())
