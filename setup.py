@@ -5,10 +5,13 @@ change here. ``DARKNET_METAL_DEBUG=1`` turns Cython's bounds and wraparound chec
 
 ``darknet_metal.metal._shim`` links the shim's portable core (``shim/core``), the emulator
 driver and runtime (``shim/drivers/emu_driver.cpp``, ``shim/emu``) and every kernel in
-``shaders/*.metal`` and ``shim/kernels/*.metal``, rewritten to C++ by ``tools/metal2cpp.py``
-into the build directory. On macOS it also links the Objective-C Metal driver and, when
-``xcrun metal`` exists, builds ``darknet_metal.metallib`` next to the extension. The
-``.metal`` sources and their headers are installed as package data
+``shaders/*.metal`` and ``shim/kernels/*.metal``. Two build steps come before its link: each
+``.metal`` is translated by ``shim/emu/metal2cpp.py`` into a ``.cpp`` under the build
+directory (again only when the ``.metal`` or the translator changed), then the shim's C, C++
+and Objective-C sources and those ``.cpp`` files are compiled with their language's flags
+(again only when a source or a header changed). On macOS it also links the Objective-C Metal
+driver and, when ``xcrun metal`` exists, builds ``darknet_metal.metallib`` next to the
+extension. The ``.metal`` sources and their headers are installed as package data
 (``darknet_metal/metal/shaders``) so the Metal driver can compile them at run time.
 """
 
@@ -30,6 +33,13 @@ DEBUG = os.environ.get("DARKNET_METAL_DEBUG", "") not in ("", "0")
 MACOS = sys.platform == "darwin"
 SHIM_MODULE = "darknet_metal.metal._shim"
 OPT = ["-O0", "-g"] if DEBUG else ["-O2"]
+METAL2CPP = os.path.join("shim", "emu", "metal2cpp.py")
+#: Flags of the shim's own sources by suffix (the Cython module is C++ too).
+LANGUAGE_FLAGS = {
+    ".c": ["-std=c11", "-D_POSIX_C_SOURCE=200809L"],
+    ".cpp": ["-std=c++17"],
+    ".m": ["-fobjc-arc", "-fblocks"],
+}
 
 
 def _kernel_sources() -> list[str]:
@@ -68,41 +78,49 @@ def _cpu_extensions() -> list[Extension]:
     return extensions
 
 
-def _shim_extension() -> Extension:
-    sources = [os.path.join("darknet_metal", "metal", "_shim.pyx")]
-    sources += sorted(glob(os.path.join("shim", "core", "*.c")))
+def _shim_native_sources() -> list[str]:
+    """The shim's hand-written C, C++ and (macOS) Objective-C sources."""
+    sources = sorted(glob(os.path.join("shim", "core", "*.c")))
     sources += [
         os.path.join("shim", "drivers", "emu_driver.cpp"),
         os.path.join("shim", "emu", "emu_runtime.cpp"),
         os.path.join("shim", "emu", "fiber.cpp"),
     ]
+    if MACOS:
+        sources.append(os.path.join("shim", "drivers", "metal_driver.m"))
+    return sources
+
+
+def _shim_headers() -> list[str]:
+    """Every header a shim source or a translated kernel may include."""
+    return sorted(
+        glob(os.path.join("shim", "*.h")) + glob(os.path.join("shim", "*", "*.h"))
+    ) + _shader_headers()
+
+
+def _shim_extension() -> Extension:
+    # Only the Cython module is an extension source: BuildExt compiles the native sources and
+    # the kernels itself, each language with its own flags, and links their objects in.
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
     link_args = ["-lpthread"] if not MACOS else []
     if MACOS:
-        sources.append(os.path.join("shim", "drivers", "metal_driver.m"))
         macros.append(("DM_HAVE_METAL", "1"))
         link_args += ["-framework", "Metal", "-framework", "Foundation"]
-    depends = sorted(
-        glob(os.path.join("shim", "*.h"))
-        + glob(os.path.join("shim", "*", "*.h"))
-        + _shader_headers()
-        + _kernel_sources()
-        + [os.path.join("tools", "metal2cpp.py")]
-    )
     return Extension(
         SHIM_MODULE,
-        sources,
+        [os.path.join("darknet_metal", "metal", "_shim.pyx")],
         language="c++",
         include_dirs=["shim", os.path.join("shim", "emu"), "shaders", numpy.get_include()],
         define_macros=macros,
-        extra_compile_args=list(OPT),
+        extra_compile_args=OPT + LANGUAGE_FLAGS[".cpp"],
         extra_link_args=link_args,
-        depends=depends,
+        # What the objects are built from: a change here relinks the extension.
+        depends=_shim_headers() + _shim_native_sources() + _kernel_sources() + [METAL2CPP],
     )
 
 
 def _load_metal2cpp():
-    path = os.path.join(HERE, "tools", "metal2cpp.py")
+    path = os.path.join(HERE, METAL2CPP)
     spec = importlib.util.spec_from_file_location("metal2cpp", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("metal2cpp", module)
@@ -110,67 +128,74 @@ def _load_metal2cpp():
     return module
 
 
-def _write_if_changed(path: str, text: str) -> None:
-    # An unchanged file keeps its mtime, so an unchanged kernel is not a reason to relink.
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def _stale(target: str, inputs: list[str]) -> bool:
+    """Whether ``target`` is missing or older than any of ``inputs``."""
+    if not os.path.exists(target):
+        return True
+    built = os.path.getmtime(target)
+    return any(os.path.getmtime(path) > built for path in inputs)
 
 
 class BuildExt(build_ext):
-    """Per-language flags for the mixed C / C++ / Objective-C shim, kernels rewritten from
-    .metal at build time, and the .metallib on macOS."""
-
-    def build_extensions(self) -> None:
-        compiler = self.compiler
-        if ".m" not in compiler.src_extensions:
-            compiler.src_extensions.append(".m")
-        if hasattr(compiler, "language_map"):
-            compiler.language_map[".m"] = "objc"
-        original = compiler._compile
-
-        def compile_one(obj, src, ext, cc_args, extra_postargs, pp_opts):
-            extra = list(extra_postargs)
-            if src.endswith((".cpp", ".cc", ".cxx")):
-                extra += ["-std=c++17"]
-            elif src.endswith(".c") and "darknet_metal" + os.sep + "cpu" not in src:
-                extra += ["-std=c11", "-D_POSIX_C_SOURCE=200809L"]
-            elif src.endswith(".m"):
-                extra += ["-fobjc-arc", "-fblocks"]
-            return original(obj, src, ext, cc_args, extra, pp_opts)
-
-        compiler._compile = compile_one
-        super().build_extensions()
+    """The shim's build steps before its link (kernels translated from .metal, native sources
+    compiled per language) and the .metallib on macOS."""
 
     def build_extension(self, ext: Extension) -> None:
         if ext.name == SHIM_MODULE:
-            ext.sources = [s for s in ext.sources if "dm_kernels" not in s]
-            ext.sources += self._translate_kernels()
+            sources = _shim_native_sources() + self._translate_kernels()
+            ext.extra_objects = self._compile_native(ext, sources)
         super().build_extension(ext)
         if ext.name == SHIM_MODULE and MACOS:
             self._build_metallib(ext)
 
     def _translate_kernels(self) -> list[str]:
-        metal2cpp = _load_metal2cpp()
+        """Every kernel source as C++ for the emulator, under the build directory; a .metal
+        is translated again only when it or the translator is newer than its .cpp."""
         out_dir = os.path.join(self.build_temp, "dm_kernels")
         os.makedirs(out_dir, exist_ok=True)
+        metal2cpp = None
         generated = []
         for metal in _kernel_sources():
             stem = os.path.splitext(os.path.basename(metal))[0]
             out = os.path.join(out_dir, f"{stem}.cpp")
-            result = metal2cpp.translate(
-                open(metal, encoding="utf-8").read(),
-                os.path.abspath(metal),
-                output_name=os.path.abspath(out),
-            )
-            _write_if_changed(out, result.cpp)
+            if self.force or _stale(out, [metal, METAL2CPP]):
+                metal2cpp = metal2cpp or _load_metal2cpp()
+                with open(metal, encoding="utf-8") as f:
+                    result = metal2cpp.translate(
+                        f.read(), os.path.abspath(metal), output_name=os.path.abspath(out)
+                    )
+                tmp = f"{out}.tmp{os.getpid()}"
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(result.cpp)
+                os.replace(tmp, out)
             generated.append(out)
         return generated
+
+    def _compile_native(self, ext: Extension, sources: list[str]) -> list[str]:
+        """Objects of ``sources``, each compiled with ``OPT`` and its language's flags when
+        it, or any header it may include, is newer than its object."""
+        headers = _shim_headers()
+        objects = []
+        for suffix, flags in LANGUAGE_FLAGS.items():
+            group = [s for s in sources if s.endswith(suffix)]
+            if not group:
+                continue
+            if suffix not in self.compiler.src_extensions:  # .m: unknown to distutils
+                self.compiler.src_extensions.append(suffix)
+            targets = self.compiler.object_filenames(group, output_dir=self.build_temp)
+            stale = [src for src, obj in zip(group, targets, strict=True)
+                     if self.force or _stale(obj, [src, *headers])]
+            if stale:
+                self.compiler.compile(
+                    stale,
+                    output_dir=self.build_temp,
+                    macros=ext.define_macros,
+                    include_dirs=ext.include_dirs,
+                    debug=self.debug,
+                    extra_postargs=OPT + flags,
+                )
+            objects += targets
+        return objects
 
     def _build_metallib(self, ext: Extension) -> None:
         sources = _kernel_sources()

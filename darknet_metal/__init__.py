@@ -7,7 +7,6 @@ manages the GPU devices. Every error raised on purpose is a ``DarknetMetalError`
 """
 
 from darknet_metal import metal
-from darknet_metal.boxes import Detection
 from darknet_metal.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -25,6 +24,7 @@ from darknet_metal.errors import (
     NonFiniteError,
     WeightsError,
 )
+from darknet_metal.inference.boxes import Detection
 from darknet_metal.network import Network, load, load_model
 
 __version__ = "0.1.0"

@@ -1,40 +1,13 @@
-"""Darknet's activation functions: the one list every backend indexes.
+"""Former home of the activation names and ids: ``darknet_metal.model.activations``.
 
-The position of a name in ``ACTIVATIONS`` is the integer id passed to the Cython
-reference (and later to the Metal kernels). Names are those of Darknet's cfg files.
+Kept for one release so that ``import darknet_metal.activations`` keeps working; it warns once and
+hands on every public name of ``darknet_metal.model.activations``.
 """
 
-from __future__ import annotations
+import warnings
 
-ACTIVATIONS: tuple[str, ...] = (
-    "linear",
-    "leaky",
-    "relu",
-    "relu6",
-    "logistic",
-    "loggy",
-    "tanh",
-    "elu",
-    "selu",
-    "gelu",
-    "mish",
-    "swish",
-    "hard_mish",
-    "hardtan",
-    "lhtan",
-    "plse",
-    "stair",
-    "ramp",
-    "relie",
-    "revleaky",
-    "normalize_channels",
-    "normalize_channels_softmax",
-    "normalize_channels_softmax_maxval",
-)
+from darknet_metal.model.activations import *  # noqa: F403
+from darknet_metal.model.activations import __all__  # noqa: F401
 
-ACTIVATION_ID: dict[str, int] = {name: i for i, name in enumerate(ACTIVATIONS)}
-
-#: Activations that mix channels at each pixel, so they cannot run elementwise.
-CHANNEL_ACTIVATIONS: frozenset[str] = frozenset(
-    {"normalize_channels", "normalize_channels_softmax", "normalize_channels_softmax_maxval"}
-)
+warnings.warn("darknet_metal.activations is now darknet_metal.model.activations; the old path goes "
+              "in the next release", DeprecationWarning, stacklevel=2)

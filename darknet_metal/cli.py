@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from darknet_metal.boxes import shown
 from darknet_metal.cli_args import multiple_of_32, positive_int, unit_float
 from darknet_metal.datasets import cli as datasets_cli
 from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, WeightsError
 from darknet_metal.evaluation import cli as evaluation_cli
-from darknet_metal.models import SAMPLE_IMAGE, model_files, model_names
+from darknet_metal.inference.boxes import shown
+from darknet_metal.model.bundled import SAMPLE_IMAGE, model_files, model_names
 from darknet_metal.network import DEVICES
 from darknet_metal.serving import server as serving_cli
 from darknet_metal.training import cli as training_cli
 
 if TYPE_CHECKING:
-    from darknet_metal.boxes import Detection
+    from darknet_metal.inference.boxes import Detection
 
 PROG = "darknet-metal"
 DEFAULT_MODEL = "yolov3-tiny"
@@ -196,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run_partial(args: argparse.Namespace) -> int:
     import darknet_metal
-    from darknet_metal.weights import WeightsHeader, read_weights_prefix, write_weights
+    from darknet_metal.model.weights import WeightsHeader, read_weights_prefix, write_weights
 
     _check_file(args.cfg, "cfg", lambda message: CfgError(message, path=args.cfg))
     _check_file(args.weights, "weights", lambda message: WeightsError(message, path=args.weights))
@@ -239,7 +239,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_doctor(args: argparse.Namespace) -> int:
-    from darknet_metal.metal.doctor import run_doctor
+    from darknet_metal.diagnostics.doctor import run_doctor
 
     return 0 if run_doctor(args.device, size=args.size) else 1
 
@@ -294,9 +294,9 @@ def _run_detect(args: argparse.Namespace) -> int:
         return 1
 
     net = _load_network(args)
-    from darknet_metal.detection_json import frame_entry, write_detections_json
-    from darknet_metal.draw import draw_detections, save_image_atomic
-    from darknet_metal.image import load_image
+    from darknet_metal.inference.detection_json import frame_entry, write_detections_json
+    from darknet_metal.inference.draw import draw_detections, save_image_atomic
+    from darknet_metal.inference.image import load_image
 
     _warm_up(net)
     # Images stream through the network (read ahead, boxes decoded in a worker); the ones
@@ -348,8 +348,8 @@ def _run_detect(args: argparse.Namespace) -> int:
 
 
 def _run_video(args: argparse.Namespace) -> int:
-    from darknet_metal.detection_json import frame_entry, write_detections_json
-    from darknet_metal.video import detect_video, open_video
+    from darknet_metal.inference.detection_json import frame_entry, write_detections_json
+    from darknet_metal.inference.video import detect_video, open_video
 
     _check_model_paths(args)
     for option in (args.out, args.json):

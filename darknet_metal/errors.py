@@ -183,3 +183,8 @@ class RequestError(DarknetMetalError, ValueError):
     def __init__(self, message: str, *, status: int = 400) -> None:
         self.status = status
         super().__init__(message)
+
+
+class Unsupported(Exception):
+    """Raised by an op's device or training emitters when a layer cannot run there; the message
+    is the reason (reported by ``coverage()``; on a device the layer then runs on the CPU)."""

@@ -1,4 +1,12 @@
-"""``Network``: a Darknet network loaded from a cfg (and weights) on a device."""
+"""``Network``: a Darknet network loaded from a cfg (and weights), and its executor.
+
+The network is the model (config, layers, parameters, ``seen``) and the executor that runs its
+passes on a device. What other parts need of it is public: ``executor`` (built on first use),
+``exclusive()`` (one pass or training step at a time), ``params_changed()`` (the parameters
+were changed in place). Detection (``inference.Detector``, ``DetectionStream``) and training
+(``training.Trainer``) are built around a network; ``detect``, ``stream``, ``train_step`` and
+the other training calls here are conveniences that hold no state of their own.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +19,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from darknet_metal import arguments
-from darknet_metal.backend import Backend
-from darknet_metal.boxes import Detection, YoloHead
-from darknet_metal.cfg import NetConfig, parse_cfg
-from darknet_metal.detection import Detector, ImageSource, check_images, is_image_sequence
 from darknet_metal.errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -22,22 +26,27 @@ from darknet_metal.errors import (
     DeviceError,
     MemoryLimitError,
 )
-from darknet_metal.layers import LayerSpec, Shape, build_layers, input_shape
-from darknet_metal.memory import format_bytes, pass_bytes, physical_memory
-from darknet_metal.params import Params, init_params
-from darknet_metal.program import STORAGE
-from darknet_metal.stream import DetectionStream
-from darknet_metal.summary import summary_table
-from darknet_metal.weights import (
+from darknet_metal.inference.boxes import Detection, YoloHead
+from darknet_metal.inference.detector import Detector, ImageSource
+from darknet_metal.inference.stream import DetectionStream
+from darknet_metal.model.cfg import NetConfig, Shape, input_shape, parse_cfg
+from darknet_metal.model.summary import summary_table
+from darknet_metal.model.weights import (
+    Params,
     WeightsCoverage,
     WeightsHeader,
     read_weights,
     read_weights_prefix,
     write_weights,
 )
+from darknet_metal.ops import Op, build_layers, init_params
+from darknet_metal.runtime.backend import Backend
+from darknet_metal.runtime.memory import format_bytes, pass_bytes, physical_memory
+from darknet_metal.runtime.pass_ring import PassRing
+from darknet_metal.runtime.program import STORAGE, stored_itemsize
 
 if TYPE_CHECKING:
-    from darknet_metal.training.trainer import Gradients, StepReport, Trainer
+    from darknet_metal.training.trainer import Gradients, StepReport
 
 #: Devices ``load`` accepts: the CPU reference, the Apple GPU, and the CPU emulator of the
 #: Metal compute model (the same kernels as "metal").
@@ -60,11 +69,11 @@ def _read_names(names: str | os.PathLike[str] | Sequence[str] | None) -> list[st
 class Network:
     """A Darknet network: layers from a cfg, parameters, and a compute backend.
 
-    Build one with ``darknet_metal.load``. ``layers`` lists the ``LayerSpec`` of each cfg
+    Build one with ``darknet_metal.load``. ``layers`` lists the ``Op`` of each cfg
     layer (``type``, ``in_shape``, ``out_shape`` as (C, H, W), ``bflops``).
     """
 
-    def __init__(self, config: NetConfig, layers: list[LayerSpec], params: dict[int, Params], *,
+    def __init__(self, config: NetConfig, layers: list[Op], params: dict[int, Params], *,
                  header: WeightsHeader, names: list[str] | None, device: str, batch: int,
                  dtype: np.dtype | type = np.float32, precision: str = "fp32") -> None:
         self.config = config
@@ -85,30 +94,44 @@ class Network:
         #: "fp32", or "fp16" (metal/emu: activations and parameters held as half, arithmetic
         #: in float; inference only).
         self.precision = _check_precision(precision, device, self.dtype)
-        self._backend_instance: Backend | None = None
-        self._trainer_instance: Trainer | None = None
-        self._params_changed = False
+        self._executor: Backend | None = None
+        # The executor's inference copies (batch norm folded) are older than ``params``.
+        self._params_stale = False
         # A network's executor reuses its memory from pass to pass: one pass at a time.
         self._lock = threading.RLock()
         # Bytes a pass plans at batch 1 and 2: memory grows by their difference per image.
-        itemsize = 2 if self.precision == "fp16" else self.dtype.itemsize
+        itemsize = stored_itemsize(self.precision, self.dtype)
         self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
         self.check_memory(batch)
         # Batch sizes already found to fit: forward checks each new one once.
         self._fitting_batches = {batch}
 
     @property
-    def _backend(self) -> Backend:
-        # Built on first use, so a cfg can be inspected (summary, layers) without running it.
-        if self._backend_instance is None:
-            self._backend_instance = _make_backend(self.device, self.layers, self.params,
-                                                   self.dtype, self.precision)
-            self._params_changed = False
-        elif self._params_changed:
-            # Inference works on prepared copies (batch norm folded): refresh them.
-            self._params_changed = False
-            self._backend_instance.load_params(self.params)
-        return self._backend_instance
+    def executor(self) -> Backend:
+        """The executor running this network's passes on its device, built on first use (so
+        a cfg can be inspected without running it). Its inference copies of the parameters
+        may be older than ``params`` after ``params_changed``; ``inference_executor`` brings
+        them up to date. Use it under ``exclusive()``."""
+        if self._executor is None:
+            self._executor = _make_backend(self.device, self.layers, self.params, self.dtype,
+                                           self.precision)
+            self._params_stale = False
+        return self._executor
+
+    def inference_executor(self) -> Backend:
+        """``executor`` with its inference copies of the parameters rebuilt if the parameters
+        changed since they were made (``params_changed``). Use it under ``exclusive()``."""
+        executor = self.executor
+        if self._params_stale:
+            self._params_stale = False
+            executor.load_params(self.params)
+        return executor
+
+    def params_changed(self) -> None:
+        """Says that ``params`` were changed in place (a training update, restored or
+        averaged statistics): the executor's inference copies (batch norm folded) are rebuilt
+        before the next pass."""
+        self._params_stale = True
 
     @property
     def parameter_bytes(self) -> int:
@@ -150,23 +173,22 @@ class Network:
         _check_dtype(self.dtype, device)
         _check_device(device)
         _check_precision(self.precision, device, self.dtype)
-        with self._running():
+        with self.exclusive():
             if device != self.device:
-                # Training state is bound to the old device's memory (momentum included).
-                if self._trainer_instance is not None:
-                    self._trainer_instance.state.write_back()
-                    self._trainer_instance.release()
-                    self._trainer_instance = None
-                if self._backend_instance is not None:
-                    self._backend_instance.close()
-                    self._backend_instance = None
+                if self._executor is not None:
+                    # What is bound to the old device's memory (a trainer: its state is
+                    # written back, its momentum let go) goes first.
+                    self._executor.events.closing()
+                    self._executor.close()
+                    self._executor = None
                 self.device = device
         return self
 
     @contextlib.contextmanager
-    def _running(self) -> Iterator[None]:
+    def exclusive(self) -> Iterator[None]:
         """Holds this network's lock, and on a Metal device that device's lock, for one
-        pass: encode, run and read back as a whole (see the README's thread rules)."""
+        pass or training step: encode, run and read back as a whole (see the thread rules
+        in docs/architecture.md). Reentrant."""
         with self._lock:
             if self.device == "cpu":
                 yield
@@ -217,19 +239,19 @@ class Network:
         if x.shape[0] not in self._fitting_batches:
             self.check_memory(x.shape[0])
             self._fitting_batches.add(x.shape[0])
-        with self._running():
+        with self.exclusive():
             # Device backends keep outputs on the device and download only the wanted ones.
-            outs = self._backend.forward(x, outputs=wanted)
+            outs = self.inference_executor().forward(x, outputs=wanted)
             return [np.array(outs[i]) for i in wanted]
 
     def profile(self, x: np.ndarray, repeats: int = 5) -> list[float]:
         """Median wall time in milliseconds of each layer over ``repeats`` forward passes."""
         self.forward(x)  # warm up buffers and caches
         runs: list[list[float]] = []
-        with self._running():
+        with self.exclusive():
             for _ in range(max(1, repeats)):
                 times: list[float] = []
-                self._backend.forward(np.asarray(x), timings=times)
+                self.inference_executor().forward(np.asarray(x), timings=times)
                 runs.append(times)
         return [1e3 * float(t) for t in np.median(np.array(runs), axis=0)]
 
@@ -249,20 +271,7 @@ class Network:
         that image alone. Raises ``ImageError`` naming an unreadable image (images before it
         have been run), ``CfgError`` for a network that cannot detect.
         """
-        detector = Detector(self, thresh, nms)
-        if not is_image_sequence(image):
-            prepared = detector.prepare(image)  # type: ignore[arg-type]
-            outputs = self.forward(prepared.x[None])
-            return detector.detections([out[0] for out in outputs], prepared.width,
-                                       prepared.height)
-        images = list(image)  # type: ignore[arg-type]
-        check_images(images)
-        found: list[list[Detection]] = []
-        for start in range(0, len(images), self.batch):
-            chunk = [detector.prepare(item) for item in images[start:start + self.batch]]
-            outputs = self.forward(np.stack([item.x for item in chunk]))
-            found += detector.batch_detections(outputs, chunk)
-        return found
+        return Detector(self, thresh, nms).detect(image)
 
     def stream(self, frames: Iterable[ImageSource], thresh: float = 0.25, nms: float = 0.45,
                *, batch: int | None = None, depth: int = 2, workers: int = 2) -> DetectionStream:
@@ -292,11 +301,11 @@ class Network:
         wanted = self.yolo_layers or None
         self.forward(np.zeros((batch, c, h, w), np.float32), outputs=wanted)
         if self.device != "cpu" and wanted:
-            with self._running():
-                backend: Any = self._backend
-                ring = backend.hold_pass_ring(batch, wanted, depth)
+            with self.exclusive():
+                executor = self.inference_executor()
+                ring: PassRing | None = executor.hold_pass_ring(batch, wanted, depth)
                 if ring is not None:
-                    backend.let_go_pass_ring(ring)
+                    executor.let_go_pass_ring(ring)
 
     def save_weights(self, path: str | os.PathLike[str]) -> None:
         """Write the parameters (the trained ones after training), the rolling statistics and
@@ -304,88 +313,50 @@ class Network:
         with self._lock:
             write_weights(path, self.layers, self.params, self.header)
 
-    # -- training -------------------------------------------------------------------------
-
-    def _trainer(self) -> Trainer:
-        if self.precision != "fp32":
-            raise ArgumentError(
-                f"training runs in float32; this network was loaded with precision="
-                f"{self.precision!r} (load it with precision='fp32' to train)")
-        if self._trainer_instance is None:
-            from darknet_metal.training.trainer import Trainer
-
-            self._trainer_instance = Trainer(self, seed=self.training_seed)
-        return self._trainer_instance
+    # -- training: conveniences over ``training.Trainer.of(self)`` ---------------------------
 
     def train_step(self, x: np.ndarray, truths: Sequence[Any], *,
                    reduce: Callable[[float], tuple[int, float]] | None = None) -> StepReport:
-        """One Darknet training iteration on ``x`` (batch, C, H, W) float32 at the network's
-        size, batch = the cfg's ``batch`` (split into ``subdivisions`` mini-batches).
+        """One Darknet training iteration: ``Trainer.of(self).step`` (see
+        ``darknet_metal.training.Trainer.step`` for ``x``, ``truths``, ``reduce`` and the
+        errors)."""
+        from darknet_metal.training.trainer import Trainer
 
-        ``reduce``, to train one network across processes (``training.distributed``'s
-        ``Collective.step`` uses it): ``x`` is then this process's share of the batch (whole
-        mini-batches); ``reduce(loss)`` is called after its passes, sums the accumulators
-        (``gradient_buffers``) over the processes in place and returns ``(images, mean
-        loss)``: the update divides by the images of every process and ``seen`` advances by
-        them. (The accumulators carry SGD's momentum term from the last update: it must be
-        in one process's accumulators only, as ``Collective.step`` arranges.)
-
-        ``truths``: per image a (k, 5) array of boxes (class, cx, cy, w, h), normalised to
-        [0, 1] (k may be 0), for networks with ``[yolo]`` heads; for networks ending in
-        ``[softmax]``/``[cost]``, per image a class id or a row of ``classes`` targets.
-        Returns the ``StepReport``. Raises ``ArgumentError`` naming the image and row of a bad
-        truth, ``CfgError`` at the line of a cfg key training does not support,
-        ``NonFiniteError`` (nothing changed) when the step produces NaN or infinity.
-        """
-        with self._running():
-            report = self._trainer().step(x, truths, reduce)
-            self._params_changed = True
-            return report
+        return Trainer.of(self).step(x, truths, reduce)
 
     def accumulate(self, x: np.ndarray, truths: Sequence[Any]) -> float:
-        """The forward and backward of ``train_step`` without the update: adds the gradients
-        of ``x`` (the batch, or a share of it in whole mini-batches) into the accumulators
-        (``gradient_buffers``) and advances ``seen`` by its images. Returns the loss."""
-        with self._running():
-            return self._trainer().accumulate(x, truths)
+        """The forward and backward of ``train_step`` without the update
+        (``Trainer.accumulate``). Returns the loss."""
+        from darknet_metal.training.trainer import Trainer
+
+        return Trainer.of(self).accumulate(x, truths)
 
     def update(self, images: int | None = None) -> float:
-        """Darknet's update for accumulators summed over ``images`` images (default: the
-        cfg's batch; more when several processes summed theirs), advancing the iteration by
-        one; returns the learning rate it used."""
-        with self._running():
-            rate = self._trainer().update(images)
-            self._trainer().state.write_back()
-            self._params_changed = True
-            return rate
+        """Darknet's update for the accumulated gradients (``Trainer.update``); returns the
+        learning rate it used."""
+        from darknet_metal.training.trainer import Trainer
+
+        return Trainer.of(self).update(images)
 
     def gradient_buffers(self) -> dict[int, Params]:
-        """The gradient accumulators (Darknet's ``*_updates``), per layer and parameter name:
-        the arrays ``accumulate`` adds into and ``update`` reads, writable in place (to sum
-        them across processes)."""
-        return {i: layer.grads for i, layer in self._trainer().state.layers.items()
-                if layer.grads}
+        """The gradient accumulators per layer and parameter name
+        (``Trainer.gradient_buffers``)."""
+        from darknet_metal.training.trainer import Trainer
+
+        return Trainer.of(self).gradient_buffers()
 
     def statistic_buffers(self) -> dict[int, Params]:
-        """The running statistics training updates (batch norm's ``rolling_mean`` and
-        ``rolling_variance``), per layer and name: the arrays the passes write, writable in
-        place (to average them across processes)."""
-        trainer = self._trainer()
-        found: dict[int, Params] = {}
-        for spec in self.layers:
-            values = trainer.state.layer(spec.index).values
-            kept = {name: values[name] for name in spec.statistics if name in values}
-            if kept:
-                found[spec.index] = kept
-        return found
+        """The running statistics training updates (``Trainer.statistic_buffers``)."""
+        from darknet_metal.training.trainer import Trainer
+
+        return Trainer.of(self).statistic_buffers()
 
     def gradients(self, x: np.ndarray, truths: Sequence[Any]) -> Gradients:
-        """Forward and backward over a batch without changing any state (parameters,
-        rolling statistics, optimizer state, iteration, random streams): the loss, each
-        trainable array's gradient summed over the batch in Darknet's sign, and each layer's
-        delta for the last mini-batch."""
-        with self._running():
-            return self._trainer().gradients(x, truths)
+        """Forward and backward over a batch without changing any state
+        (``Trainer.gradients``)."""
+        from darknet_metal.training.trainer import Trainer
+
+        return Trainer.of(self).gradients(x, truths)
 
     @property
     def iteration(self) -> int:
@@ -408,7 +379,7 @@ class Network:
         ``MemoryLimitError`` when training at the new size would not fit; the network is then
         unchanged. Returns the network."""
         size = arguments.size_pair("(width, height)", (width, height))
-        with self._running():
+        with self.exclusive():
             values = self.config.net.values
             old = values["width"], values["height"]
             values["width"], values["height"] = size
@@ -431,18 +402,18 @@ class Network:
                 raise
         return self
 
-    def _take_layers(self, layers: list[LayerSpec]) -> None:
+    def _take_layers(self, layers: list[Op]) -> None:
         """Switches every part of the network to ``layers`` (the same network at another
-        input size): the backend keeps its parameters, the trainer its state and the
-        programs of the sizes seen before."""
+        input size): the executor keeps its parameters, a trainer its state and the programs
+        of the sizes seen before."""
         self.layers = layers
-        itemsize = 2 if self.precision == "fp16" else self.dtype.itemsize
+        itemsize = stored_itemsize(self.precision, self.dtype)
         self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
         self._fitting_batches = set()
-        if self._backend_instance is not None:
-            self._backend_instance.resize(layers, self.params)
-        if self._trainer_instance is not None:
-            self._trainer_instance.resize()
+        if self._executor is not None:
+            self._executor.resize(layers, self.params)
+            # A trainer rebinds its programs to the new size (and may refuse it).
+            self._executor.events.resized()
 
     def learning_rate(self, iteration: int) -> float:
         """The learning rate of the update that makes ``iteration`` (Darknet's
@@ -504,13 +475,13 @@ def _check_precision(precision: object, device: str, dtype: np.dtype) -> str:
     return str(precision)
 
 
-def _make_backend(device: str, specs: list[LayerSpec], params: dict[int, Params],
+def _make_backend(device: str, specs: list[Op], params: dict[int, Params],
                   dtype: np.dtype, precision: str = "fp32") -> Backend:
     if device == "cpu":
-        from darknet_metal.cpu_backend import CpuBackend
+        from darknet_metal.runtime.cpu_backend import CpuBackend
 
         return CpuBackend(specs, params, dtype)
-    from darknet_metal.gpu_backend import GpuBackend
+    from darknet_metal.runtime.gpu_backend import GpuBackend
 
     return GpuBackend(specs, params, dtype, device=device, precision=precision)
 
@@ -582,16 +553,16 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
 def load_model(name: str, *, device: str = "cpu", batch: int | None = None,
                dtype: np.dtype | type = np.float32, input_size: tuple[int, int] | None = None,
                download: bool = True) -> Network:
-    """Load bundled model ``name`` (``darknet_metal.models.model_names()``: yolov3-tiny,
+    """Load bundled model ``name`` (``darknet_metal.model.bundled.model_names()``: yolov3-tiny,
     yolov4-tiny, yolov3, yolov4) with its pretrained weights and COCO class names.
 
     The weights come from the cache (``$DARKNET_METAL_HOME``, default
     ``~/.cache/darknet_metal``) and are downloaded there on first use unless ``download`` is
-    false; ``darknet_metal.models.model_files(name)`` gives the three paths. The other
+    false; ``darknet_metal.model.bundled.model_files(name)`` gives the three paths. The other
     arguments are ``load``'s. Raises ``ModelNotFoundError`` for an unknown name or weights
     that cannot be had.
     """
-    from darknet_metal.models import get_spec, model_files
+    from darknet_metal.model.bundled import get_spec, model_files
 
     get_spec(name)
     _check_device(device)

@@ -1,5 +1,7 @@
 // Activations: Darknet's elementwise functions, and the normalize_channels family that mixes
-// the channels of each pixel.
+// the channels of each pixel; forward, and backward (delta multiplied in place by the
+// derivative, as activations.activation_gradient_step of darknet_metal/cpu/). Every
+// per-pixel sum runs in channel order, so results never depend on scheduling.
 #include <metal_stdlib>
 #include "dm_args.h"
 #include "dm_activation.h"
@@ -73,3 +75,46 @@ typedef decltype(activation_fwd<float>) activation_fwd_f32_t;
 typedef decltype(activation_fwd<half>) activation_fwd_f16_t;
 template [[host_name("activation_fwd_f32")]] kernel activation_fwd_f32_t activation_fwd<float>;
 template [[host_name("activation_fwd_f16")]] kernel activation_fwd_f16_t activation_fwd<half>;
+
+// ---- activation derivatives --------------------------------------------------------------
+
+// delta[i] *= f'(y_or_x[i]) (the output, or the input for gelu/mish/swish/hard_mish). The
+// linear and channel activations leave delta alone, as the reference does. Grid: n.
+kernel void activation_bwd_f32(constant dm_activation_args& args [[buffer(0)]],
+                               device const float* y_or_x [[buffer(1)]],
+                               device float* delta [[buffer(2)]],
+                               uint gid [[thread_position_in_grid]]) {
+    if (gid >= args.n) return;
+    if (args.act == DM_ACT_LINEAR || args.act < 0 || args.act >= DM_ACT_NORM_CHAN) return;
+    delta[gid] = delta[gid] * dm_gradient(y_or_x[gid], args.act);
+}
+
+// Darknet's derivative of the normalize_channels family, per pixel from the output y:
+// g = sum_k y_k * delta_k in channel order, then delta_k *= g (MODE 0, plain
+// normalize_channels: only where y_k > 0; 1 and 2, the softmax variants, are the same rule).
+// Grid (spatial, batch).
+template <int MODE>
+kernel void normalize_channels_bwd(constant dm_normalize_channels_args& args [[buffer(0)]],
+                                   device const float* y [[buffer(1)]],
+                                   device float* delta [[buffer(2)]],
+                                   uint2 gid [[thread_position_in_grid]]) {
+    if (gid.x >= args.spatial || gid.y >= args.batch) return;
+    const uint step = args.spatial;
+    const uint base = gid.y * args.channels * args.spatial + gid.x;
+    float grad = 0.0f;
+    for (uint k = 0; k < args.channels; ++k) {
+        grad = grad + y[base + k * step] * delta[base + k * step];
+    }
+    for (uint k = 0; k < args.channels; ++k) {
+        const uint idx = base + k * step;
+        if (MODE != 0 || y[idx] > 0.0f) delta[idx] = delta[idx] * grad;
+    }
+}
+
+typedef decltype(normalize_channels_bwd<0>) normalize_channels_bwd_t;
+template [[host_name("normalize_channels_bwd_f32")]] kernel normalize_channels_bwd_t
+    normalize_channels_bwd<0>;
+template [[host_name("normalize_channels_softmax_bwd_f32")]] kernel normalize_channels_bwd_t
+    normalize_channels_bwd<1>;
+template [[host_name("normalize_channels_softmax_maxval_bwd_f32")]] kernel
+    normalize_channels_bwd_t normalize_channels_bwd<2>;

@@ -1,6 +1,11 @@
-// Layers combining inputs: [shortcut], [scale_channels], [sam]. None applies the layer's
-// activation; the host follows with activation_fwd (Darknet's order). T: the storage type
-// (float, or half for fp16 networks); arithmetic in float.
+// Layers combining inputs: [shortcut], [scale_channels], [sam], forward and backward. No
+// forward kernel applies the layer's activation; the host follows with activation_fwd
+// (Darknet's order). T: the storage type (float, or half for fp16 networks); arithmetic in
+// float.
+//
+// Every backward pass ADDS into the gradients it writes (a layer's input may feed several
+// consumers). No float atomics: an element written by several contributions is formed by
+// one thread, gathering them in a fixed order, so results never depend on scheduling.
 #include <metal_stdlib>
 #include "dm_args.h"
 using namespace metal;
@@ -105,3 +110,184 @@ typedef decltype(sam_fwd<float>) sam_fwd_f32_t;
 typedef decltype(sam_fwd<half>) sam_fwd_f16_t;
 template [[host_name("sam_fwd_f32")]] kernel sam_fwd_f32_t sam_fwd<float>;
 template [[host_name("sam_fwd_f16")]] kernel sam_fwd_f16_t sam_fwd<half>;
+
+// ---- shortcut ------------------------------------------------------------------------------
+
+// One input of a shortcut (row 0 = x, then the sources): grad[b, c] += delta[b, c] * table[row,
+// c] (weighted) or delta[b, c], for c < min(channels, src_channels). One dispatch per input,
+// x first: where one array receives two inputs' gradients, they add in the CPU's order.
+// Grid (spatial, channels, batch).
+kernel void shortcut_bwd_f32(constant dm_shortcut_bwd_args& args [[buffer(0)]],
+                             device const float* delta [[buffer(1)]],
+                             device const float* table [[buffer(2)]],
+                             device float* grad [[buffer(3)]],
+                             uint3 gid [[thread_position_in_grid]]) {
+    const uint c = gid.y;
+    if (gid.x >= args.spatial || c >= min(args.channels, args.src_channels) ||
+        gid.z >= args.batch) {
+        return;
+    }
+    const float d = delta[(gid.z * args.channels + c) * args.spatial + gid.x];
+    const uint at = (gid.z * args.src_channels + c) * args.spatial + gid.x;
+    if (args.weighted != 0u) {
+        grad[at] = grad[at] + d * table[args.row * args.channels + c];
+    } else {
+        grad[at] = grad[at] + d;
+    }
+}
+
+// First stage of a weight gradient: partial[b*channels + c] = sum over the pixels, in order,
+// of delta[b, c] * input[b, c], for one input and c < min(channels, src_channels).
+// Grid (channels, batch).
+kernel void shortcut_bwd_dot_f32(constant dm_shortcut_bwd_args& args [[buffer(0)]],
+                                 device const float* delta [[buffer(1)]],
+                                 device const float* input [[buffer(2)]],
+                                 device float* partial [[buffer(3)]],
+                                 uint2 gid [[thread_position_in_grid]]) {
+    const uint c = gid.x;
+    if (c >= min(args.channels, args.src_channels) || gid.y >= args.batch) return;
+    device const float* d = delta + (gid.y * args.channels + c) * args.spatial;
+    device const float* v = input + (gid.y * args.src_channels + c) * args.spatial;
+    float total = 0.0f;
+    for (uint i = 0; i < args.spatial; ++i) total = total + d[i] * v[i];
+    partial[gid.y * args.channels + c] = total;
+}
+
+// Second stage: the gradient of input `row`'s weight(s) from the partial sums, added in
+// batch order (then channel order, per_feature) onto acc's old value (accumulate=1) or onto
+// zero (accumulate=0). per_channel: acc[row*channels + c] for every c (channels the input
+// lacks get no term); else acc[row], written by thread 0. Grid: columns (channels
+// per_channel, else 1).
+kernel void shortcut_bwd_weights_f32(constant dm_shortcut_wgrad_args& args [[buffer(0)]],
+                                     device const float* partial [[buffer(1)]],
+                                     device float* acc [[buffer(2)]],
+                                     uint gid [[thread_position_in_grid]]) {
+    const uint used = min(args.channels, args.src_channels);
+    if (args.per_channel != 0u) {
+        if (gid >= args.channels) return;
+        const uint at = args.row * args.channels + gid;
+        float total = args.accumulate != 0u ? acc[at] : 0.0f;
+        if (gid < used) {
+            for (uint b = 0; b < args.batch; ++b) total = total + partial[b * args.channels + gid];
+        }
+        acc[at] = total;
+        return;
+    }
+    if (gid != 0u) return;
+    float total = args.accumulate != 0u ? acc[args.row] : 0.0f;
+    for (uint b = 0; b < args.batch; ++b) {
+        for (uint c = 0; c < used; ++c) total = total + partial[b * args.channels + c];
+    }
+    acc[args.row] = total;
+}
+
+// The gradient with respect to the raw weights from that of the normalised ones (g, laid out
+// like the weights), through the exact derivative of the normalisation, added into
+// weight_grad. With S = 1e-4 + the sum of the terms and dot = sum_k w_k*g_k: relu gives
+// [v_j > 0]*(g_j - dot)/S; softmax (terms exp(v - m), m the first maximum) gives
+// w_j*(g_j - dot), less 1e-4/S*dot at the maximum; none passes g through. One thread per
+// column of weights. Grid: columns (channels per_channel, else 1).
+kernel void shortcut_bwd_norm_f32(constant dm_shortcut_weights_args& args [[buffer(0)]],
+                                  device const float* weights [[buffer(1)]],
+                                  device const float* g [[buffer(2)]],
+                                  device float* weight_grad [[buffer(3)]],
+                                  uint col [[thread_position_in_grid]]) {
+    if (col >= (args.per_channel != 0u ? args.channels : 1u)) return;
+    const uint step = args.per_channel != 0u ? args.channels : 1u;
+    const uint norm = args.normalization;
+    float max_val = -FLT_MAX;
+    uint top = 0;
+    if (norm == 2u) {
+        for (uint i = 0; i < args.n_inputs; ++i) {
+            const float v = weights[col + i * step];
+            if (max_val < v) {
+                max_val = v;
+                top = i;
+            }
+        }
+    }
+    float total = 0.0001f;
+    for (uint i = 0; i < args.n_inputs; ++i) {
+        const float v = weights[col + i * step];
+        if (norm == 1u) total = total + (v > 0.0f ? v : 0.0f);
+        if (norm == 2u) total = total + exp(v - max_val);
+    }
+    float dot = 0.0f;
+    for (uint i = 0; i < args.n_inputs; ++i) {
+        const uint at = col + i * step;
+        const float v = weights[at];
+        float w = v;
+        if (norm == 1u) w = (v > 0.0f ? v : 0.0f) / total;
+        if (norm == 2u) w = exp(v - max_val) / total;
+        dot = dot + w * g[at];
+    }
+    for (uint j = 0; j < args.n_inputs; ++j) {
+        const uint at = col + j * step;
+        const float v = weights[at];
+        float d = g[at];
+        if (norm == 1u) {
+            d = v > 0.0f ? (g[at] - dot) / total : 0.0f;
+        } else if (norm == 2u) {
+            d = exp(v - max_val) / total * (g[at] - dot);
+            if (j == top) d = d - 0.0001f / total * dot;
+        }
+        weight_grad[at] = weight_grad[at] + d;
+    }
+}
+
+// ---- scale_channels, sam -------------------------------------------------------------------
+
+// x_from_grad += scale * delta, the factor per channel or, scale_wh, per pixel.
+// Grid (spatial, channels, batch).
+kernel void scale_channels_bwd_f32(constant dm_scale_channels_args& args [[buffer(0)]],
+                                   device const float* delta [[buffer(1)]],
+                                   device const float* scale [[buffer(2)]],
+                                   device float* x_from_grad [[buffer(3)]],
+                                   uint3 gid [[thread_position_in_grid]]) {
+    if (gid.x >= args.spatial || gid.y >= args.channels || gid.z >= args.batch) return;
+    const uint idx = (gid.z * args.channels + gid.y) * args.spatial + gid.x;
+    const float s = args.scale_wh != 0u ? scale[gid.z * args.spatial + gid.x]
+                                        : scale[gid.z * args.channels + gid.y];
+    x_from_grad[idx] = x_from_grad[idx] + s * delta[idx];
+}
+
+// scale_grad[k] += sum of delta * x_from over factor k's elements, one thread per factor in
+// the CPU's element order (the pixels of channel (b, c); scale_wh: the channels of pixel
+// (b, i)). Grid: factors (batch*channels, or batch*spatial with scale_wh).
+kernel void scale_channels_bwd_scale_f32(constant dm_scale_channels_args& args [[buffer(0)]],
+                                         device const float* delta [[buffer(1)]],
+                                         device const float* x_from [[buffer(2)]],
+                                         device float* scale_grad [[buffer(3)]],
+                                         uint k [[thread_position_in_grid]]) {
+    if (args.scale_wh != 0u) {
+        if (k >= args.batch * args.spatial) return;
+        const uint b = k / args.spatial, i = k % args.spatial;
+        float total = scale_grad[k];
+        for (uint c = 0; c < args.channels; ++c) {
+            const uint at = (b * args.channels + c) * args.spatial + i;
+            total = total + delta[at] * x_from[at];
+        }
+        scale_grad[k] = total;
+        return;
+    }
+    if (k >= args.batch * args.channels) return;
+    const uint at = k * args.spatial;
+    float total = scale_grad[k];
+    for (uint i = 0; i < args.spatial; ++i) total = total + delta[at + i] * x_from[at + i];
+    scale_grad[k] = total;
+}
+
+// x_grad += delta * x_from, then x_from_grad += x * delta: in that order, so the two may be
+// one array (a layer feeding [sam] twice). Grid: n.
+kernel void sam_bwd_f32(constant dm_sam_args& args [[buffer(0)]],
+                        device const float* delta [[buffer(1)]],
+                        device const float* x_from [[buffer(2)]],
+                        device const float* x [[buffer(3)]],
+                        device float* x_from_grad [[buffer(4)]],
+                        device float* x_grad [[buffer(5)]],
+                        uint gid [[thread_position_in_grid]]) {
+    if (gid >= args.n) return;
+    const float d = delta[gid];
+    x_grad[gid] = x_grad[gid] + d * x_from[gid];
+    x_from_grad[gid] = x_from_grad[gid] + x[gid] * d;
+}

@@ -24,7 +24,7 @@
 #endif
 #endif
 
-/* Activation ids: the index of each name in darknet_metal.activations.ACTIVATIONS. */
+/* Activation ids: the index of each name in darknet_metal.model.activations.ACTIVATIONS. */
 enum dm_activation_id {
     DM_ACT_LINEAR = 0,
     DM_ACT_LEAKY = 1,
@@ -333,7 +333,7 @@ typedef struct dm_loss_args {
 } dm_loss_args;
 DM_STATIC_ASSERT(sizeof(dm_loss_args) == 4, "dm_loss_args size");
 
-/* ---- training: elementwise kernels (train_elementwise.metal) ---- */
+/* ---- training: elementwise kernels (activation, buffers, dropout and update .metal) ---- */
 
 /* activation_bwd_f32 takes dm_activation_args (delta[i] *= f'(y_or_x[i]), i < n), and
  * normalize_channels*_bwd_f32 take dm_normalize_channels_args. */

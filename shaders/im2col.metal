@@ -2,6 +2,7 @@
 // layout: row (c*ksize + ky)*ksize + kx, column oy*out_w + ox holds the input at
 // (oy*stride_y - pad*dilation + ky*dilation, ox*stride_x - pad*dilation + kx*dilation) of
 // channel c, or 0 outside the image.
+// col2im_bwd_f32 is its adjoint, the convolution's input gradient.
 #include <metal_stdlib>
 #include "dm_args.h"
 using namespace metal;
@@ -40,3 +41,41 @@ typedef decltype(im2col_fwd<float>) im2col_fwd_f32_t;
 typedef decltype(im2col_fwd<half>) im2col_fwd_f16_t;
 template [[host_name("im2col_fwd_f32")]] kernel im2col_fwd_f32_t im2col_fwd<float>;
 template [[host_name("im2col_fwd_f16")]] kernel im2col_fwd_f16_t im2col_fwd<half>;
+
+// ---- backward ------------------------------------------------------------------------------
+
+// col2im as a gather, the adjoint of im2col_fwd_f32 with the same arguments: each image
+// element adds the column entries that im2col copied from it, in (ky, kx) order. A tap
+// (ky, kx) reaches pixel (iy, ix) from at most one output position, so this is the order in
+// which the CPU's col2im adds them and the sums agree bit for bit.
+// Grid (height*width, channels, images*groups); channels is per group, as in im2col.
+kernel void col2im_bwd_f32(constant dm_im2col_args& args [[buffer(0)]],
+                           device const float* col [[buffer(1)]],
+                           device float* image [[buffer(2)]],
+                           uint3 gid [[thread_position_in_grid]]) {
+    const uint plane = args.height * args.width;
+    if (gid.x >= plane || gid.y >= args.channels) return;
+    const uint spatial = args.out_h * args.out_w;
+    const uint k2 = args.ksize * args.ksize;
+    const int pad = int(args.pad * args.dilation);
+    const int iy = int(gid.x / args.width) + pad;
+    const int ix = int(gid.x % args.width) + pad;
+    device const float* src = col + (gid.z * args.channels + gid.y) * k2 * spatial;
+    const uint at = (gid.z * args.channels + gid.y) * plane + gid.x;
+    float acc = image[at];
+    for (uint ky = 0; ky < args.ksize; ++ky) {
+        // Output row oy reads this pixel through tap ky when oy*stride_y = iy + pad - ky*dil.
+        const int ty = iy - int(ky * args.dilation);
+        if (ty < 0 || uint(ty) % args.stride_y != 0) continue;
+        const uint oy = uint(ty) / args.stride_y;
+        if (oy >= args.out_h) continue;
+        for (uint kx = 0; kx < args.ksize; ++kx) {
+            const int tx = ix - int(kx * args.dilation);
+            if (tx < 0 || uint(tx) % args.stride_x != 0) continue;
+            const uint ox = uint(tx) / args.stride_x;
+            if (ox >= args.out_w) continue;
+            acc += src[(ky * args.ksize + kx) * spatial + oy * args.out_w + ox];
+        }
+    }
+    image[at] = acc;
+}

@@ -16,7 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from darknet_metal.boxes import (
+from darknet_metal.inference.boxes import (
     Detection,
     YoloHead,
     _heap_sort,
@@ -385,7 +385,7 @@ def test_nms_gives_the_same_result_when_overlaps_are_computed_row_by_row(monkeyp
     probs = ((rng.random((n, 6)) < 0.3) * rng.random((n, 6))).astype(np.float32)
     full = [a.copy() for a in (boxes, obj, probs)]
     nms_sort(*full, 0.45)
-    monkeypatch.setattr("darknet_metal.boxes._OverlapTable._FULL_LIMIT", 0)
+    monkeypatch.setattr("darknet_metal.inference.boxes._OverlapTable._FULL_LIMIT", 0)
     rows = [a.copy() for a in (boxes, obj, probs)]
     nms_sort(*rows, 0.45)
     for x, y in zip(full, rows, strict=True):

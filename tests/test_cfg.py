@@ -10,9 +10,9 @@ import pathlib
 
 import pytest
 
-from darknet_metal.cfg import SECTION_KINDS, NetConfig, Section, parse_cfg, parse_cfg_text
-from darknet_metal.cfg_schema import SCHEMA
 from darknet_metal.errors import CfgError
+from darknet_metal.model.cfg import SECTION_KINDS, NetConfig, Section, parse_cfg, parse_cfg_text
+from darknet_metal.model.cfg_schema import SCHEMA
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 CFG_DIR = SHARED / "models" / "cfg"

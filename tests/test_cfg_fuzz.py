@@ -14,9 +14,9 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from darknet_metal.cfg import NetConfig, parse_cfg, parse_cfg_text
-from darknet_metal.cfg_schema import LAYER, LAYER_LIST, SCHEMA
 from darknet_metal.errors import CfgError
+from darknet_metal.model.cfg import NetConfig, parse_cfg, parse_cfg_text
+from darknet_metal.model.cfg_schema import LAYER, LAYER_LIST, SCHEMA
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 CFG_FILES = [

@@ -114,7 +114,7 @@ def _error_lines(stderr: str) -> list[str]:
 def test_detect_without_images_uses_the_bundled_sample(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from darknet_metal.models import SAMPLE_IMAGE
+    from darknet_metal.model.bundled import SAMPLE_IMAGE
 
     assert SAMPLE_IMAGE.read_bytes() == DOG.read_bytes()  # Darknet's own dog.jpg
     rc = main(["detect", "--model", "yolov3-tiny", "--out", str(tmp_path)])
@@ -282,7 +282,7 @@ def test_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_summary_of_bundled_cfg(capsys: pytest.CaptureFixture[str]) -> None:
-    from darknet_metal.models import MODELS
+    from darknet_metal.model.bundled import MODELS
 
     rc = main(["summary", str(MODELS["yolov3-tiny"].cfg)])
     out, err = capsys.readouterr()

@@ -17,8 +17,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from darknet_metal.activations import ACTIVATIONS
 from darknet_metal.cpu import activations as act
+from darknet_metal.model.activations import ACTIVATIONS
 
 try:
     from opencv_ref import opencv_layer_outputs, write_darknet_weights

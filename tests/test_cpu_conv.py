@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from darknet_metal.activations import ACTIVATION_ID
 from darknet_metal.cpu import conv, im2col, winograd
+from darknet_metal.model.activations import ACTIVATION_ID
 
 LINEAR = ACTIVATION_ID["linear"]
 LEAKY = ACTIVATION_ID["leaky"]

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from grad_check import numeric_grad, rel_err
 
-from darknet_metal.activations import ACTIVATION_ID
 from darknet_metal.cpu import batchnorm as bn
 from darknet_metal.cpu import conv, executor, im2col
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
+from darknet_metal.model.activations import ACTIVATION_ID
 
 LINEAR = ACTIVATION_ID["linear"]
 

@@ -22,9 +22,9 @@ import sys
 import numpy as np
 import pytest
 
-from darknet_metal.activations import ACTIVATIONS
 from darknet_metal.cpu import activations as act
 from darknet_metal.cpu import conv, winograd
+from darknet_metal.model.activations import ACTIVATIONS
 
 try:
     from test_cpu_activations import REFERENCE

@@ -8,8 +8,8 @@ activations the kernels do not fuse, and NaN in max pooling.
 import numpy as np
 import pytest
 
-from darknet_metal.activations import ACTIVATION_ID
 from darknet_metal.cpu import conv, pooling, winograd
+from darknet_metal.model.activations import ACTIVATION_ID
 
 LINEAR = ACTIVATION_ID["linear"]
 LEAKY = ACTIVATION_ID["leaky"]

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from darknet_metal.cfg import parse_cfg_text
 from darknet_metal.cpu import combine, executor, heads, pooling, resample
 from darknet_metal.errors import ArgumentError, CfgError
-from darknet_metal.layers import build_layers
+from darknet_metal.model.cfg import parse_cfg_text
+from darknet_metal.ops import build_layers
 
 try:
     from opencv_ref import opencv_layer_names, opencv_layer_outputs, write_darknet_weights

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from darknet_metal import Detection
-from darknet_metal.draw import class_color, draw_detections, label_font_size
+from darknet_metal.inference.draw import class_color, draw_detections, label_font_size
 
 
 def _label_band_height(height: int) -> int:

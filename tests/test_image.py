@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from darknet_metal.boxes import Detection
-from darknet_metal.draw import class_color, draw_detections, save_image_atomic
 from darknet_metal.errors import ImageError
-from darknet_metal.image import letterbox_image, load_image, prepare_input, resize_image
+from darknet_metal.inference.boxes import Detection
+from darknet_metal.inference.draw import class_color, draw_detections, save_image_atomic
+from darknet_metal.inference.image import letterbox_image, load_image, prepare_input, resize_image
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 IMAGES = SHARED / "images"

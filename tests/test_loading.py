@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from loading_scenes import scene, write_png
 
-from darknet_metal.cfg import parse_cfg_text
 from darknet_metal.errors import ArgumentError, CfgError, ImageError
-from darknet_metal.loading import Loader, LoaderSettings, load_batch, random_size
-from darknet_metal.loading.augment import distort_hsv
-from darknet_metal.loading.batch import SampleSource
-from darknet_metal.loading.loader import THREAD_NAME_PREFIX
+from darknet_metal.model.cfg import parse_cfg_text
+from darknet_metal.training.loading import Loader, LoaderSettings, load_batch, random_size
+from darknet_metal.training.loading.augment import distort_hsv
+from darknet_metal.training.loading.batch import SampleSource
+from darknet_metal.training.loading.loader import THREAD_NAME_PREFIX
 
 # --- HSV ---------------------------------------------------------------------------------
 
@@ -329,7 +329,7 @@ max=90
 
 
 def test_settings_from_cfg_take_the_last_yolo_layer():
-    from darknet_metal.loading import settings_from_cfg
+    from darknet_metal.training.loading import settings_from_cfg
 
     s = settings_from_cfg(parse_cfg_text(CFG))
     assert (s.width, s.height, s.batch, s.channels) == (416, 288, 16, 3)
@@ -341,7 +341,7 @@ def test_settings_from_cfg_take_the_last_yolo_layer():
     ("cutmix=1\n", "cutmix", 11), ("letter_box=1\n", "letter_box", 11),
 ])
 def test_settings_refuse_what_darknet_refuses(extra, key, line):
-    from darknet_metal.loading import settings_from_cfg
+    from darknet_metal.training.loading import settings_from_cfg
 
     text = CFG.replace("exposure=1.5\n", "exposure=1.5\n" + extra)
     with pytest.raises(CfgError) as info:
@@ -350,7 +350,7 @@ def test_settings_refuse_what_darknet_refuses(extra, key, line):
 
 
 def test_settings_refuse_a_jitter_that_can_empty_the_crop():
-    from darknet_metal.loading import settings_from_cfg
+    from darknet_metal.training.loading import settings_from_cfg
 
     with pytest.raises(CfgError) as info:
         settings_from_cfg(parse_cfg_text(CFG.replace("jitter=.3", "jitter=.6")))

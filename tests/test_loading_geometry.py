@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 from loading_scenes import Colours, pixel_box, scene, to_uint8, truth_pixels, write_png
 
-from darknet_metal.loading import LoaderSettings, SampleSource, load_slot
-from darknet_metal.loading.augment import (
+from darknet_metal.training.loading import LoaderSettings, SampleSource, load_slot
+from darknet_metal.training.loading.augment import (
     ImageDraws,
     augment_pixels,
     place,
     transform_truths,
 )
-from darknet_metal.loading.mosaic import MosaicCut, mosaic_truths
+from darknet_metal.training.loading.mosaic import MosaicCut, mosaic_truths
 
 NET_W, NET_H = 416, 320
 SRC_W, SRC_H = 640, 480

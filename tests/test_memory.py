@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from darknet_metal.cfg import parse_cfg
-from darknet_metal.layers import build_layers
-from darknet_metal.memory import plan_memory
-from darknet_metal.models import get_spec
-from darknet_metal.program import INPUT, Tensor, build_program
+from darknet_metal.model.bundled import get_spec
+from darknet_metal.model.cfg import parse_cfg
+from darknet_metal.ops import build_layers
+from darknet_metal.runtime.memory import plan_memory
+from darknet_metal.runtime.program import INPUT, Tensor, build_program
 
 
 def _programs(model: str, batch: int, keep):
@@ -107,12 +107,12 @@ def test_training_programs_replay_and_plan_close_to_the_peak(device):
     import numpy as np
 
     import darknet_metal as dm
-    from darknet_metal.cpu_backend import cpu_training_program
-    from darknet_metal.training.state import TrainState
+    from darknet_metal.runtime.cpu_backend import cpu_training_program
+    from darknet_metal.runtime.train_state import TrainState
 
     net = dm.load(get_spec("yolov4-tiny").cfg, device=device, batch=2, seed=0,
                   input_size=(64, 64))
-    backend = net._backend
+    backend = net.executor
     state = TrainState(net.layers, net.params, np.float32,
                        zeros=getattr(backend, "training_zeros", None))
     for spec in net.layers:

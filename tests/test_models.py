@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from darknet_metal import models
 from darknet_metal.errors import ModelNotFoundError
+from darknet_metal.model import bundled as models
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SHARED_MODELS = SHARED / "models"

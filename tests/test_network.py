@@ -16,18 +16,18 @@ def x():
 def test_layers_describe_shapes(yolov3_tiny):
     layers = yolov3_tiny.layers
     assert len(layers) == 24
-    assert layers[0].type == "convolutional" and layers[0].in_shape == (3, 416, 416)
+    assert layers[0].kind == "convolutional" and layers[0].in_shape == (3, 416, 416)
     assert layers[0].out_shape == (16, 416, 416)
-    assert layers[11].type == "maxpool" and layers[11].out_shape == (512, 13, 13)  # size=2 stride=1
-    assert layers[20].type == "route" and layers[20].out_shape == (384, 26, 26)
-    assert [i for i, s in enumerate(layers) if s.type == "yolo"] == [16, 23]
+    assert layers[11].kind == "maxpool" and layers[11].out_shape == (512, 13, 13)  # size=2 stride=1
+    assert layers[20].kind == "route" and layers[20].out_shape == (384, 26, 26)
+    assert [i for i, s in enumerate(layers) if s.kind == "yolo"] == [16, 23]
 
 
 def test_yolov4_tiny_route_groups_shapes():
     net = dm.load(CFG_DIR / "yolov4-tiny.cfg")
     # [route] layers=-1 groups=2 group_id=1 takes the second half of 64 channels.
-    assert net.layers[3].type == "route" and net.layers[3].out_shape == (32, 104, 104)
-    assert net.layers[-1].type == "yolo" and net.layers[-1].out_shape == (255, 26, 26)
+    assert net.layers[3].kind == "route" and net.layers[3].out_shape == (32, 104, 104)
+    assert net.layers[-1].kind == "yolo" and net.layers[-1].out_shape == (255, 26, 26)
 
 
 def test_summary_reports_darknet_bflops(yolov3_tiny):

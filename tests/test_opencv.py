@@ -5,7 +5,7 @@ import pytest
 from shared_paths import CFG_DIR, GOLDEN, YOLOV3_TINY
 
 import darknet_metal as dm
-from darknet_metal.weights import stored_params
+from darknet_metal.model.weights import stored_params
 
 cv2 = pytest.importorskip("cv2")
 from opencv_ref import opencv_layer_names, write_darknet_weights  # noqa: E402

@@ -16,16 +16,17 @@ import numpy as np
 import pytest
 
 import darknet_metal
-from darknet_metal import cfg, cfg_schema, ops
-from darknet_metal.cfg import parse_cfg_text
+from darknet_metal import ops
 from darknet_metal.cpu import route as cpu_route
-from darknet_metal.layers import LAYER_KINDS, build_layers
-from darknet_metal.program import Tensor, build_program
+from darknet_metal.model import cfg, cfg_schema
+from darknet_metal.model.cfg import parse_cfg_text
+from darknet_metal.ops import LAYER_KINDS, build_layers
+from darknet_metal.runtime.program import Tensor, build_program
 
 PACKAGE = pathlib.Path(darknet_metal.__file__).parent
 #: Where layer kinds may be named: the ops, and the cfg parser and schema.
-ALLOWED = {PACKAGE / "ops", PACKAGE / "cfg.py", PACKAGE / "cfg_schema.py"}
-OP_CLASSES = {cls.__name__ for cls in ops.OPS.values()} | {"LayerSpec"}
+ALLOWED = {PACKAGE / "ops", PACKAGE / "model" / "cfg.py", PACKAGE / "model" / "cfg_schema.py"}
+OP_CLASSES = {cls.__name__ for cls in ops.OPS.values()} | {"Op"}
 
 
 def _is_allowed(path: pathlib.Path) -> bool:
@@ -130,7 +131,7 @@ def test_every_parsed_section_kind_has_an_op():
 # -- a layer kind defined here alone ---------------------------------------------------------
 
 
-class CopyOp(ops.LayerSpec):
+class CopyOp(ops.Op):
     """y = x, computed: a host copy on the CPU, a linear activation kernel on a device."""
 
     kind = "test_copy"
@@ -198,6 +199,6 @@ def test_a_new_op_loads_and_runs(copy_op, device):
     reference = darknet_metal.load(copy_op, seed=3).forward(x, outputs=[3])[0]
     np.testing.assert_allclose(copy2, reference, rtol=0, atol=1e-5)
     if device == "emu":
-        placements = net._backend.coverage()
+        placements = net.executor.coverage()
         assert placements[1].where == "kernels"
         assert placements[1].kernels == ("activation_fwd_f32",)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from darknet_metal.cfg import parse_cfg_text
 from darknet_metal.errors import ArgumentError, BindingError
-from darknet_metal.layers import build_layers
-from darknet_metal.memory import plan_memory
-from darknet_metal.program import INPUT, HostStep, Tensor, build_program
+from darknet_metal.model.cfg import parse_cfg_text
+from darknet_metal.ops import build_layers
+from darknet_metal.runtime.memory import plan_memory
+from darknet_metal.runtime.program import INPUT, HostStep, Tensor, build_program
 
 # 0 conv -> 1 conv -> 2 maxpool -> 3 route 1 (layer 2 feeds nothing) -> 4 dropout
 # -> 5 conv (the head's input) -> 6 yolo; 7 route 0 -> 8 conv (a branch no loss reads).

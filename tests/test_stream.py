@@ -218,11 +218,11 @@ def test_a_stream_of_yolov3_tiny_on_emu_equals_its_detections_one_by_one():
 def test_a_stream_with_a_cpu_fallback_layer_runs_pass_by_pass(micro_emu):
     # A layer forced onto the CPU puts host steps in the program: no pass ring, the passes run
     # whole one after another, with the same detections.
-    from darknet_metal.gpu_backend import GpuBackend
+    from darknet_metal.runtime.gpu_backend import GpuBackend
 
     net = dm.load(MICRO / "micro-v4-sgd.cfg", seed=1, device="emu")
-    net._backend_instance = GpuBackend(net.layers, net.params, device="emu", fallback={3})
-    assert any(p.where == "fallback" for p in net._backend_instance.coverage())
+    net._executor = GpuBackend(net.layers, net.params, device="emu", fallback={3})
+    assert any(p.where == "fallback" for p in net.executor.coverage())
     frames = _frames(4)
     alone = [micro_emu.detect(frame, thresh=0.005) for frame in frames]
     device = metal.get_device("emu")

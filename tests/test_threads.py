@@ -186,7 +186,7 @@ def test_a_cpu_pass_needs_no_gil_and_other_threads_keep_running():
     net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", seed=3, input_size=(256, 256))
     x = np.random.default_rng(5).random((1, 3, 256, 256), dtype=np.float32)
     want = net.forward(x)  # builds and binds the program
-    (steps,) = [loaded.steps for loaded in net._backend._programs.values()]
+    (steps,) = [loaded.steps for loaded in net.executor._programs.values()]
     window_ns = 2_000_000_000
     old_interval = sys.getswitchinterval()
     sys.setswitchinterval(60.0)
@@ -208,7 +208,7 @@ def test_a_cpu_pass_needs_no_gil_and_other_threads_keep_running():
                 now = time.monotonic_ns()
             samples.append((now, count))
             worker.join()
-            started, finished = net._backend.last_pass_ns
+            started, finished = net.executor.last_pass_ns
             if finished > begin:
                 break  # else the pass was over before the counting began: try again
         else:

@@ -9,6 +9,7 @@ from training_golden import TRAIN
 
 import darknet_metal as dm
 from darknet_metal.errors import ArgumentError, NonFiniteError
+from darknet_metal.training.trainer import Trainer
 
 CASE = TRAIN / "micro-v4-sgd"
 
@@ -150,7 +151,7 @@ def test_a_training_pass_too_large_for_the_machine_names_subdivisions_that_fit(
     net = _net(tmp_path, subdivisions=1)
     x, truths = _batch(net)
     sizing = trainer.Trainer(_net(tmp_path, subdivisions=1))
-    one, two = (sizing.memory_bytes(sizing.net._backend, m) for m in (1, 2))
+    one, two = (sizing.memory_bytes(m) for m in (1, 2))
     four = one + 3 * (two - one)
     assert four > two > one > 0
     # Room for a pass of 2 images but not of 4 (batch=4, subdivisions=1).
@@ -196,7 +197,7 @@ def test_a_resize_that_does_not_fit_changes_nothing(tmp_path, device, monkeypatc
     x, truths = _batch(nets[0])
     for net in nets:
         net.train_step(x, truths)
-    limit = nets[0]._trainer().memory_bytes(nets[0]._trainer().backend, 4) + 1
+    limit = Trainer.of(nets[0]).memory_bytes(4) + 1
     monkeypatch.setattr(trainer, "physical_memory", lambda: limit)
     with pytest.raises(dm.MemoryLimitError, match="at 256x256"):
         nets[0].resize(256, 256)
@@ -211,11 +212,11 @@ def test_a_resize_that_does_not_fit_changes_nothing(tmp_path, device, monkeypatc
 
 
 def test_kept_programs_are_built_again_when_their_arrays_were_replaced(tmp_path):
-    from darknet_metal.training.plans import TrainingPlans
+    from darknet_metal.runtime.program_cache import TrainingPrograms
 
     net = _net(tmp_path)
-    state = net._trainer().state
-    plans, built = TrainingPlans(limit=2), []
+    state = Trainer.of(net).state
+    plans, built = TrainingPrograms(limit=2), []
 
     def build(tag):
         def make():
@@ -326,9 +327,9 @@ def test_training_on_emu_runs_where_coverage_says_and_inference_sees_it(tmp_path
     x, truths = _batch(emu)
     emu.forward(x[:1])  # device parameters uploaded before training changes them
     report = emu.train_step(x, truths)
-    coverage = emu._backend.training_coverage()
+    coverage = emu.executor.training_coverage()
     assert [p.index for p in coverage] == [s.index for s in emu.layers]
-    on_kernels = {p.type for p in coverage if p.where == "kernels"}
+    on_kernels = {p.kind for p in coverage if p.where == "kernels"}
     assert on_kernels == {"convolutional", "route", "maxpool", "upsample", "yolo", "shortcut"}
     assert all(p.where == "kernels" for p in coverage)
     assert all(p.reason for p in coverage if p.where == "fallback")
@@ -354,7 +355,7 @@ def test_training_at_several_sizes_in_turn_keeps_rss_flat_on_the_cpu(tmp_path):
     script.write_text("""
 import gc, numpy as np, psutil
 import darknet_metal as dm
-from darknet_metal.models import get_spec
+from darknet_metal.model.bundled import get_spec
 net = dm.load(get_spec("yolov4-tiny").cfg, seed=0, batch=2, input_size=(64, 64))
 net.config.net.values.update(burn_in=0)
 truths = [np.array([[1, 0.3, 0.4, 0.2, 0.3]], np.float32)] * 2
@@ -373,3 +374,65 @@ for r in range(3):
     rounds = [int(v) for v in out]
     assert len(rounds) == 3
     assert max(rounds[1:]) <= rounds[0] + 2**20, [r / 2**20 for r in rounds]
+
+
+def _diverged(device, case, layer):
+    """A golden case's network after one step, with the weights of ``layer`` gone NaN as a
+    diverging run's do, and a trainer over them; the batch of the case's truths."""
+    folder = TRAIN / case
+    net = dm.load(folder / f"{case}.cfg", folder / "init.weights", device=device)
+    b = net.config.net.values["batch"]
+    c, h, w = net.input_shape
+    x = np.random.default_rng(0).random((b, c, h, w), dtype=np.float32)
+    truths = ([i % 3 for i in range(b)] if not net.yolo_layers
+              else [np.array([[1, 0.3, 0.4, 0.2, 0.3]], np.float32)] * b)
+    net.train_step(x, truths)
+    net.params[layer]["weights"].flat[::7] = np.nan
+    net.params_changed()
+    return net, Trainer(net, seed=1), x, truths
+
+
+@pytest.mark.parametrize("device", ["cpu", "emu"])
+@pytest.mark.parametrize(("case", "layer", "fault"), [
+    ("micro-classifier", 2, "the loss is nan"),
+    # The [yolo] loss stays finite over NaN outputs; the gradients do not.
+    ("micro-v4-sgd", 2, "layer 0 (convolutional): NaN or infinity in its"),
+])
+def test_a_non_finite_step_names_the_first_layer_that_went_wrong(device, case, layer, fault):
+    net, trainer, x, truths = _diverged(device, case, layer)
+    before, seen = _state(net), net.header.seen
+    grads_before = {i: {n: g.copy() for n, g in p.items()}
+                    for i, p in trainer.gradient_buffers().items()}
+    stats_before = {i: {n: a.copy() for n, a in p.items()}
+                    for i, p in trainer.statistic_buffers().items()}
+    with pytest.raises(NonFiniteError) as info:
+        trainer.step(x, truths)
+    message = str(info.value)
+    kind = net.layers[layer].kind
+    assert message.startswith(fault), message
+    assert f"layer {layer} ({kind}) is the first whose output is not finite" in message
+    assert info.value.layer == layer and message.endswith("the step was undone")
+    for a, b in zip(_state(net), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for i, p in trainer.gradient_buffers().items():
+        for n, g in p.items():
+            np.testing.assert_array_equal(g, grads_before[i][n])
+    for i, p in trainer.statistic_buffers().items():
+        for n, a in p.items():
+            np.testing.assert_array_equal(a, stats_before[i][n])
+    assert net.header.seen == seen
+
+
+def test_the_program_cache_gives_back_what_leaves_and_keeps_what_is_held():
+    from darknet_metal.runtime.program_cache import ProgramCache
+
+    released, held = [], {"b"}
+    cache = ProgramCache(2, release=released.append, held=lambda p: p in held)
+    assert cache.get(1, lambda: "a") == "a" and cache.get(2, lambda: "b") == "b"
+    assert cache.get(1, lambda: "a again") == "a"  # kept; 2 is now the least recent
+    cache.get(3, lambda: "c")  # 2 is held: 1 leaves instead
+    assert released == ["a"] and sorted(cache.values()) == ["b", "c"]
+    assert cache.get(2, lambda: "b2", valid=lambda p: False) == "b2"  # no longer valid
+    assert released == ["a", "b"] and (cache.builds, cache.hits) == (4, 1)
+    cache.clear()
+    assert sorted(released) == ["a", "b", "b2", "c"] and len(cache) == 0

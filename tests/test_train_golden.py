@@ -13,6 +13,7 @@ import pytest
 from training_golden import TRAIN, read_golden
 
 import darknet_metal as dm
+from darknet_metal.training.trainer import Trainer
 
 GOLDEN = read_golden()
 
@@ -168,7 +169,7 @@ def test_classifier_with_darknets_dropout_draws(monkeypatch):
 
     def use_draws(step):
         rand = arrays[f"s{step}_sub0_L{dropout_layer:02d}_dropout_rand"]
-        net._trainer()  # the program (and the draw buffer) exist from here on
+        Trainer.of(net)  # the program (and the draw buffer) exist from here on
         np.copyto(draws["buffer"], rand.reshape(draws["buffer"].shape))
 
     use_draws(1)

@@ -20,7 +20,7 @@ import pytest
 from shared_paths import YOLOV3_TINY
 
 from darknet_metal.datasets import make_shapes
-from darknet_metal.weights import read_weights
+from darknet_metal.model.weights import read_weights
 
 pytest.importorskip("mpi4py", reason="mpi4py is not installed (the mpi extra)")
 MPIRUN = shutil.which("mpirun")

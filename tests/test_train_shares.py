@@ -14,8 +14,8 @@ from training_golden import TRAIN
 
 import darknet_metal as dm
 from darknet_metal.errors import ArgumentError, DependencyError
-from darknet_metal.loading import Loader, LoaderSettings
 from darknet_metal.training import distributed
+from darknet_metal.training.loading import Loader, LoaderSettings
 
 MICRO = TRAIN / "micro-v4-sgd" / "micro-v4-sgd.cfg"  # batch 4 in 2 mini-batches
 

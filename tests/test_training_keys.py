@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from darknet_metal.cfg import parse_cfg_text
-from darknet_metal.cfg_schema import SCHEMA
 from darknet_metal.errors import CfgError
+from darknet_metal.model.cfg import parse_cfg_text
+from darknet_metal.model.cfg_schema import SCHEMA
 from darknet_metal.ops import OPS
 from darknet_metal.training.keys import (
     REFUSED,

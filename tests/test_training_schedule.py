@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from training_golden import CASES, TRAIN, cfg_net_values, net_values
 
-from darknet_metal.cfg_schema import POLICIES
 from darknet_metal.errors import ArgumentError, ArgumentTypeError, CfgError
+from darknet_metal.model.cfg_schema import POLICIES
 from darknet_metal.training import learning_rate
 
 with open(TRAIN / "lr_schedule.json") as _f:

@@ -106,7 +106,7 @@ def test_video_errors_leave_nothing_behind(clip, tmp_path, capsys):
 
 
 def test_detect_video_api_counts_frames_without_writing(clip):
-    from darknet_metal.video import detect_video
+    from darknet_metal.inference.video import detect_video
 
     net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights",
                   input_size=(160, 160))
@@ -117,7 +117,7 @@ def test_detect_video_api_counts_frames_without_writing(clip):
 
 
 def test_a_run_stopped_midway_leaves_no_video(clip, tmp_path):
-    from darknet_metal.video import detect_video
+    from darknet_metal.inference.video import detect_video
 
     net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights",
                   input_size=(160, 160))

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from shared_paths import CFG_DIR, YOLOV3_TINY
 
 import darknet_metal as dm
-from darknet_metal.cfg import parse_cfg_text
-from darknet_metal.layers import build_layers
-from darknet_metal.weights import read_weights, weights_file_size
+from darknet_metal.model.cfg import parse_cfg_text
+from darknet_metal.model.weights import read_weights, weights_file_size
+from darknet_metal.ops import build_layers
 
 CFG = YOLOV3_TINY / "yolov3-tiny.cfg"
 WEIGHTS = YOLOV3_TINY / "yolov3-tiny.weights"

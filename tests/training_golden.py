@@ -1,5 +1,5 @@
 """The Darknet V5 training data in ../shared (read only): its folder, its reader module and
-the ``[net]`` values of its cfgs as ``darknet_metal.cfg`` parses them."""
+the ``[net]`` values of its cfgs as ``darknet_metal.model.cfg`` parses them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from types import ModuleType
 import numpy as np
 from shared_paths import SHARED
 
-from darknet_metal.cfg import parse_cfg_text
+from darknet_metal.model.cfg import parse_cfg_text
 
 TRAIN = SHARED / "golden" / "darknet-v5-train"
 #: Case folders (each with index.json), sorted.

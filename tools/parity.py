@@ -6,7 +6,7 @@
                            [--device emu|metal] [--size WxH] [--json]
 
 Prints, per layer: index, type, output shape, where it ran (kernels or CPU fallback), max abs
-diff, NMSE and the verdict against the tolerance of ``darknet_metal.metal.parity``;
+diff, NMSE and the verdict against the tolerance of ``darknet_metal.diagnostics.parity``;
 exits 1 if any layer fails. While it runs, a line per stage (loading, CPU pass, device pass,
 with the seconds each took) goes to stderr, with or without ``--json``. Importable:
 ``run_parity(...)`` returns the report as a dict.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from darknet_metal.metal.parity import (
+from darknet_metal.diagnostics.parity import (
     DEFAULT_TOLERANCE,
     format_report,
     format_training_report,

@@ -1,6 +1,6 @@
 from cython cimport floating
 
-# Ids are the positions in darknet_metal.activations.ACTIVATIONS (checked at import).
+# Ids are the positions in darknet_metal.model.activations.ACTIVATIONS (checked at import).
 cdef enum:
     ACT_LINEAR = 0
     ACT_LEAKY = 1

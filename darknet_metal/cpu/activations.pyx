@@ -54,7 +54,7 @@ from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
 
-from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS
+from darknet_metal.model.activations import ACTIVATION_ID, ACTIVATIONS
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 from darknet_metal.cpu.checks import check_input, check_like
 
@@ -68,11 +68,11 @@ _ENUM = {
     "normalize_channels_softmax": ACT_NORM_CHAN_SOFTMAX,
     "normalize_channels_softmax_maxval": ACT_NORM_CHAN_SOFTMAX_MAXVAL,
 }
-# The ids are shared with the Metal kernels through darknet_metal.activations: a silent
+# The ids are shared with the Metal kernels through darknet_metal.model.activations: a silent
 # mismatch would apply the wrong function, so refuse to load instead.
 if len(ACTIVATIONS) != ACT_COUNT or any(ACTIVATION_ID[k] != v for k, v in _ENUM.items()):
     raise ImportError("darknet_metal.cpu.activations ids disagree with "
-                      "darknet_metal.activations.ACTIVATIONS")
+                      "darknet_metal.model.activations.ACTIVATIONS")
 # kernels.h numbers them itself for its fused loops.
 _KERNEL_IDS = (
     K.DM_ACT_LINEAR, K.DM_ACT_LEAKY, K.DM_ACT_RELU, K.DM_ACT_RELU6, K.DM_ACT_LOGISTIC,
@@ -82,7 +82,7 @@ _KERNEL_IDS = (
 )
 if _KERNEL_IDS != tuple(range(ACT_NORM_CHAN)):
     raise ImportError("darknet_metal/cpu/kernels.h activation ids disagree with "
-                      "darknet_metal.activations.ACTIVATIONS")
+                      "darknet_metal.model.activations.ACTIVATIONS")
 
 # ----------------------------------------------------------------------------------------
 # Scalar functions (the libm wrappers and the logistic are in fmath.pxd, shared with the
@@ -462,7 +462,7 @@ def activate_step(x, act) -> NativeStep:
 
     x: C-contiguous float32 or float64 array of shape (N, C, H, W), or (N, F) which is
     treated as (N, F, 1, 1). act: an activation name or its id (its index in
-    ``darknet_metal.activations.ACTIVATIONS``). The channel activations
+    ``darknet_metal.model.activations.ACTIVATIONS``). The channel activations
     (``normalize_channels*``) normalise each pixel across C; all others are elementwise.
     """
     a = activation_id(act)

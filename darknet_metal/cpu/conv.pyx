@@ -262,7 +262,7 @@ def conv2d_step(x, weights, bias, out, workspace, int ksize, int stride_x, int s
     ``out = (in + 2*pad - ksize)//stride + 1``; workspace: 1-D, at least
     ``workspace_size(C, ksize, groups, out_h, out_w)`` elements (may be None for a plain
     1x1 convolution). All C-contiguous, of one dtype (float32 or float64). ``act`` is an
-    elementwise activation id from ``darknet_metal.activations``; channel-mixing
+    elementwise activation id from ``darknet_metal.model.activations``; channel-mixing
     activations are applied by the caller. Dilation samples the input every ``dilation``
     pixels with padding ``pad*dilation``, as Darknet does.
     """

@@ -27,7 +27,7 @@
  * instruction set (a call would reach one baseline copy). */
 #define DM_INLINE static inline __attribute__((always_inline))
 
-/* Activation ids: the positions in darknet_metal.activations.ACTIVATIONS (activations.pyx
+/* Activation ids: the positions in darknet_metal.model.activations.ACTIVATIONS (activations.pyx
  * refuses to load if they disagree). */
 enum {
     DM_ACT_LINEAR = 0, DM_ACT_LEAKY = 1, DM_ACT_RELU = 2, DM_ACT_RELU6 = 3,

@@ -101,7 +101,7 @@ from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 import numpy as np
 
 from darknet_metal.arguments import is_integer, number, positive_int
-from darknet_metal.cfg_schema import IOU_LOSSES
+from darknet_metal.model.cfg_schema import IOU_LOSSES
 from darknet_metal.cpu.checks import check_input
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 

@@ -5,11 +5,15 @@ YAML layout, the dataset check and the shapes demo set.
 ``valid`` as lists of ``Sample(image, labels)``); ``read_boxes(sample)`` a sample's (k, 5)
 boxes; ``check_dataset(dataset)`` a ``Report`` of every problem; ``make_shapes(out)`` writes
 the demo set.
+
+Owns: what a labelled dataset is on disk and whether it is sound. May import: ``errors``,
+``files``, ``inference`` (image decoding); nothing of networks.
 """
 
 from darknet_metal.datasets.check import Report, SetSummary, check_dataset
-from darknet_metal.datasets.dataset import Dataset, Sample, load_dataset
+from darknet_metal.datasets.dataset import Dataset, Sample
 from darknet_metal.datasets.labels import read_boxes
+from darknet_metal.datasets.load import load_dataset
 from darknet_metal.datasets.paths import (
     darknet_label_path,
     legacy_darknet_label_path,

@@ -74,7 +74,7 @@ def add_commands(commands: Any) -> None:
 def run_check_data(args: argparse.Namespace) -> int:
     """``darknet-metal check-data``: 1 when the dataset has errors, else 0."""
     from darknet_metal.datasets.check import check_dataset
-    from darknet_metal.datasets.dataset import load_dataset
+    from darknet_metal.datasets.load import load_dataset
 
     dataset = load_dataset(args.data, strict=False)
     report = check_dataset(dataset, workers=args.workers, progress=not (args.quiet or args.json))

@@ -1,5 +1,6 @@
-"""The dataset API: :func:`load_dataset` reads a Darknet ``.data`` file or an ultralytics
-dataset ``.yaml`` into a :class:`Dataset` of :class:`Sample` (image, label file) pairs."""
+"""What a dataset is: a :class:`Dataset` of :class:`Sample` (image, label file) pairs, and the
+image lists and label-file rules both dataset formats share (``datasets.load`` reads
+them)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import numpy as np
 
 from darknet_metal.datasets.labels import read_boxes as _read_boxes
 from darknet_metal.datasets.paths import darknet_label_path, legacy_darknet_label_path, locate
-from darknet_metal.datasets.problems import Problems, raise_first_error
+from darknet_metal.datasets.problems import Problems
 from darknet_metal.datasets.textfile import read_lines
 
-__all__ = ["Dataset", "Sample", "load_dataset", "read_image_list"]
+__all__ = ["Dataset", "Sample", "darknet_labels", "read_image_list"]
 
 SetName = Literal["train", "valid", "test"]
 
@@ -80,31 +81,6 @@ class Dataset:
         """``read_boxes(sample)`` with class ids checked against ``classes``: (k, 5) float32
         rows (class, cx, cy, w, h); ``DatasetError`` at the first faulty line."""
         return _read_boxes(sample, self.classes)
-
-
-def load_dataset(path: str | os.PathLike[str], *, strict: bool = True) -> Dataset:
-    """Read a dataset: a Darknet ``.data`` file, or an ultralytics dataset ``.yaml``/``.yml``.
-
-    Reads the dataset file, the names file and the image lists (or lists the image
-    folders) and finds each image's label file; it opens no image and no label file (see
-    ``Dataset.read_boxes`` and ``check_dataset``). With ``strict`` (the default) the first
-    error found raises ``DatasetError`` naming the file and line; with ``strict=False``
-    errors are kept in ``Dataset.problems`` with the warnings and the dataset is built from
-    what could be read. A dataset file that is missing or unreadable always raises.
-    """
-    p = Path(path)
-    suffix = p.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        from darknet_metal.datasets.yaml_layout import load_yaml_dataset
-
-        dataset = load_yaml_dataset(p)
-    else:
-        from darknet_metal.datasets.datafile import load_data_file
-
-        dataset = load_data_file(p)
-    if strict:
-        raise_first_error(dataset.problems)
-    return dataset
 
 
 def read_image_list(

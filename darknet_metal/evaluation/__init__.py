@@ -5,6 +5,9 @@ mAP through faster-coco-eval, and Darknet's ``calc_anchors``.
 - :func:`evaluate` turns truths and detections into a :class:`MapReport`
   (:func:`format_darknet_report`, :meth:`MapReport.to_json`);
 - :func:`calc_anchors` finds anchors by k-means (:func:`format_anchors`).
+
+Owns: scoring detections against truths. May import: ``errors``, ``files``, ``arguments``,
+``inference``, ``datasets``; a network only to run it over a dataset (``dataset_detect``).
 """
 
 from darknet_metal.evaluation.anchors import AnchorsReport, calc_anchors, format_anchors

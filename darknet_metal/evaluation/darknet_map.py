@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from darknet_metal.boxes import _iou
+from darknet_metal.inference.boxes import box_iou
 
 __all__ = ["ClassResult", "DarknetMap", "average_precision", "darknet_map"]
 
@@ -118,7 +118,7 @@ def darknet_map(
         best_truth = np.full(m, -1, dtype=np.int64)
         best_iou = np.zeros(m, dtype=np.float32)
         if m and k:
-            iou = _iou(d_box[:, None, :], t_box[None, :, :])
+            iou = box_iou(d_box[:, None, :], t_box[None, :, :])
             valid = (d_cls[:, None] == t_cls[None, :]) & (iou > iou_t)
             masked = np.where(valid, iou, _F32(-1))
             pick = np.argmax(masked, axis=1)  # the first of equal maxima, as Darknet's ">"

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from darknet_metal import arguments
-from darknet_metal.detection import Detector
 from darknet_metal.errors import ArgumentTypeError, ImageError
 from darknet_metal.evaluation.detections import detections_to_array
+from darknet_metal.inference.detector import Detector
 
 if TYPE_CHECKING:
     from darknet_metal.network import Network

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from darknet_metal.arguments import is_integer
-from darknet_metal.boxes import Detection
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
+from darknet_metal.inference.boxes import Detection
 
 __all__ = [
     "DETECTION_COLUMNS",

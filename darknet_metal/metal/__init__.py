@@ -7,6 +7,9 @@ functions see the same pool, counters and command stream.
 
 Memory figures are bytes the driver holds (buffers in use plus buffers kept in the pool for
 reuse), rounded to the pool's size classes.
+
+Owns: the shim (``_shim``, private to this package), the kernel registry and the packing
+of dispatches. May import: ``errors``, ``model`` (activation ids).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 from darknet_metal.errors import DeviceError
 
 __all__ = [
+    "aligned_empty",
     "device_info",
     "device_lock",
     "device_name",
@@ -54,6 +58,12 @@ def _load_shim() -> Any:
             "`python setup.py build_ext --inplace`, or use device='cpu'"
         ) from None
     return _shim
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any, alignment: int) -> Any:
+    """An uninitialised host array of ``shape`` and ``dtype`` whose data starts on an
+    ``alignment``-byte boundary (a page, for arrays a device uses in place)."""
+    return _load_shim().aligned_empty(shape, dtype, alignment)
 
 
 def get_device(device: str = "metal") -> Any:

@@ -12,8 +12,8 @@ from typing import Any
 
 from darknet_metal.errors import ArgumentTypeError
 from darknet_metal.metal import registry
-from darknet_metal.metal.registry import BIAS_COLS, BIAS_NONE, BIAS_ROWS
-from darknet_metal.program import LayerEmitter, Param, Tensor
+from darknet_metal.metal.registry import BIAS_COLS, BIAS_NONE, BIAS_ROWS, gemm_kernel
+from darknet_metal.runtime.program import LayerEmitter, Param, Tensor
 
 __all__ = ["BIAS_COLS", "BIAS_NONE", "BIAS_ROWS", "Dispatch", "gemm_args", "gemm_kernel",
            "gemm_step", "pack"]
@@ -42,11 +42,6 @@ def pack(
     bound = k.bind(buffers, args, sizes)
     grid, group = k.grid.dispatch(**sizes)
     return (name, registry.ARGS[k.args].pack(**args), bound, grid, group)
-
-
-def gemm_kernel(trans: str, simd: bool) -> str:
-    """The GEMM kernel for ``trans`` ("nn", "nt", "tn"): simdgroup_matrix or tiled."""
-    return f"gemm_{trans}{'_simd' if simd else ''}_f32"
 
 
 def gemm_args(

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
 from darknet_metal.cpu import activations as cpu_activations
 from darknet_metal.cpu import fill as cpu_fill
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.program import LayerEmitter, Tensor
+from darknet_metal.model.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
+from darknet_metal.runtime.program import LayerEmitter, Tensor
 
 LINEAR = ACTIVATION_ID["linear"]
 

@@ -1,6 +1,6 @@
 """The base of every op: one class per Darknet layer kind, owning everything about that kind.
 
-A ``LayerSpec`` is one layer of a network: the op of its kind bound to its cfg section and
+An ``Op`` is one layer of a network: the op of its kind bound to its cfg section and
 shapes. Its class says, for the kind (Darknet's forward/backward/update trio, with room for
 the last two beside the first):
 
@@ -24,24 +24,21 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from darknet_metal.activations import ACTIVATION_ID
-from darknet_metal.cfg import Section
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.params import Params
-from darknet_metal.program import LayerEmitter, Tensor
+from darknet_metal.errors import Unsupported
+from darknet_metal.model.activations import ACTIVATION_ID
+from darknet_metal.model.cfg import Section, Shape
+from darknet_metal.model.weights import Params
+from darknet_metal.runtime.program import LayerEmitter, Tensor
 
 if TYPE_CHECKING:
-    from darknet_metal.training.state import LayerTrainState
+    from darknet_metal.runtime.train_state import LayerTrainState
 
-Shape = tuple[int, int, int]  # (C, H, W) of one image
-
-
-class Unsupported(Exception):
-    """Raised by ``emit_device_forward`` when a layer cannot run on a device; the message is
-    the reason (reported by ``coverage()``, and the layer runs on the CPU instead)."""
+__all__ = ["Op", "Params", "Shape", "Unsupported", "as_rows", "emit_device_input_gradient",
+           "emit_input_gradient", "positive"]
 
 
-class LayerSpec:
+class Op:
     """One network layer (see the module docstring). Built by ``build`` of its op class.
 
     ``index``: 0-based layer index; ``inputs``: indices of the layers whose outputs it reads
@@ -90,7 +87,7 @@ class LayerSpec:
     # -- shapes ----------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, section: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, section: Section, shape: Shape, shapes: list[Shape]) -> Op:
         """The layer of ``section`` whose previous layer outputs ``shape``; ``shapes`` are
         the output shapes of every earlier layer. Raises ``CfgError`` at the section."""
         return cls(section, [section.index - 1], shape, shape)
@@ -101,13 +98,8 @@ class LayerSpec:
         return self.section.values
 
     @property
-    def type(self) -> str:
-        """The cfg section kind, e.g. ``"convolutional"``."""
-        return self.kind
-
-    @property
     def activation(self) -> int:
-        """Activation id (see ``darknet_metal.activations``); linear for kinds without one."""
+        """Activation id (see ``darknet_metal.model.activations``); linear for kinds without one."""
         return ACTIVATION_ID[self.values.get("activation", "linear")]
 
     @property
@@ -213,7 +205,7 @@ class LayerSpec:
         as ``ts.ref(name, group)``. By default the inference forward, for the ops whose CPU
         training forward is their inference forward (no parameters to train). Raises
         ``Unsupported`` (before emitting anything) where there are no such kernels."""
-        if type(self).emit_cpu_train is not LayerSpec.emit_cpu_train:
+        if type(self).emit_cpu_train is not Op.emit_cpu_train:
             raise Unsupported(f"no training-forward kernels for [{self.kind}] yet")
         self.emit_device_forward(e)
 
@@ -252,6 +244,12 @@ def emit_device_input_gradient(e: LayerEmitter, kernel: str, sizes: Mapping[str,
     into = e.input_delta(0)
     if into is not None:
         e.kernel(kernel, {"delta": e.delta, **(saved or {}), "x_grad": into}, sizes, **args)
+
+
+def as_rows(a: np.ndarray) -> np.ndarray:
+    """An (N, C, 1, 1) tensor (a connected layer's, a loss layer's input) as the (N, C) rows
+    its kernels take."""
+    return a.reshape(a.shape[0], -1)
 
 
 def positive(section: Section, shape: Shape, what: str) -> Shape:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from darknet_metal.cfg import Section
 from darknet_metal.cpu import combine as cpu_combine
 from darknet_metal.cpu.step import NativeStep
+from darknet_metal.model.cfg import Section
 from darknet_metal.ops.activation import (
     activation_input,
     activation_steps_after,
@@ -21,11 +21,11 @@ from darknet_metal.ops.activation import (
     emit_device_activation_gradient,
     emit_device_activation_train,
 )
-from darknet_metal.ops.base import LayerSpec, Params, Shape
-from darknet_metal.program import LayerEmitter, Param, Tensor
+from darknet_metal.ops.base import Op, Params, Shape
+from darknet_metal.runtime.program import LayerEmitter, Param, Tensor
 
 if TYPE_CHECKING:
-    from darknet_metal.training.state import LayerTrainState
+    from darknet_metal.runtime.train_state import LayerTrainState
 
 _NORMALIZATION = {"none": 0, "relu": 1, "softmax": 2}
 
@@ -45,12 +45,12 @@ def _input_deltas(e: LayerEmitter) -> tuple[list[Tensor], list[Tensor]]:
     return deltas, read
 
 
-def _describe_from(spec: LayerSpec) -> str:
+def _describe_from(spec: Op) -> str:
     src = spec.values["from"]
     return "from " + (" ".join(map(str, src)) if isinstance(src, list) else str(src))
 
 
-class _Combining(LayerSpec):
+class _Combining(Op):
     """What the combining kinds share: their kernel (``combine``), then the activation, which
     no kernel of theirs fuses; in training the kernel writes the activation's input, and the
     backward (``combine_backward``) adds into every input's delta."""
@@ -131,7 +131,7 @@ class ShortcutOp(_Combining):
     short_name = "shortcut"
 
     @classmethod
-    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> Op:
         v = s.values
         sources = list(v["from"])
         for src in sources:
@@ -269,7 +269,7 @@ class ScaleChannelsOp(_Combining):
     short_name = "scale_channels"
 
     @classmethod
-    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> Op:
         src = s.values["from"]
         target = shapes[src]
         want = (1, *target[1:]) if s.values["scale_wh"] else (target[0], 1, 1)
@@ -326,7 +326,7 @@ class SamOp(_Combining):
     short_name = "sam"
 
     @classmethod
-    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> Op:
         src = s.values["from"]
         if shapes[src] != shape:
             raise s.error(f"layer {src} output {shapes[src]} differs from the input {shape}",

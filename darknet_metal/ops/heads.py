@@ -6,20 +6,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from darknet_metal.boxes import YoloHead
-from darknet_metal.cfg import Section
-from darknet_metal.cfg_schema import IOU_LOSSES
 from darknet_metal.cpu import fill as cpu_fill
 from darknet_metal.cpu import heads as cpu_heads
 from darknet_metal.cpu import yolo_loss
 from darknet_metal.cpu.step import NativeStep
+from darknet_metal.inference.boxes import YoloHead
 from darknet_metal.metal import registry
-from darknet_metal.ops.base import LayerSpec, Shape, emit_input_gradient
-from darknet_metal.program import LayerEmitter
-from darknet_metal.training.keys import DATA, IMPLEMENTED, INFERENCE_ONLY
+from darknet_metal.model.cfg import Section
+from darknet_metal.model.cfg_schema import IOU_LOSSES
+from darknet_metal.ops.base import Op, Shape, as_rows, emit_input_gradient
+from darknet_metal.ops.key_dispositions import DATA, IMPLEMENTED, INFERENCE_ONLY
+from darknet_metal.runtime.program import LayerEmitter
 
 if TYPE_CHECKING:
-    from darknet_metal.training.state import LayerTrainState
+    from darknet_metal.runtime.train_state import LayerTrainState
 
 
 #: The [yolo] keys its training loss takes, by the loss step's keyword names.
@@ -29,11 +29,7 @@ _LOSS_OPTIONS = ("ignore_thresh", "truth_thresh", "iou_thresh", "iou_thresh_kind
                  "objectness_smooth")
 
 
-def _rows(a: np.ndarray) -> np.ndarray:
-    return a.reshape(a.shape[0], -1)
-
-
-class SoftmaxOp(LayerSpec):
+class SoftmaxOp(Op):
     kind = "softmax"
     short_name = "softmax"
     computes_loss = True
@@ -44,7 +40,7 @@ class SoftmaxOp(LayerSpec):
     }
 
     @classmethod
-    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> Op:
         inputs = shape[0] * shape[1] * shape[2]
         if inputs % s.values["groups"]:
             raise s.error(f"groups={s.values['groups']} does not divide the {inputs} inputs",
@@ -64,7 +60,7 @@ class SoftmaxOp(LayerSpec):
             return
         truth, loss = ts.truth(e.batch), ts.buffer("loss", (e.batch, self.out_size))
         e.host([e.output], [e.own_delta()], lambda r, w: [
-            cpu_heads.softmax_cross_entropy_step(_rows(r[0]), truth, _rows(w[0]), loss)])
+            cpu_heads.softmax_cross_entropy_step(as_rows(r[0]), truth, as_rows(w[0]), loss)])
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         emit_input_gradient(e, cpu_heads.softmax_backward_step)
@@ -103,7 +99,7 @@ def emit_device_add_into_input(e: LayerEmitter, scale: float) -> None:
         e.kernel("add_buf_f32", {"src": e.delta, "dst": into}, {"n": n}, n=n, scale=scale)
 
 
-class YoloOp(LayerSpec):
+class YoloOp(Op):
     """Logistic on x, y, objectness and classes of each masked anchor (Darknet's
     ``layer.output``); boxes are decoded from it on the host."""
 
@@ -122,7 +118,7 @@ class YoloOp(LayerSpec):
     }
 
     @classmethod
-    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> Op:
         v = s.values
         expected = len(v["mask"]) * (v["classes"] + 5)
         if shape[0] != expected:
@@ -166,7 +162,7 @@ class YoloOp(LayerSpec):
 
     def emit_device_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         # The forward, then Darknet's loss in four dispatches on shared buffers (see
-        # shaders/yolo_loss.metal): the delta, then the statistics.
+        # shaders/yolo.metal): the delta, then the statistics.
         v = self.values
         anchors, mask, multipliers = yolo_loss.loss_tables(
             np.reshape(v["anchors"], (-1, 2)), v["mask"], v["classes"],

@@ -11,20 +11,16 @@ import numpy as np
 
 from darknet_metal.cpu import dropout
 from darknet_metal.cpu import heads as cpu_heads
-from darknet_metal.ops.base import LayerSpec, emit_input_gradient
+from darknet_metal.ops.base import Op, as_rows, emit_input_gradient
 from darknet_metal.ops.heads import emit_device_add_into_input, emit_device_loss
-from darknet_metal.program import LayerEmitter, Tensor
-from darknet_metal.training.keys import IMPLEMENTED
+from darknet_metal.ops.key_dispositions import IMPLEMENTED
+from darknet_metal.runtime.program import LayerEmitter, Tensor
 
 if TYPE_CHECKING:
-    from darknet_metal.training.state import LayerTrainState
+    from darknet_metal.runtime.train_state import LayerTrainState
 
 
-def _rows(a: np.ndarray) -> np.ndarray:
-    return a.reshape(a.shape[0], -1)
-
-
-class _Identity(LayerSpec):
+class _Identity(Op):
     output_is_input = True
 
     def emit_cpu_forward(self, e: LayerEmitter, state: object) -> None:
@@ -92,7 +88,7 @@ class CostOp(_Identity):
         truth = ts.truth(e.batch)
         errors = ts.buffer("errors", (e.batch, self.out_size))
         e.host([e.output], [e.own_delta()], lambda r, w: [
-            cpu_heads.cost_sse_step(_rows(r[0]), truth, _rows(w[0]), errors)])
+            cpu_heads.cost_sse_step(as_rows(r[0]), truth, as_rows(w[0]), errors)])
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         scale = self.values["scale"]

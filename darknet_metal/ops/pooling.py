@@ -6,23 +6,23 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from darknet_metal.cfg import Section
 from darknet_metal.cpu import pooling as cpu_pooling
 from darknet_metal.cpu.step import NativeStep
+from darknet_metal.model.cfg import Section
 from darknet_metal.ops.base import (
-    LayerSpec,
+    Op,
     Shape,
     emit_device_input_gradient,
     emit_input_gradient,
     positive,
 )
-from darknet_metal.program import LayerEmitter, Tensor
+from darknet_metal.runtime.program import LayerEmitter, Tensor
 
 if TYPE_CHECKING:
-    from darknet_metal.training.state import LayerTrainState
+    from darknet_metal.runtime.train_state import LayerTrainState
 
 
-class MaxpoolOp(LayerSpec):
+class MaxpoolOp(Op):
     kind = "maxpool"
     short_name = "max"
     training_keys = {
@@ -30,7 +30,7 @@ class MaxpoolOp(LayerSpec):
     }
 
     @classmethod
-    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> Op:
         v = s.values
         c, h, w = shape
         if v.get("antialiasing"):
@@ -111,12 +111,12 @@ class MaxpoolOp(LayerSpec):
         return f"          {v['size']:2d} x{v['size']:2d}/{v['stride_x']:3d}"
 
 
-class AvgpoolOp(LayerSpec):
+class AvgpoolOp(Op):
     kind = "avgpool"
     short_name = "avg"
 
     @classmethod
-    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> Op:
         return cls(s, [s.index - 1], shape, (shape[0], 1, 1))
 
     def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,

@@ -6,32 +6,32 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from darknet_metal.cfg import Section
 from darknet_metal.cpu import resample as cpu_resample
 from darknet_metal.cpu.step import NativeStep
+from darknet_metal.model.cfg import Section
 from darknet_metal.ops.base import (
-    LayerSpec,
+    Op,
     Shape,
     emit_device_input_gradient,
     emit_input_gradient,
     positive,
 )
-from darknet_metal.program import LayerEmitter
+from darknet_metal.runtime.program import LayerEmitter
 
 if TYPE_CHECKING:
-    from darknet_metal.training.state import LayerTrainState
+    from darknet_metal.runtime.train_state import LayerTrainState
 
 
-def _describe_stride(spec: LayerSpec) -> str:
+def _describe_stride(spec: Op) -> str:
     return f"            {spec.values['stride']:2d}x"
 
 
-class UpsampleOp(LayerSpec):
+class UpsampleOp(Op):
     kind = "upsample"
     short_name = "upsample"
 
     @classmethod
-    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> Op:
         c, h, w = shape
         stride = s.values["stride"]
         if stride > 0:
@@ -76,7 +76,7 @@ class UpsampleOp(LayerSpec):
         return _describe_stride(self)
 
 
-class ReorgOp(LayerSpec):
+class ReorgOp(Op):
     """Darknet's original reorg: space to depth, or depth to space with ``reverse=1``."""
 
     kind = "reorg"
@@ -86,7 +86,7 @@ class ReorgOp(LayerSpec):
     maps_output_dims: ClassVar[bool] = False
 
     @classmethod
-    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> Op:
         c, h, w = shape
         stride = s.values["stride"]
         # reorg_cpu permutes through a (C/stride^2, H*stride, W*stride) view of the side

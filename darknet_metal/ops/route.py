@@ -6,24 +6,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from darknet_metal.cfg import Section
 from darknet_metal.cpu import route as cpu_route
 from darknet_metal.cpu.step import NativeStep
-from darknet_metal.ops.base import LayerSpec, Shape
-from darknet_metal.program import LayerEmitter
-from darknet_metal.training.keys import INFERENCE_ONLY
+from darknet_metal.model.cfg import Section
+from darknet_metal.ops.base import Op, Shape
+from darknet_metal.ops.key_dispositions import INFERENCE_ONLY
+from darknet_metal.runtime.program import LayerEmitter
 
 if TYPE_CHECKING:
-    from darknet_metal.training.state import LayerTrainState
+    from darknet_metal.runtime.train_state import LayerTrainState
 
 
-class RouteOp(LayerSpec):
+class RouteOp(Op):
     kind = "route"
     short_name = "route"
     training_keys = {"stream": INFERENCE_ONLY, "wait_stream": INFERENCE_ONLY}
 
     @classmethod
-    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> LayerSpec:
+    def build(cls, s: Section, shape: Shape, shapes: list[Shape]) -> Op:
         v = s.values
         groups, group_id = v["groups"], v["group_id"]
         if not 0 <= group_id < groups:

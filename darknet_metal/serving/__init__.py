@@ -13,4 +13,7 @@ layout (``<repo>/<model>/config.pbtxt`` and ``<repo>/<model>/<version>/`` holdin
 - ``server``: the command and its process (uvicorn, graceful SIGTERM).
 
 Needs the ``serve`` extra: ``pip install "darknet-metal[serve]"``.
+
+Owns: the server and its protocol. May import anything below it: ``network``, ``inference``,
+``model``, ``metal`` (device statistics), ``errors``.
 """

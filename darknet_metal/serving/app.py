@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from darknet_metal.detection import Detector
 from darknet_metal.errors import ImageError, ImageTooLargeError, RequestError
-from darknet_metal.image import decode_image
+from darknet_metal.inference.detector import Detector
+from darknet_metal.inference.image import decode_image
 from darknet_metal.serving.metrics import ServingStats
 from darknet_metal.serving.model_config import config_json
 from darknet_metal.serving.served import UNBATCHED_MAX_ROWS, ServedModel, ServedVersion

@@ -74,6 +74,11 @@ class VersionStats:
     last_inference_ms: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def tallies(self) -> tuple[dict[str, int], dict[int, _Duration], dict[int, int]]:
+        """Copies of ``failures``, ``batch_sizes`` and ``batch_requests`` of one moment."""
+        with self._lock:
+            return dict(self.failures), dict(self.batch_sizes), dict(self.batch_requests)
+
     def record_batch(self, record: BatchRecord) -> None:
         """An execution of ``record.rows`` images (the batcher's ``on_batch``)."""
         with self._lock:
@@ -161,9 +166,7 @@ class ServingStats:
 
         snapshot = []
         for (model, version), stats in sorted(self.versions.items()):
-            with stats._lock:
-                snapshot.append((model, str(version), stats, dict(stats.failures),
-                                 dict(stats.batch_sizes), dict(stats.batch_requests)))
+            snapshot.append((model, str(version), stats, *stats.tallies()))
 
         families = {
             "success": counter("nv_inference_request_success",

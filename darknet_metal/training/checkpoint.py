@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from darknet_metal.errors import CheckpointError
-from darknet_metal.weights import weights_bytes
+from darknet_metal.model.weights import weights_bytes
+from darknet_metal.training.trainer import Trainer
 
 if TYPE_CHECKING:
     from darknet_metal.network import Network
@@ -80,7 +81,7 @@ def save_checkpoint(net: Network, weights: str | os.PathLike[str],
     tmp_weights = folder / f".{weights.name}.{tag}.tmp"
     tmp_state = folder / f".{state.name}.{tag}.tmp"
     try:
-        with net._lock:  # the weights and the state of one moment
+        with net.exclusive():  # the weights and the state of one moment
             data = b"".join(weights_bytes(net.layers, net.params, net.header))
             state_data = _state_bytes(net, hashlib.sha256(data).hexdigest(),
                                       {**info, "iteration": net.iteration})
@@ -128,7 +129,7 @@ def restore_training_state(net: Network, checkpoint: Checkpoint) -> None:
     """Put the training state of ``checkpoint`` into ``net`` (whose parameters must have been
     loaded from ``checkpoint.weights``): accumulators, moments and counters. Raises
     ``CheckpointError`` naming the array when the state does not fit the network."""
-    trainer = net._trainer()
+    trainer = Trainer.of(net)
     try:
         with np.load(checkpoint.state, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files if name != "info"}
@@ -154,7 +155,7 @@ def restore_training_state(net: Network, checkpoint: Checkpoint) -> None:
 
 
 def _state_arrays(net: Network) -> dict[str, np.ndarray]:
-    state = net._trainer().state
+    state = Trainer.of(net).state
     arrays = {}
     for index, layer in state.layers.items():
         for group in _GROUPS:

@@ -4,7 +4,7 @@ or a display.
 The dataset is read and checked first (a dataset with errors is refused with the messages
 ``check-data`` prints); the network is loaded from WEIGHTS (a whole file, a backbone holding
 its first layers, or a ``_last`` checkpoint whose training state is then restored); the
-loader (``darknet_metal.loading``) feeds a ``TrainingRun`` (``training/session.py``), which
+loader (``darknet_metal.training.loading``) feeds a ``TrainingRun`` (``training/session.py``), which
 writes the weights, logs and chart into the dataset's ``backup`` folder (``--backup``).
 """
 

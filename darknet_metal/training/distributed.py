@@ -142,7 +142,7 @@ class Collective:
             for array in layer.values():
                 self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
                 array /= self.size
-        net._params_changed = True
+        net.params_changed()
 
     def broadcast_parameters(self, net: Network) -> None:
         """Every rank takes rank 0's parameters, statistics and ``seen``."""
@@ -150,7 +150,7 @@ class Collective:
             for array in layer.values():
                 self.comm.Bcast(array, root=0)
         net.header.seen = int(self.comm.bcast(int(net.header.seen), root=0))
-        net._params_changed = True
+        net.params_changed()
 
     def check_same_parameters(self, net: Network, iteration: int) -> None:
         """Compare a checksum of every rank's trainable parameters; raises

@@ -8,7 +8,7 @@ used). Here every key that affects training has one of these dispositions, check
 - ``REFUSED``: not implemented; a value other than the default raises ``CfgError`` at the
   key's line, with the reason;
 - ``DATA``: read by the data loader (augmentation, image sizes), not by a training step on
-  prepared batches; ``darknet_metal.loading`` applies it (``darknet-metal train``);
+  prepared batches; ``darknet_metal.training.loading`` applies it (``darknet-metal train``);
 - ``NO_EFFECT``: a setting of Darknet's CUDA build or its console output that changes no
   number (memory limits, CUDA graphs, chart scale), accepted and ignored.
 
@@ -24,15 +24,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from darknet_metal.cfg import NetConfig, Section
-from darknet_metal.cfg_schema import COMPUTED, NONE, REQUIRED, SCHEMA
-
-IMPLEMENTED = "implemented"
-REFUSED = "refused"
-DATA = "data"
-NO_EFFECT = "no effect"
-#: (in an op's ``training_keys``) a key that only changes inference.
-INFERENCE_ONLY = "inference only"
+from darknet_metal.model.cfg import NetConfig, Section
+from darknet_metal.model.cfg_schema import COMPUTED, NONE, REQUIRED, SCHEMA
+from darknet_metal.ops import op_class
+from darknet_metal.ops.key_dispositions import (
+    DATA,
+    IMPLEMENTED,
+    INFERENCE_ONLY,
+    NO_EFFECT,
+    REFUSED,
+)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,6 @@ def disposition(kind: str, key: str) -> TrainingKey | None:
     rule = _BY_KEY.get(("*", key))
     if rule is not None:
         return rule
-    from darknet_metal.ops import op_class
 
     value = op_class(kind).training_keys.get(key)
     if value is None:

@@ -21,7 +21,7 @@ from darknet_metal.training.session import RunResult, Schedule, TrainingRun
 
 
 class LoaderSource:
-    """``BatchSource`` over a ``darknet_metal.loading.Loader``: the batch of an iteration
+    """``BatchSource`` over a ``darknet_metal.training.loading.Loader``: the batch of an iteration
     at the size asked for (the loader restarts what it prepared at another size)."""
 
     def __init__(self, loader: Any) -> None:
@@ -76,7 +76,7 @@ class TrainingSetup:
         from rank 0's parameters, and only rank 0 evaluates and writes."""
         import darknet_metal as dm
         from darknet_metal.datasets import check_dataset, load_dataset
-        from darknet_metal.loading import Loader, random_size, settings_from_cfg
+        from darknet_metal.training.loading import Loader, random_size, settings_from_cfg
 
         dataset = load_dataset(data)
         report = check_dataset(dataset, progress=False)
@@ -96,7 +96,7 @@ class TrainingSetup:
                 weights = found.weights
         rows, sizes_override = None, {}
         if collective is not None:
-            from darknet_metal.cfg import parse_cfg
+            from darknet_metal.model.cfg import parse_cfg
 
             values = parse_cfg(cfg).net.values
             rows, batch, subdivisions = collective.share(int(values["batch"]),

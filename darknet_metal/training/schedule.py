@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from darknet_metal.arguments import is_integer
-from darknet_metal.cfg_schema import POLICIES
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
+from darknet_metal.model.cfg_schema import POLICIES
 
 __all__ = ["learning_rate"]
 
@@ -49,7 +49,7 @@ def learning_rate(
 ) -> float:
     """Darknet's learning rate for update number ``iteration`` (0, 1, ...).
 
-    ``net_values``: the ``[net]`` values as ``darknet_metal.cfg`` parses them
+    ``net_values``: the ``[net]`` values as ``darknet_metal.model.cfg`` parses them
     (``NetConfig.net.values``): ``policy``, ``learning_rate``, ``burn_in``, ``power`` and
     the keys of the policy (``step``/``scale``, ``steps``/``scales``, ``gamma``,
     ``max_batches``, ``learning_rate_min``/``sgdr_cycle``/``sgdr_mult``). ``rng``: the

@@ -167,14 +167,14 @@ class TrainingRun:
     def resume_from(self, found: Checkpoint) -> None:
         """Continue from the checkpoint ``found``: its weights, training state, run record
         (average loss, evaluations, counters, chart) and input size."""
-        from darknet_metal.weights import read_weights
+        from darknet_metal.model.weights import read_weights
 
         header, params = read_weights(found.weights, self.net.layers)
         for index, layer in params.items():
             for name, array in layer.items():
                 np.copyto(self.net.params[index][name], array)
         self.net.header.seen = header.seen
-        self.net._params_changed = True
+        self.net.params_changed()
         restore_training_state(self.net, found)
         self.state = RunState.from_info(found.info.get("run", {}))
         size = found.info.get("size")

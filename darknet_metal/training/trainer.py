@@ -1,34 +1,73 @@
 """One Darknet training iteration: mini-batches forward and backward, then the update.
 
-``Trainer`` owns a network's training state (``TrainState``), the bound training program of
-one mini-batch (``batch // subdivisions`` images, the cfg's meaning of batch) and the bound
-update steps. An iteration (``step``) is Darknet's ``train_network``: per mini-batch the
-training forward (losses and their deltas included) and the backward, which add into the
-gradient accumulators; then the update with the iteration's learning rate. Every part of an
-iteration runs as native steps without the GIL; Python only splits the batch, copies the
-truths in and reads the costs out.
+``Trainer`` owns a network's training state (``TrainState``: parameters, gradient
+accumulators, Adam moments, kept arrays), the bound training program of one mini-batch
+(``batch // subdivisions`` images, the cfg's meaning of batch) and the bound update steps;
+the network keeps only the model (parameters, ``seen``) and its executor. ``Trainer.of(net)``
+is the trainer ``Network.train_step`` and the other conveniences use. An iteration (``step``)
+is Darknet's ``train_network``: per mini-batch the training forward (losses and their deltas
+included) and the backward, which add into the gradient accumulators; then the update with
+the iteration's learning rate. Every part of an iteration runs as native steps without the
+GIL; Python only splits the batch, copies the truths in and reads the costs out.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from darknet_metal.cpu import update as cpu_update
 from darknet_metal.cpu.yolo_loss import YOLO_STAT_NAMES, check_truths
 from darknet_metal.errors import ArgumentError, MemoryLimitError, NonFiniteError
-from darknet_metal.memory import format_bytes, physical_memory, plan_memory
-from darknet_metal.params import Params
-from darknet_metal.program import INPUT, Tensor
+from darknet_metal.model.weights import Params
+from darknet_metal.runtime.backend import Backend, BoundProgram, UpdateSteps
+from darknet_metal.runtime.memory import format_bytes, physical_memory, plan_memory
+from darknet_metal.runtime.program import INPUT, Tensor
+from darknet_metal.runtime.train_state import ArrayUpdate, Optimizer, TrainState
 from darknet_metal.training.keys import check_training_keys
 from darknet_metal.training.schedule import learning_rate
-from darknet_metal.training.state import ArrayUpdate, Optimizer, TrainState
 
-if TYPE_CHECKING:
-    from darknet_metal.network import Network
+
+def _one_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Runs a trainer's call under its network's ``exclusive()``: one pass or step of a
+    network at a time, whichever thread asks."""
+
+    @functools.wraps(method)
+    def exclusive(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+        with self.net.exclusive():
+            return method(self, *args, **kwargs)
+
+    return exclusive
+
+
+class TrainableNetwork(Protocol):
+    """What training needs of a network (``darknet_metal.Network`` has it): the model (cfg,
+    layers, parameters, the header's ``seen``, compute dtype, precision, input shape, the
+    seed of training's random streams), its executor, one step at a time (``exclusive``),
+    and ``params_changed`` after an update."""
+
+    config: Any
+    layers: list[Any]
+    params: dict[int, Params]
+    header: Any
+    dtype: np.dtype
+    precision: str
+    training_seed: int
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]: ...
+
+    @property
+    def executor(self) -> Backend: ...
+
+    def exclusive(self) -> AbstractContextManager[None]: ...
+
+    def params_changed(self) -> None: ...
 
 
 @dataclass
@@ -64,8 +103,13 @@ class StepReport:
 class Gradients:
     """Forward and backward without an update (``Network.gradients``): ``loss``;
     ``params[layer][name]``: the gradient of every trainable array summed over the batch, in
-    Darknet's sign (minus the gradient of the loss); ``deltas[layer]``: each layer's delta as
-    its backward starts, for the last mini-batch."""
+    Darknet's sign (minus the gradient of the loss); ``deltas[layer]``: each layer's delta
+    after the backward, for the last mini-batch: Darknet's ``l.delta`` after
+    ``backward_network`` (the golden files' ``{type}_delta``). For most kinds that is the
+    gradient of the loss with respect to the layer's output; a convolution's backward first
+    multiplies it by its activation's derivative and, with batch norm, takes it back through
+    the normalisation, so its entry is with respect to the raw convolution output (Darknet's
+    ``conv_delta``, not the ``conv_delta_in`` its backward starts from)."""
 
     loss: float
     params: dict[int, Params]
@@ -73,10 +117,35 @@ class Gradients:
 
 
 class Trainer:
-    """Trains ``net`` on its device. Built by the network on first use; follows it to other
-    input sizes (``resize``) with the same training state."""
+    """Trains ``net`` on its device: ``step`` (one iteration), ``accumulate`` and ``update``
+    (its two halves), ``gradients`` (without changing anything), the gradient and statistic
+    buffers. ``seed`` seeds training's random streams (dropout draws). Follows the network to
+    other input sizes (``Network.resize``) with the same training state; when the network
+    moves to another device (``Network.to``) the state is written back into ``net.params``
+    and this trainer is done (``Trainer.of`` makes a new one: momentum and moments start
+    again). Calls wait for other passes and steps of the same network (``net.exclusive()``).
 
-    def __init__(self, net: Network, *, seed: int = 0) -> None:
+    Raises ``ArgumentError`` for a network loaded with precision fp16, ``CfgError`` at the
+    line of a cfg key training does not support, ``MemoryLimitError`` when a training pass
+    would not fit."""
+
+    @classmethod
+    def of(cls, net: TrainableNetwork) -> Trainer:
+        """The trainer of ``net`` (``Network.train_step`` and the other conveniences use it):
+        the first one listening to its executor, else a new one (seeded by
+        ``load(seed=...)``); after the network moved to another device, a new one. It lives
+        as long as the executor it is bound to."""
+        with net.exclusive():
+            for listener in net.executor.events.listeners:
+                if isinstance(listener, Trainer):
+                    return listener
+            return cls(net, seed=net.training_seed)
+
+    def __init__(self, net: TrainableNetwork, *, seed: int = 0) -> None:
+        if net.precision != "fp32":
+            raise ArgumentError(
+                f"training runs in float32; this network was loaded with precision="
+                f"{net.precision!r} (load it with precision='fp32' to train)")
         values = net.config.net.values
         check_training_keys(net.config)
         self.net = net
@@ -91,9 +160,9 @@ class Trainer:
         specs = net.layers
         self.specs = specs
         self.frozen = _frozen(specs)
-        # Held here: the network's property would refresh the inference parameters (batch
-        # norm folded) after every update, which training never reads.
-        self.backend = backend = net._backend
+        #: The executor the state and programs are bound to (None once it closed).
+        self.executor: Backend | None = net.executor
+        backend = self.executor
         # A device that shares host memory gets page-aligned arrays it uses in place.
         self.state = TrainState(specs, net.params, net.dtype, adam=self.adam,
                                 frozen=self.frozen, zeros=backend.training_zeros)
@@ -110,24 +179,25 @@ class Trainer:
         self.first_backward = max(_first_backward(specs), len(self.frozen))
         #: Input sizes whose training pass is known to fit in memory.
         self._fitting: set[tuple[int, ...]] = set()
-        self.program: Any = None
-        self._gradient_program: Any = None
+        self.program: BoundProgram | None = None
+        self._gradient_program: BoundProgram | None = None
         self._bind()
+        backend.events.listen(self)
         # The learning rate and Darknet's batch number of the update, read when it runs.
         zeros = backend.training_zeros or np.zeros
         self.lr, self.t = zeros((1,), dtype), zeros((1,), dtype)
-        self._updates: dict[tuple[int, tuple[int, ...]], Any] = {}
+        self._updates: dict[tuple[int, tuple[int, ...]], UpdateSteps] = {}
         self._staged_x: np.ndarray | None = None
         #: The arrays ``step`` restores a refused step from, reused from step to step.
         self._saved: list[np.ndarray] | None = None
 
     # -- memory ---------------------------------------------------------------------------
 
-    def memory_bytes(self, backend: Any, mini_batch: int) -> int:
+    def memory_bytes(self, mini_batch: int) -> int:
         """About how many bytes training needs at ``mini_batch`` images per pass: the
         planned memory of a pass (outputs, deltas, what the backward keeps, workspaces),
         the training state (parameters, accumulators, moments) and a mini-batch of input."""
-        program = backend.build_training_program(self.state, mini_batch,
+        program = self._executor_in_use().build_training_program(self.state, mini_batch,
                                                  first_backward=self.first_backward)
         return self._bytes(program, mini_batch)
 
@@ -151,7 +221,7 @@ class Trainer:
         # Two more programs for the per-image cost; they must not replace the arrays the
         # kept programs were built with.
         with self.state.arrays_kept():
-            one, two = self.memory_bytes(self.backend, 1), self.memory_bytes(self.backend, 2)
+            one, two = self.memory_bytes(1), self.memory_bytes(2)
         per_image = two - one
 
         def needed(m: int) -> int:
@@ -176,11 +246,11 @@ class Trainer:
         c, h, w = self.net.input_shape
         for layer in self.state.layers.values():
             layer.net_size = (w, h)
-        program = self.backend.build_training_program(self.state, self.mini_batch,
+        program = self._executor_in_use().build_training_program(self.state, self.mini_batch,
                                                       first_backward=self.first_backward)
         self._check_memory(program)
         self.release()
-        self.program = self.backend.training_program(self.state, self.mini_batch,
+        self.program = self._executor_in_use().training_program(self.state, self.mini_batch,
                                                      first_backward=self.first_backward)
         # What the passes stage through, made once per shape (a rolled-back step restores
         # them too).
@@ -190,12 +260,26 @@ class Trainer:
             cost = self._cost_array(index)
             layer.buffer("cost_batch", (self.subdivisions, *cost.shape), cost.dtype)
 
-    def resize(self) -> None:
+    def _executor_in_use(self) -> Backend:
+        if self.executor is None:
+            raise ArgumentError("this trainer's network moved to another device; make a new "
+                                "Trainer (Trainer.of(net))")
+        return self.executor
+
+    def executor_resized(self) -> None:
         """Follows the network to its new input size (``Network.resize``, after its
-        backend's): the training state is kept; the program of the new size is built, or
+        executor's): the training state is kept; the program of the new size is built, or
         taken from those of the sizes seen before, and bound to memory the old one frees."""
         self.specs = self.net.layers
         self._bind()
+
+    def executor_closing(self) -> None:
+        """The network leaves its device (``Network.to``): the state goes back into
+        ``net.params`` and the device memory is let go; this trainer is done."""
+        self.state.write_back()
+        self.release()
+        self._updates = {}
+        self.executor = None
 
     def release(self) -> None:
         """Frees the memory of the bound programs (the device's returns to its pool)."""
@@ -296,7 +380,7 @@ class Trainer:
         staged out. Returns the loss (Darknet's mean over the loss layers, per image)."""
         m = self.mini_batch
         passes = x.shape[0] // m
-        zeros = self.backend.training_zeros or np.zeros
+        zeros = self._executor_in_use().training_zeros or np.zeros
         if self._staged_x is None or self._staged_x.shape != x.shape:
             self._staged_x = zeros(x.shape, x.dtype)
         np.copyto(self._staged_x, x)
@@ -324,6 +408,25 @@ class Trainer:
                         stats.setdefault(index, []).append(c[sub].astype(np.float64))
         return total / (passes * m)
 
+    def gradient_buffers(self) -> dict[int, Params]:
+        """The gradient accumulators (Darknet's ``*_updates``), per layer and parameter name:
+        the arrays ``accumulate`` adds into and ``update`` reads, writable in place (to sum
+        them across processes)."""
+        return {i: layer.grads for i, layer in self.state.layers.items() if layer.grads}
+
+    def statistic_buffers(self) -> dict[int, Params]:
+        """The running statistics training updates (batch norm's ``rolling_mean`` and
+        ``rolling_variance``), per layer and name: the arrays the passes write, writable in
+        place (to average them across processes; call ``net.params_changed()`` after)."""
+        found: dict[int, Params] = {}
+        for spec in self.specs:
+            values = self.state.layer(spec.index).values
+            kept = {name: values[name] for name in spec.statistics if name in values}
+            if kept:
+                found[spec.index] = kept
+        return found
+
+    @_one_at_a_time
     def accumulate(self, x: np.ndarray, truths: Any) -> float:
         """Forward and backward over the mini-batches of ``x`` (the batch, or a share of whole
         mini-batches), adding into the gradient accumulators; advances ``seen`` by the
@@ -350,10 +453,11 @@ class Trainer:
                 float(spec.values.get("learning_rate", 1.0)) if spec.learning_rate_scaled
                 else 1.0)
                 for spec in self.specs for name in self.state.layer(spec.index).grads]
-            steps = self._updates[(images, held)] = self.backend.update_program(
+            steps = self._updates[(images, held)] = self._executor_in_use().update_program(
                 self.state, updates, Optimizer.of(self.values, images), self.lr, self.t)
         return steps
 
+    @_one_at_a_time
     def update(self, images: int | None = None) -> float:
         """Darknet's update for a gradient summed over ``images`` images (default: batch):
         the iteration advances by one and the update uses its learning rate, returned."""
@@ -363,6 +467,8 @@ class Trainer:
         iteration = self.net.header.seen // self.batch
         rate = self._set_rate(iteration)
         self._update_steps(images, self._held(iteration)).run()
+        self.state.write_back()
+        self.net.params_changed()
         return rate
 
     def _set_rate(self, iteration: int) -> float:
@@ -373,15 +479,27 @@ class Trainer:
         self.t[0] = iteration
         return rate
 
+    @_one_at_a_time
     def step(self, x: np.ndarray, truths: Any,
              reduce: Callable[[float], tuple[int, float]] | None = None) -> StepReport:
-        """One Darknet iteration (``accumulate`` then ``update``). A step that produces NaN or
-        infinity raises ``NonFiniteError`` and leaves every array and counter as before.
+        """One Darknet training iteration on ``x`` (batch, C, H, W) float32 at the network's
+        size, batch = the cfg's ``batch`` (split into ``subdivisions`` mini-batches).
 
-        ``reduce(loss) -> (images, loss)``, for training across processes: ``x`` is this
-        process's share of the batch; after its passes, ``reduce`` sums the accumulators
-        over the processes in place and returns the images the sum covers and the mean
-        loss; the update then divides by those images and ``seen`` advances by them."""
+        ``reduce``, to train one network across processes (``training.distributed``'s
+        ``Collective.step`` uses it): ``x`` is then this process's share of the batch (whole
+        mini-batches); ``reduce(loss)`` is called after its passes, sums the accumulators
+        (``gradient_buffers()``) over the processes in place and returns ``(images, mean
+        loss)``: the update divides by the images of every process and ``seen`` advances by
+        them. (The accumulators carry SGD's momentum term from the last update: it must be
+        in one process's accumulators only, as ``Collective.step`` arranges.)
+
+        ``truths``: per image a (k, 5) array of boxes (class, cx, cy, w, h), normalised to
+        [0, 1] (k may be 0), for networks with ``[yolo]`` heads; for networks ending in
+        ``[softmax]``/``[cost]``, per image a class id or a row of ``classes`` targets.
+        Returns the ``StepReport``. Raises ``ArgumentError`` naming the image and row of a bad
+        truth, ``CfgError`` at the line of a cfg key training does not support,
+        ``NonFiniteError`` (nothing changed) when the step produces NaN or infinity.
+        """
         x, truths = self.check_batch(x, truths, share=reduce is not None)
         saved = self._saved = self.state.snapshot(self._saved)
         seen = self.net.header.seen
@@ -399,40 +517,95 @@ class Trainer:
                 images, loss = reduce(self._passes(x, truths, self.program, stats))
                 self._update_steps(images, self._held(iteration)).run()
                 self.net.header.seen += images
-            self._check_finite(loss, "gradients")
-            self._check_finite(loss, "parameters")
+            fault = (f"the loss is {loss}" if not np.isfinite(loss)
+                     else self._non_finite_array("gradients"))
+            if fault is not None:
+                # Where it went wrong is found from the state the step started from.
+                self.state.restore(saved)
+                self.net.header.seen = seen
+                raise self._located(fault, x, truths)
+            fault = self._non_finite_array("parameters")
+            if fault is not None:
+                raise NonFiniteError(f"{fault[1]}; the step was undone", layer=fault[0])
         except BaseException:
             self.state.restore(saved)
             self.net.header.seen = seen
             raise
         self.state.write_back()
+        self.net.params_changed()
         return StepReport(loss, rate, self.net.header.seen // self.batch,
                           [HeadReport(i, _head_stats(stats[i])) for i in self.heads])
 
-    def _check_finite(self, loss: float, what: str) -> None:
-        if not np.isfinite(loss):
-            raise NonFiniteError(f"the loss is {loss}: the step was undone")
+    def _non_finite_array(self, what: str) -> tuple[int, str] | None:
+        """(layer, what is wrong) of the first layer with a NaN or infinity in its
+        ``what`` ("gradients" or "parameters"), or None."""
         for spec in self.specs:
             layer = self.state.layer(spec.index)
             arrays = layer.grads if what == "gradients" else layer.values
             for name, a in arrays.items():
                 if not cpu_update.all_finite(a):
-                    raise NonFiniteError(
-                        f"layer {spec.index} ({spec.kind}): NaN or infinity in its {name} "
-                        f"{'gradient' if what == 'gradients' else 'values'}; the step was "
-                        "undone", layer=spec.index)
+                    return spec.index, (f"layer {spec.index} ({spec.kind}): NaN or infinity "
+                                        f"in its {name} "
+                                        f"{'gradient' if what == 'gradients' else 'values'}")
+        return None
 
+    def _kept_program(self) -> BoundProgram:
+        """The training program whose every output and delta stays readable after a run."""
+        if self._gradient_program is None:
+            self._gradient_program = self._executor_in_use().training_program(
+                self.state, self.mini_batch, first_backward=self.first_backward,
+                keep_all=True)
+        return self._gradient_program
+
+    def _located(self, fault: str | tuple[int, str], x: np.ndarray,
+                 truths: list[np.ndarray]) -> NonFiniteError:
+        """The error for a step whose loss or gradients are not finite (``fault``: the loss
+        message, or (layer, message) of the first gradient), naming where it went wrong:
+        the mini-batches run again (changing nothing) until one has a layer whose output is
+        not finite (the first in the forward), or else whose delta is not (the first the
+        backward reached)."""
+        message, layer = (fault, None) if isinstance(fault, str) else (fault[1], fault[0])
+        loaded = self._kept_program()
+        m = self.mini_batch
+        saved = self.state.snapshot()
+        try:
+            for start in range(0, x.shape[0], m):
+                self.state.zero_grads()
+                self._passes(x[start:start + m], truths[start:start + m], loaded)
+                found = self._first_non_finite(loaded)
+                if found is not None:
+                    spec, what = found
+                    return NonFiniteError(
+                        f"{message}: layer {spec.index} ({spec.kind}) is the first whose "
+                        f"{what} is not finite (images {start} to {start + m - 1} of the "
+                        "batch); the step was undone", layer=spec.index)
+        finally:
+            self.state.restore(saved)
+        return NonFiniteError(f"{message}; the step was undone", layer=layer)
+
+    def _first_non_finite(self, loaded: BoundProgram) -> tuple[Any, str] | None:
+        """The first layer of the last run whose output is not finite, in forward order, or
+        else the first whose delta is not, in the order the backward ran (last layer
+        first)."""
+        tensors = loaded.program.tensors
+        for spec in self.specs:
+            out = Tensor(spec.index, "output")
+            if out in tensors and not np.isfinite(loaded.read(out)).all():
+                return spec, "output"
+        for spec in reversed(self.specs):
+            delta = Tensor(spec.index, "delta")
+            if delta in tensors and not np.isfinite(loaded.read(delta)).all():
+                return spec, "delta"
+        return None
+
+    @_one_at_a_time
     def gradients(self, x: np.ndarray, truths: Any) -> Gradients:
         """Forward and backward without the update, changing nothing."""
         x, truths = self.check_batch(x, truths)
-        if self._gradient_program is None:
-            self._gradient_program = self.backend.training_program(
-                self.state, self.mini_batch, first_backward=self.first_backward,
-                keep_deltas=True)
+        loaded = self._kept_program()
         saved = self.state.snapshot()
         try:
             self.state.zero_grads()
-            loaded = self._gradient_program
             loss = self._passes(x, truths, loaded)
             params = {i: {n: g.copy() for n, g in layer.grads.items()}
                       for i, layer in self.state.layers.items() if layer.grads}

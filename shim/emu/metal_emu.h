@@ -1,6 +1,6 @@
 /* Prelude of the Metal compute emulator: the subset of the Metal Shading Language (MSL) that
- * hand-written compute kernels use, as C++17 for g++/clang. tools/metal2cpp.py includes it at
- * the top of every rewritten .metal file.
+ * hand-written compute kernels use, as C++17 for g++/clang. metal2cpp.py (beside it) includes
+ * it at the top of every rewritten .metal file.
  *
  * Sizes and alignment follow MSL: float3 is 16 bytes (same as float4), half is _Float16,
  * packed_float3 is 12 bytes. Functions that need other threads (barriers, simd collectives)

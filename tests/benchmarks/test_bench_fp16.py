@@ -26,7 +26,7 @@ def _setup(precision):
     encode = []
     for _ in range(5):
         net.forward(x)
-        encode.append(net._backend.last_encode_seconds)
+        encode.append(net.executor.last_encode_seconds)
     return net, x, memory, float(np.median(encode))
 
 

@@ -19,10 +19,10 @@ pytest.importorskip("darknet_metal.metal._shim", reason="the shim extension is n
 from shared_paths import CFG_DIR, YOLOV3_TINY  # noqa: E402
 
 from darknet_metal import load  # noqa: E402
-from darknet_metal.activations import ACTIVATION_ID  # noqa: E402
-from darknet_metal.gpu_backend import GpuBackend  # noqa: E402
 from darknet_metal.metal import get_device, registry  # noqa: E402
 from darknet_metal.metal.dispatch import gemm_args, pack  # noqa: E402
+from darknet_metal.model.activations import ACTIVATION_ID  # noqa: E402
+from darknet_metal.runtime.gpu_backend import GpuBackend  # noqa: E402
 
 ENCODE_TARGET_MS = 0.1
 ENCODE_SIZE = (96, 96)  # encode work does not depend on the input size; execution does

@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 import pytest
 
-from darknet_metal.loading import Loader, LoaderSettings
+from darknet_metal.training.loading import Loader, LoaderSettings
 
 BATCH = 16
 BATCHES = 4

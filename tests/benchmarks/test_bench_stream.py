@@ -165,7 +165,7 @@ def clip(tmp_path_factory):
 
 @pytest.mark.benchmark(group="video-yolov3-tiny-416-cpu")
 def test_ours_video(benchmark, cpu_net, clip):
-    from darknet_metal.video import detect_video
+    from darknet_metal.inference.video import detect_video
 
     report = benchmark.pedantic(lambda: detect_video(cpu_net, clip, progress=False),
                                 rounds=3, warmup_rounds=1)

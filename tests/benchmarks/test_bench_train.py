@@ -17,8 +17,9 @@ import pytest
 from shared_paths import CFG_DIR
 
 import darknet_metal as dm
-from darknet_metal.memory import plan_memory
-from darknet_metal.program import INPUT
+from darknet_metal.runtime.memory import plan_memory
+from darknet_metal.runtime.program import INPUT
+from darknet_metal.training.trainer import Trainer
 
 BATCH = 16
 NETWORKS = [("yolov3-tiny", 224), ("yolov3-tiny", 416), ("yolov4-tiny", 224),
@@ -45,7 +46,7 @@ def test_train_step(benchmark, tmp_path, name, size):
                          0.2, 0.3]], np.float32) for _ in range(BATCH)]
     benchmark.group = f"train-{name}-{size}-b{BATCH}"
     benchmark.pedantic(net.train_step, args=(x, truths), rounds=3, warmup_rounds=1)
-    loaded = net._trainer().program
+    loaded = Trainer.of(net).program
     plan = plan_memory(loaded.program, external={INPUT})
     tensors = loaded.program.tensors
     # What Darknet keeps: every output and delta, batch norm's input and normalised copy,
@@ -73,7 +74,7 @@ def test_emu_train_step(benchmark, tmp_path):
 
     def step():
         net.train_step(x, truths)
-        encode.append(net._trainer().program.last_encode_seconds)
+        encode.append(Trainer.of(net).program.last_encode_seconds)
 
     benchmark.group = "train-emu-yolov4-tiny-64-b2"
     benchmark.pedantic(step, rounds=3, warmup_rounds=1)
@@ -81,13 +82,13 @@ def test_emu_train_step(benchmark, tmp_path):
     benchmark.extra_info["encode_ms"] = float(np.median(encode)) * 1e3
     big = dm.load(_cfg(tmp_path, "yolov4-tiny", 416), seed=0, batch=16, subdivisions=1,
                   device="emu")
-    from darknet_metal.training.state import TrainState
+    from darknet_metal.runtime.train_state import TrainState
 
-    state = TrainState(big.layers, big.params, np.float32, zeros=big._backend.training_zeros)
+    state = TrainState(big.layers, big.params, np.float32, zeros=big.executor.training_zeros)
     for spec in big.layers:
         if spec.detection_head is not None:
             state.layer(spec.index).truth_shape = (spec.values["max"], 5)
-    program = big._backend.build_training_program(state, 16)
+    program = big.executor.build_training_program(state, 16)
     tensors = program.tensors
     kept = sum(t.nbytes for k, t in tensors.items() if t.alias_of is None and k.role in (
         "output", "delta", "raw", "x_norm", "activation_input", "indexes", "rand"))

@@ -16,7 +16,7 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EMU_DIR = ROOT / "shim" / "emu"
-TOOL = ROOT / "tools" / "metal2cpp.py"
+TOOL = EMU_DIR / "metal2cpp.py"
 KERNELS = pathlib.Path(__file__).resolve().parent / "kernels"
 RUNTIME_SOURCES = [EMU_DIR / "emu_runtime.cpp", EMU_DIR / "fiber.cpp"]
 HEADERS = [EMU_DIR / n for n in ("emu.h", "emu_abi.h", "fiber.h", "metal_emu.h")]

@@ -8,13 +8,13 @@ from gpu_paths import YOLOV3_TINY
 
 import darknet_metal as dm
 from darknet_metal import metal
-from darknet_metal.cfg import parse_cfg
-from darknet_metal.layers import build_layers
-from darknet_metal.memory import plan_memory
 from darknet_metal.metal import _shim
-from darknet_metal.program import HostStep, Program, Tensor, TensorSpec
+from darknet_metal.model.cfg import parse_cfg
+from darknet_metal.ops import build_layers
+from darknet_metal.runtime.memory import plan_memory
+from darknet_metal.runtime.program import HostStep, Program, Tensor, TensorSpec
 
-#: The network input, as layer indices count it (``LayerSpec.inputs``).
+#: The network input, as layer indices count it (``Op.inputs``).
 INPUT = -1
 
 

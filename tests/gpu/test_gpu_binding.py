@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 import darknet_metal
-from darknet_metal import cfg_schema, metal, ops
+from darknet_metal import metal, ops
 from darknet_metal.cpu import route as cpu_route
 from darknet_metal.errors import BindingError
 from darknet_metal.metal import get_device
 from darknet_metal.metal.dispatch import gemm_args, pack
-from darknet_metal.program import Param
+from darknet_metal.model import cfg_schema
+from darknet_metal.runtime.program import Param
 
 CFG = """[net]
 width=8
@@ -35,7 +36,7 @@ activation=leaky
 
 
 def _copy_op(kind: str, bind):
-    class BadOp(ops.LayerSpec):
+    class BadOp(ops.Op):
         short_name = "bad"
 
         def cpu_steps(self, state, sources, out, workspace):
@@ -100,10 +101,10 @@ def test_pack_checks_roles_against_real_buffers():
 
 
 def test_param_refs_must_exist():
-    from darknet_metal.layers import build_layers
-    from darknet_metal.program import build_program
+    from darknet_metal.ops import build_layers
+    from darknet_metal.runtime.program import build_program
 
-    specs = build_layers(darknet_metal.cfg.parse_cfg_text(CFG.format(kind="dropout")))
+    specs = build_layers(darknet_metal.model.cfg.parse_cfg_text(CFG.format(kind="dropout")))
     with pytest.raises(BindingError, match="unknown Param"):
         build_program(specs, lambda s, e: s.emit_device_forward(e), batch=1, keep=None,
                       param_nbytes={Param(9, "weights"): 16})

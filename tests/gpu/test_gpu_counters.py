@@ -8,8 +8,8 @@ from gpu_paths import CFG_DIR, YOLOV3_TINY
 
 from darknet_metal import load, metal
 from darknet_metal.errors import DeviceError
-from darknet_metal.gpu_backend import GpuBackend
 from darknet_metal.network import Network
+from darknet_metal.runtime.gpu_backend import GpuBackend
 
 SIZE = (64, 64)
 

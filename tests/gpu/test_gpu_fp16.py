@@ -15,7 +15,7 @@ from shared_paths import CFG_DIR, GOLDEN, IMAGES, YOLOV3_TINY
 import darknet_metal as dm
 from darknet_metal import metal
 from darknet_metal.errors import ArgumentError, DeviceError
-from darknet_metal.image import load_image, resize_image
+from darknet_metal.inference.image import load_image, resize_image
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_fp16_refusals(tmp_path, tiny_fp16):
     with pytest.raises(ArgumentError, match="training runs in float32"):
         tiny_fp16.train_step(x, [np.zeros((0, 5), np.float32)])
     # A layer that would run on the CPU (here forced) cannot take half tensors: named.
-    from darknet_metal.gpu_backend import GpuBackend
+    from darknet_metal.runtime.gpu_backend import GpuBackend
 
     small = tmp_path / "small.cfg"
     small.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n\n"

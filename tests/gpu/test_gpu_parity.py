@@ -12,7 +12,8 @@ import pytest
 from gpu_paths import CFG_DIR, YOLOV3_TINY
 
 from darknet_metal.cli import main
-from darknet_metal.metal import parity, registry
+from darknet_metal.diagnostics import parity
+from darknet_metal.metal import registry
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -103,7 +104,7 @@ def test_doctor_reports_missing_metal(capsys):
 
 
 def test_doctor_speed_measurement_runs():
-    from darknet_metal.metal.doctor import measure_speed
+    from darknet_metal.diagnostics.doctor import measure_speed
 
     lines = []
     gpu_ms, cpu_ms = measure_speed("emu", size=32, repeats=1, out=lines.append)

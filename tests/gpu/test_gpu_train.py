@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import darknet_metal as dm
-from darknet_metal.models import get_spec
+from darknet_metal.model.bundled import get_spec
+from darknet_metal.training.trainer import Trainer
 
 SIZE = 64
 
@@ -65,7 +66,7 @@ def test_three_steps_on_emu_equal_the_cpus(model, batch, net):
         assert got.iteration == want.iteration == step
         assert got.learning_rate == want.learning_rate
         assert abs(got.loss - want.loss) <= 1e-4 * abs(want.loss), (step, got.loss, want.loss)
-    coverage = emu._backend.training_coverage()
+    coverage = emu.executor.training_coverage()
     assert [p.index for p in coverage if p.where != "kernels"] == []
     for i, params in cpu.params.items():
         for name, value in params.items():
@@ -112,7 +113,7 @@ def test_the_golden_classifier_trains_on_emu_as_on_the_cpu():
     for _ in range(2):
         want, got = cpu.train_step(x, truths), emu.train_step(x, truths)
         assert abs(got.loss - want.loss) <= 1e-6 * abs(want.loss)
-    assert all(p.where == "kernels" for p in emu._backend.training_coverage())
+    assert all(p.where == "kernels" for p in emu.executor.training_coverage())
     for i, params in cpu.params.items():
         for name, value in params.items():
             assert _rel(emu.params[i][name], value) <= 1e-5, (i, name)
@@ -151,7 +152,7 @@ def test_weighted_shortcut_gradients_on_emu_equal_the_cpus(tmp_path, weights_typ
     x = rng.random((2, 3, 8, 8), dtype=np.float32)
     truths = [rng.random(cpu.layers[-1].out_size).astype(np.float32) for _ in range(2)]
     want, got = cpu.gradients(x, truths), emu.gradients(x, truths)
-    assert all(p.where == "kernels" for p in emu._backend.training_coverage())
+    assert all(p.where == "kernels" for p in emu.executor.training_coverage())
     assert want.params[2]["weights"].any()
     for i, grads in want.params.items():
         for name, g in grads.items():
@@ -183,7 +184,7 @@ def test_training_at_several_sizes_in_turn_keeps_device_memory_flat():
             assert np.isfinite(net.train_step(x, truths).loss)
         gc.collect()
         stats = device.stats()
-        plans = net._backend_instance._training_plans
+        plans = net.executor._training_plans
         rounds.append({**{k: stats[k] for k in (*keys, "live_bytes")},
                        "builds": plans.builds, "hits": plans.hits})
     for later in rounds[1:]:
@@ -211,15 +212,15 @@ def test_kept_programs_and_device_parameters_equal_fresh_ones_after_resizing():
         for i, net in enumerate(nets):
             net.resize(size, size)
             if i == 1:
-                trainer = net._trainer()
-                net._backend_instance._training_plans.clear()
-                trainer.resize()
+                trainer = Trainer.of(net)
+                net.executor._training_plans.clear()
+                trainer.executor_resized()
         losses = [net.train_step(x, truths).loss for net in nets]
         assert losses[0] == losses[1]
     for layer, params in nets[0].params.items():
         for name, a in params.items():
             assert np.array_equal(a, nets[1].params[layer][name]), (layer, name)
-    nets[1]._backend.load_params(nets[1].params)
+    nets[1].executor.load_params(nets[1].params)
     outs = [net.forward(x[:1])[-1] for net in nets]
     np.testing.assert_array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from metal_harness import ORDERS
 
-from darknet_metal.activations import ACTIVATION_ID
 from darknet_metal.cpu import activations as cpu_act
 from darknet_metal.cpu import conv, im2col
 from darknet_metal.metal.dispatch import gemm_args
 from darknet_metal.metal.registry import BIAS_COLS, BIAS_NONE, BIAS_ROWS
+from darknet_metal.model.activations import ACTIVATION_ID
 
 GEMMS = [
     "gemm_nn_f32",

@@ -1,7 +1,7 @@
-"""Training kernels of convolutional and connected layers (``train_conv.metal``) in the
-emulator against the CPU reference: col2im, the bias gradient, batch norm's training forward
-and backward, and the weight and input gradients composed from im2col, col2im and the GEMMs,
-under forward, reverse and random thread order.
+"""Training kernels of convolutional and connected layers (``im2col.metal``,
+``batchnorm.metal``) in the emulator against the CPU reference: col2im, the bias gradient,
+batch norm's training forward and backward, and the weight and input gradients composed from
+im2col, col2im and the GEMMs, under forward, reverse and random thread order.
 
 The GEMM argument helpers below are the values a host uses for these dispatches."""
 

@@ -1,8 +1,8 @@
-"""The elementwise training kernels (``shaders/train_elementwise.metal``) in the Metal emulator
-against the CPU reference steps: activation derivatives, buffer utilities, dropout and its
-counter-based draws, SGD and Adam updates, the finiteness flag. Every dispatch runs under the
-three thread orders, which must agree bit for bit, at sizes that leave partial threadgroups and
-above 2^16 elements."""
+"""The elementwise training kernels (``shaders/{activation,buffers,dropout,update}.metal``) in
+the Metal emulator against the CPU reference steps: activation derivatives, buffer utilities,
+dropout and its counter-based draws, SGD and Adam updates, the finiteness flag. Every dispatch
+runs under the three thread orders, which must agree bit for bit, at sizes that leave partial
+threadgroups and above 2^16 elements."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from metal_harness import ORDERS
 
-from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
 from darknet_metal.cpu import activations as cpu_act
 from darknet_metal.cpu import dropout, fill, update
+from darknet_metal.model.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
 
 EPS = float(np.finfo(np.float32).eps)
 SIZES = (1, 7, 70001)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from darknet_metal.activations import ACTIVATIONS
 from darknet_metal.metal import registry
+from darknet_metal.model.activations import ACTIVATIONS
 
 ORDERS = ["forward", "reverse", "random"]
 HALF_EPS = 2.0**-10

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from metal_harness import ORDERS
 
-from darknet_metal.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
 from darknet_metal.cpu import activations as cpu_act
 from darknet_metal.cpu import combine, heads, pooling, resample
+from darknet_metal.model.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
 
 RTOL, ATOL = 2e-6, 1e-6
 

@@ -1,6 +1,7 @@
-"""The training kernels of ``shaders/train_layers.metal`` run in the Metal emulator against the
-CPU reference (``darknet_metal.cpu``): max pooling with its argmax and every backward of the
-pooling, resampling, route, shortcut, scale_channels and sam layers, and the loss heads.
+"""The training kernels of the pooling, resampling, route, combining and head shaders run in
+the Metal emulator against the CPU reference (``darknet_metal.cpu``): max pooling with its
+argmax and every backward of the pooling, resampling, route, shortcut, scale_channels and sam
+layers, and the loss heads.
 
 Each runs under forward, reverse and random thread order at shapes leaving partial
 threadgroups. Assigned outputs start as NaN; gradients start from random values (every

@@ -12,12 +12,12 @@ import pytest
 from metal_harness import ROOT, SHADERS, emu_harness, shader_files
 
 from darknet_metal import ops
-from darknet_metal.activations import ACTIVATIONS
 from darknet_metal.errors import BindingError, DeviceError
-from darknet_metal.layers import LAYER_KINDS
 from darknet_metal.metal import registry
+from darknet_metal.model.activations import ACTIVATIONS
 from darknet_metal.network import load
-from darknet_metal.program import Param, build_program
+from darknet_metal.ops import LAYER_KINDS
+from darknet_metal.runtime.program import Param, build_program
 
 NAME = re.compile(
     r"^(?:[a-z][a-z0-9]*(?:_[a-z0-9]+)*_(?:fwd|bwd|upd|buf)(?:_[a-z0-9]+)*"
@@ -44,6 +44,16 @@ def test_registry_names_equal_shader_kernels(tables):
 def test_sources_match(tables):
     for name, k in registry.KERNELS.items():
         assert tables[name][1] == k.source, name
+
+
+def test_each_shader_is_declared_by_its_family_module():
+    """``kernels/<family>.py`` declares the kernels of ``shaders/<family>.metal``, and only
+    those; every shader has its module."""
+    for family in registry.FAMILIES:
+        assert family.SOURCE == family.__name__.rsplit(".", 1)[1] + ".metal"
+        assert {k.source for k in family.KERNELS} == {family.SOURCE}
+        assert set(family.HALF_TWINS) <= {k.name for k in family.KERNELS}
+    assert sorted(f.SOURCE for f in registry.FAMILIES) == [p.name for p in shader_files()]
 
 
 @pytest.mark.parametrize("name", sorted(registry.KERNELS))
@@ -720,8 +730,8 @@ def test_reorg_extents_equal_the_largest_offset_touched(shape, stride, reverse):
 
 
 def _host_networks(tmp_path):
-    from darknet_metal.metal.doctor import MINI_NETWORKS
-    from darknet_metal.models import get_spec
+    from darknet_metal.diagnostics.doctor import MINI_NETWORKS
+    from darknet_metal.model.bundled import get_spec
 
     for name, text in MINI_NETWORKS:
         path = tmp_path / f"{name}.cfg"

@@ -1,4 +1,4 @@
-"""The [yolo] training loss kernels (``shaders/yolo_loss.metal``) in the Metal emulator against
+"""The [yolo] training loss kernels (``shaders/yolo.metal``) in the Metal emulator against
 the CPU reference ``darknet_metal.cpu.yolo_loss`` (float32), under forward, reverse and random
 thread order, and against the golden Darknet [yolo] deltas the CPU reproduces."""
 
@@ -11,9 +11,9 @@ import pytest
 from metal_harness import ORDERS
 from training_golden import YOLO_CASES, yolo_passes
 
-from darknet_metal.cfg_schema import IOU_LOSSES
 from darknet_metal.cpu import heads
 from darknet_metal.cpu import yolo_loss as yl
+from darknet_metal.model.cfg_schema import IOU_LOSSES
 
 STATS = len(yl.YOLO_STAT_NAMES)
 FLT_MAX = float(np.finfo(np.float32).max)

@@ -1,0 +1,311 @@
+"""What the GPU executor binds to device memory: programs (``GpuBoundProgram``: a buffer per
+planned slot, kernel steps packed as dispatches, host steps wrapped with their transfers),
+layer outputs left on the device (``DeviceArray``) and update steps (``DeviceSteps``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from darknet_metal.cpu.executor import StepList
+from darknet_metal.errors import DeviceError
+from darknet_metal.metal import registry
+from darknet_metal.metal.dispatch import Dispatch, pack
+from darknet_metal.runtime.memory import MemoryPlan, plan_memory
+from darknet_metal.runtime.program import (
+    INPUT,
+    STORED_DTYPE,
+    HostStep,
+    KernelStep,
+    Param,
+    Program,
+    Tensor,
+)
+from darknet_metal.runtime.staging import run_staged_passes
+
+__all__ = ["DeviceArray", "DeviceParams", "DeviceSteps", "GpuBoundProgram", "HostCall"]
+
+
+class DeviceParams(Protocol):
+    """What binding a program needs of its executor: the shim device, the resident
+    parameters' buffers, and the pass counter outputs are checked against."""
+
+    device: Any
+    generation: int
+
+    def param_buffer(self, ref: Param) -> Any:
+        """The device buffer of a resident parameter or training array."""
+
+
+class DeviceArray:
+    """A layer output that stays on the device until read.
+
+    ``shape`` (N, C, H, W), ``dtype`` float32 (what ``numpy()`` returns; an fp16 network's
+    outputs are held as half and converted), ``nbytes`` (held on the device). ``numpy()`` or
+    ``np.asarray`` downloads it (waiting for the pass that computes it). Valid until the next
+    forward pass of the same backend, which reuses the buffer: reading it later raises
+    DeviceError.
+    """
+
+    __slots__ = ("_backend", "_buffer", "_generation", "_stored", "dtype", "shape")
+
+    def __init__(
+        self, backend: DeviceParams, buffer: Any, shape: tuple[int, ...], generation: int,
+        stored: np.dtype | type = np.float32,
+    ) -> None:
+        self._backend = backend
+        self._buffer = buffer
+        self._generation = generation
+        self._stored = np.dtype(stored)
+        self.shape = shape
+        self.dtype = np.dtype(np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self._stored.itemsize
+
+    def numpy(self) -> np.ndarray:
+        """A new host array with the contents (downloads ``nbytes`` bytes)."""
+        if self._generation != self._backend.generation:
+            raise DeviceError(
+                "this output belongs to an earlier forward pass whose buffers were reused by "
+                "a later pass of the same backend (from this thread or another); read outputs "
+                "before the next forward, or use Network.forward, which returns copies"
+            )
+        out = np.empty(self.shape, self._stored)
+        self._buffer.read_into(out)
+        return out if self._stored == np.float32 else out.astype(np.float32)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, device={self._backend.device.kind!r})"
+
+
+class HostCall:
+    """A host step inside a device pass: commit what is encoded, download the step's inputs
+    (one wait), run its native steps (bound once to host copies), upload its outputs; counts
+    one ``cpu_fallback``."""
+
+    def __init__(self, device: Any, step: HostStep, reads: list[tuple[Any, np.ndarray]],
+                 writes: list[tuple[Any, np.ndarray]]) -> None:
+        self.device = device
+        self.step = step
+        self.reads = reads
+        self.writes = writes
+        self.native = StepList(step.bind([h for _, h in reads], [h for _, h in writes]))
+
+    def __call__(self) -> None:
+        self.device.commit()
+        for buf, host in self.reads:
+            buf.read_into(host)
+        self.native.run()
+        for buf, host in self.writes:
+            buf.write(host)
+        self.device.count_fallback(1)
+
+
+class GpuBoundProgram:
+    """A program bound to device memory: a buffer per memory slot, every kernel step packed
+    as a dispatch, every host step wrapped with its transfers, and the dispatch lists a pass
+    encodes (cut at each host step)."""
+
+    def __init__(self, backend: DeviceParams, program: Program) -> None:
+        device = backend.device
+        self.device = device
+        self.program = program
+        self.last_encode_seconds = 0.0
+        #: Host arrays the passes stage through, wrapped once (id -> (array, buffer)).
+        self.wrapped: dict[int, tuple[np.ndarray, Any]] = {}
+        self.memory: MemoryPlan = plan_memory(program)
+        self.buffers = [device.buffer(n) for n in self.memory.slot_bytes]
+        self.placeholder = device.buffer(4)
+        self.lists: list[Any] = []
+        #: How many streams' pass rings hold this program (a held program is never evicted).
+        self.holders = 0
+        try:
+            self.input_buffer = self.buffer(INPUT)
+            #: Per program step: its packed dispatch, or the host call running it.
+            self.steps: list[Dispatch | HostCall] = [
+                self._pack(backend, step) if isinstance(step, KernelStep)
+                else self._host(device, step)
+                for step in program.steps
+            ]
+            #: Per step with offsets: the byte offset of each bound buffer, in index order.
+            self.offsets: dict[int, tuple[int, ...]] = {
+                i: tuple(b.itemsize * step.offsets.get(b.role, 0)
+                         for b in registry.kernel(step.kernel).bindings)
+                for i, step in enumerate(program.steps)
+                if isinstance(step, KernelStep) and step.offsets
+            }
+            #: What a pass runs, in order: a dispatch list's ``encode`` or a host step.
+            self.segments: list[Callable[[], None]] = []
+            current = None
+            for i, step in enumerate(self.steps):
+                if isinstance(step, HostCall):
+                    self.segments.append(step)
+                    current = None
+                    continue
+                if current is None:
+                    current = device.dispatch_list(len(self.steps))
+                    self.lists.append(current)
+                    self.segments.append(current.encode)
+                current.add(*step, offsets=self.offsets.get(i))
+        except BaseException:
+            self.release()
+            raise
+
+    def buffer(self, t: Tensor) -> Any:
+        return self.buffers[self.memory.slot_of[t]]
+
+    def device_commit_and_wait(self) -> None:
+        self.device.commit()
+        self.device.synchronize()
+
+    def _pack(self, backend: DeviceParams, step: KernelStep) -> Dispatch:
+        buffers = {
+            role: None if ref is None
+            else backend.param_buffer(ref) if isinstance(ref, Param)
+            else self.buffer(ref)
+            for role, ref in step.buffers.items()
+        }
+        name, args, bound, grid, group = pack(step.kernel, buffers, step.args, step.sizes)
+        # A role the kernel leaves alone still needs a buffer at its index (Metal's
+        # validation and the emulator refuse an unbound one).
+        bound = tuple(self.placeholder if b is None else b for b in bound)
+        return name, args, bound, grid, group
+
+    def _host(self, device: Any, step: HostStep) -> HostCall:
+        # One host array per memory owner: a tensor a step reads and writes (a gradient it
+        # adds into) or two aliases of one memory must be the same array on the host too.
+        owners: dict[Tensor, np.ndarray] = {}
+
+        def host(t: Tensor) -> np.ndarray:
+            owner = self.memory.owner[t]
+            if owner not in owners:
+                owners[owner] = self._host_array(owner)
+            return owners[owner].reshape(self.program.tensors[t].shape)
+
+        reads = [(self.buffer(t), host(t)) for t in step.reads]
+        writes = [(self.buffer(t), host(t)) for t in step.writes]
+        return HostCall(device, step, reads, writes)
+
+    def _host_array(self, t: Tensor) -> np.ndarray:
+        spec = self.program.tensors[t]
+        return np.empty(spec.shape, np.float32 if spec.dtype is None else spec.dtype)
+
+    def run(self, x: np.ndarray) -> None:
+        """One pass on ``x`` (the program's input shape, float32): upload, encode every
+        segment, commit and wait. ``last_encode_seconds``: the host's part before the
+        commit (upload and encoding; host steps included when there are any)."""
+        start = time.perf_counter()
+        self.input_buffer.write(np.ascontiguousarray(x, np.float32))
+        for segment in self.segments:
+            segment()
+        self.last_encode_seconds = time.perf_counter() - start
+        self.device_commit_and_wait()
+
+    def run_passes(self, x: np.ndarray, stage_in: Sequence[tuple[np.ndarray, np.ndarray]],
+                   stage_out: Sequence[tuple[np.ndarray, np.ndarray]],
+                   then: DeviceSteps | None = None) -> None:
+        """``CpuBackend``'s ``run_passes`` in one command buffer and one wait: every array
+        is page-aligned host memory the device shares (the batch ``x`` included: no upload),
+        and the staging copies are kernels between the passes."""
+        m = self.program.tensors[INPUT].shape[0]
+        if any(isinstance(step, HostCall) for step in self.steps):
+            # Host steps commit and wait anyway: stage on the host, pass by pass.
+            run_staged_passes(self.run, m, x, stage_in, stage_out)
+            if then is not None:
+                then.run()
+            return
+        start = time.perf_counter()
+        per_image = x[0].size
+        for s in range(x.shape[0] // m):
+            self.copy(x, s * m * per_image, self.input_buffer, m * per_image)
+            for whole, per_pass in stage_in:
+                self.copy(whole, s * per_pass.size, per_pass, per_pass.size)
+            for segment in self.segments:
+                segment()
+            for per_pass, whole in stage_out:
+                self.copy(per_pass, 0, whole, per_pass.size, s * per_pass.size)
+        if then is not None:
+            then.list.encode()
+        self.last_encode_seconds = time.perf_counter() - start
+        self.device_commit_and_wait()
+
+    def wrap(self, array: np.ndarray) -> Any:
+        """The device buffer over page-aligned host ``array`` (wrapped on first use, kept
+        with the program)."""
+        held = self.wrapped.get(id(array))
+        if held is None or held[0] is not array:
+            buf = self.device.upload(array, zero_copy=True)
+            if not buf.wrapped:
+                buf.release()
+                raise DeviceError("a staged array is not page-aligned")
+            held = self.wrapped[id(array)] = (array, buf)
+        return held[1]
+
+    def copy(self, src: Any, src_at: int, dst: Any, n: int, dst_at: int = 0) -> None:
+        """dst[dst_at:dst_at+n] = src[src_at:src_at+n] (elements of the program's storage
+        type) as a kernel; arrays are wrapped, device buffers used as they are."""
+        buffers = {"src": src if not isinstance(src, np.ndarray) else self.wrap(src),
+                   "dst": dst if not isinstance(dst, np.ndarray) else self.wrap(dst)}
+        storage = self.program.storage
+        itemsize = STORED_DTYPE[storage].itemsize
+        name, args, bound, grid, group = pack(f"copy_buf_{storage}", buffers, {"n": n},
+                                              {"n": n})
+        self.device.dispatch(name, args, bound, grid, group,
+                             offsets=(itemsize * src_at, itemsize * dst_at))
+
+    def read(self, t: Tensor) -> np.ndarray:
+        """A new host array with tensor ``t`` (downloaded after the last ``run``)."""
+        out = self._host_array(t)
+        self.buffer(self.memory.owner[t]).read_into(out)
+        return out
+
+    def release(self) -> None:
+        # The lists first: they hold the buffers, which return to the pool once both let go.
+        for dispatch_list in self.lists:
+            dispatch_list.close()
+        self.lists = []
+        self.segments = []
+        for b in self.buffers:
+            b.release()
+        self.buffers = []
+        self.placeholder.release()
+        for _, buf in self.wrapped.values():
+            buf.release()
+        self.wrapped = {}
+
+
+class DeviceSteps:
+    """Kernel steps over parameters and a few named scalar buffers, in one dispatch list;
+    ``run`` encodes them, commits and waits."""
+
+    def __init__(self, device: Any, scalars: dict[str, Any]) -> None:
+        self.device = device
+        self.scalars = scalars
+        self.list = device.dispatch_list()
+
+    def add(self, backend: DeviceParams, kernel: str, refs: Mapping[str, Param],
+            **args: int | float) -> None:
+        roles = registry.kernel(kernel).roles
+        buffers = {role: self.scalars[role] if role in self.scalars
+                   else backend.param_buffer(refs[role]) for role in roles}
+        self.list.add(*pack(kernel, buffers, args, {"n": int(args["n"])}))
+
+    def run(self) -> None:
+        self.list.encode()
+        self.device.commit()
+        self.device.synchronize()
+
+    def release(self) -> None:
+        self.list.close()
+        for buf in self.scalars.values():
+            buf.release()

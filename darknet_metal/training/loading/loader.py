@@ -1,0 +1,219 @@
+"""The training loader: batches prepared ahead by worker threads while the caller trains.
+
+Threads, not processes: decoding, resizing and colour conversion run in OpenCV, and a
+training step on the CPU runs without the GIL, so threads overlap with both and share the
+batch arrays without copies. Each image of a batch is one task; at most ``prefetch``
+batches are in flight (bounded memory). A batch depends only on (seed, iteration, size), so
+the number of workers changes how fast batches come, never what they hold.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from darknet_metal.errors import ArgumentError
+
+from .batch import SAMPLINGS, Batch, SampleSource, load_batch, load_slot
+from .draws import check_seed
+from .settings import LoaderSettings
+
+__all__ = ["Loader"]
+
+THREAD_NAME_PREFIX = "darknet-metal-loader"
+
+
+@dataclass
+class _Pending:
+    iteration: int
+    width: int
+    height: int
+    x: np.ndarray
+    futures: list[Future[tuple[np.ndarray, np.ndarray, int]]]
+
+
+def _check_size(width: object, height: object) -> tuple[int, int]:
+    for value in (width, height):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise ArgumentError(f"size must be positive integers, got {width!r}x{height!r}")
+    return int(width), int(height)  # type: ignore[arg-type]
+
+
+class Loader:
+    """Batches of augmented training images, in iteration order, made ahead by workers.
+
+    ``samples``/``boxes``: see :class:`~darknet_metal.training.loading.batch.SampleSource`;
+    ``settings``: :class:`LoaderSettings` (e.g. ``settings_from_cfg(parse_cfg(path))``);
+    ``seed``: the run's seed; ``workers``: threads preparing images (0: each batch is made
+    in the caller's thread when asked for); ``prefetch``: batches in flight at most (>= 1);
+    ``start_iteration``: the first batch's iteration (a resumed run continues its sequence);
+    ``sampling``: "random" (Darknet's: each image drawn with replacement) or "epoch" (a
+    seeded permutation per epoch); ``slots``: the rows of each batch to load (default all:
+    a process training on a share of each batch loads its rows only).
+
+    Use as a context manager (or call :meth:`close`): closing cancels the work queued, waits
+    for the images being made, and leaves no thread behind. An image or label that cannot
+    be read raises its error (naming the file) from :meth:`next` in the caller's thread, and
+    closes the loader.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[Any],
+        settings: LoaderSettings,
+        *,
+        boxes: Callable[[Any], np.ndarray] | None = None,
+        seed: int = 0,
+        workers: int = 2,
+        prefetch: int = 2,
+        start_iteration: int = 0,
+        sampling: str = "random",
+        slots: range | None = None,
+    ) -> None:
+        if not isinstance(settings, LoaderSettings):
+            raise ArgumentError(f"settings must be LoaderSettings, not {type(settings).__name__}")
+        for name, value, low in (("workers", workers, 0), ("prefetch", prefetch, 1),
+                                 ("start_iteration", start_iteration, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ArgumentError(f"{name} must be an integer >= {low}, not {value!r}")
+        if sampling not in SAMPLINGS:
+            raise ArgumentError(f"sampling must be one of {', '.join(SAMPLINGS)}, not {sampling!r}")
+        slots = range(settings.batch) if slots is None else slots
+        if not isinstance(slots, range) or len(slots) == 0 or slots.step != 1 or \
+                slots.start < 0 or slots.stop > settings.batch:
+            raise ArgumentError(f"slots must be a non-empty range within the batch's "
+                                f"{settings.batch} rows, not {slots!r}")
+        self.slots = slots
+        self.source = SampleSource(samples, boxes, settings.classes)
+        self.settings = settings
+        self.seed = check_seed(seed)
+        self.workers = workers
+        self.prefetch = prefetch
+        self.sampling = sampling
+        #: The iteration of the batch :meth:`next` returns next.
+        self.iteration = start_iteration
+        #: Seconds the caller spent in :meth:`next` waiting for data.
+        self.wait_seconds = 0.0
+        self._size = (settings.width, settings.height)
+        self._pending: deque[_Pending] = deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pool = (
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix=THREAD_NAME_PREFIX)
+            if workers
+            else None
+        )
+
+    # --- public API ----------------------------------------------------------------------
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of the batches to come."""
+        return self._size
+
+    def set_size(self, width: int, height: int) -> None:
+        """Make the next batches at ``width`` x ``height`` (``random=1``). Batches already
+        being prepared at another size are dropped and made again, as Darknet restarts its
+        loading after a resize; their content depends only on (seed, iteration, size)."""
+        size = _check_size(width, height)
+        self._check_open()
+        if size == self._size:
+            return
+        self._size = size
+        self._drop_pending()
+
+    def next(self) -> Batch:
+        """The batch of :attr:`iteration` at :attr:`size`; advances :attr:`iteration`."""
+        self._check_open()
+        start = time.perf_counter()
+        try:
+            if self._pool is None:
+                batch = load_batch(
+                    self.source, self.settings, self.seed, self.iteration,
+                    width=self._size[0], height=self._size[1], sampling=self.sampling,
+                    slots=self.slots,
+                )
+            else:
+                self._fill()
+                batch = self._collect(self._pending.popleft())
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self.wait_seconds += time.perf_counter() - start
+        self.iteration += 1
+        if self._pool is not None:
+            self._fill()  # start the following batches while the caller trains
+        return batch
+
+    def __next__(self) -> Batch:
+        return self.next()
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def close(self) -> None:
+        """Cancel queued work, wait for running tasks, stop the workers. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._drop_pending()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ArgumentError("the loader is closed")
+
+    def _drop_pending(self) -> None:
+        while self._pending:
+            pending = self._pending.popleft()
+            for future in pending.futures:
+                future.cancel()
+        # Tasks already running finish into arrays nobody keeps.
+
+    def _fill(self) -> None:
+        assert self._pool is not None
+        next_iteration = self.iteration + len(self._pending)
+        while len(self._pending) < self.prefetch:
+            width, height = self._size
+            s = self.settings
+            x = np.empty((len(self.slots), s.channels, height, width), np.float32)
+            futures = [
+                self._pool.submit(
+                    load_slot, self.source, s, self.seed, next_iteration, slot,
+                    width=width, height=height, sampling=self.sampling, out=x[row],
+                )
+                for row, slot in enumerate(self.slots)
+            ]
+            self._pending.append(_Pending(next_iteration, width, height, x, futures))
+            next_iteration += 1
+
+    def _collect(self, pending: _Pending) -> Batch:
+        truths: list[np.ndarray] = []
+        images: list[int] = []
+        for future in pending.futures:
+            _, slot_truths, index = future.result()
+            truths.append(slot_truths)
+            images.append(index)
+        return Batch(pending.x, truths, pending.iteration, pending.width, pending.height, images)
