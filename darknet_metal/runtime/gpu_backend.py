@@ -27,21 +27,22 @@ passes in the same command buffer, so one training step is one command buffer an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from darknet_metal.errors import ArgumentError, DeviceError, Unsupported
-from darknet_metal.metal import aligned_empty, get_device, registry
+from darknet_metal.metal import get_device, registry
 from darknet_metal.metal.dispatch import pack
 from darknet_metal.model.cfg import Shape
 from darknet_metal.model.weights import Params
 from darknet_metal.runtime.backend import ExecutorEvents
-from darknet_metal.runtime.gpu_program import DeviceArray, DeviceSteps, GpuBoundProgram, HostCall
+from darknet_metal.runtime.gpu_program import DeviceArray, GpuBoundProgram, HostCall
+from darknet_metal.runtime.gpu_training import GpuTraining
 from darknet_metal.runtime.layer import Layer
 from darknet_metal.runtime.pass_ring import PassRing
+from darknet_metal.runtime.placement import LayerPlacement
 from darknet_metal.runtime.program import (
     STORAGE,
     STORED_DTYPE,
@@ -55,26 +56,13 @@ from darknet_metal.runtime.program import (
 from darknet_metal.runtime.program_cache import MAX_PROGRAMS, ProgramCache, TrainingPrograms
 
 if TYPE_CHECKING:
-    from darknet_metal.runtime.train_state import ArrayUpdate, Optimizer, TrainState
+    from darknet_metal.runtime.train_state import TrainState
 
 #: Input sizes whose layer placements are kept (``GpuBackend.resize``).
 MAX_PLACEMENTS = 32
 
 
-@dataclass(frozen=True)
-class LayerPlacement:
-    """Where a layer runs: ``where`` is "kernels", "fallback" or "alias" (an identity layer whose
-    output is its input's buffer); ``kernels`` the kernels it dispatches; ``reason`` why it
-    falls back (None otherwise)."""
-
-    index: int
-    kind: str
-    where: str
-    kernels: tuple[str, ...] = ()
-    reason: str | None = None
-
-
-class GpuBackend:
+class GpuBackend(GpuTraining):
     """Executes a network's layers with Metal kernels on ``device`` ("metal" or "emu").
 
     Same interface as ``CpuBackend`` (``load_params``, ``forward``, ``close``) plus
@@ -393,133 +381,6 @@ class GpuBackend:
         ring.drain()
         ring.bound.holders -= 1
 
-    # -- training --------------------------------------------------------------------------
-
-    def training_zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """A zeroed page-aligned host array the device uses in place (the training state's
-        allocator: parameters, gradients, moments and kept arrays are shared, not copied)."""
-        a = aligned_empty(shape, dtype, int(self.device.info["page_size"]))
-        a.fill(0)
-        return a
-
-    def _training_placement(self, state: TrainState, batch: int,
-                            first_backward: int) -> dict[int, str]:
-        """Layers whose training runs on their CPU steps, with the reason: an op raising
-        ``Unsupported`` for its training forward or backward kernels. Found by building
-        throwaway programs until no new layer falls back (a backward found unsupported
-        moves its forward to the CPU too)."""
-        fallback: dict[int, str] = {}
-        while True:
-            found = dict(fallback)
-
-            def attempt(spec: Layer, e: LayerEmitter, device: Callable[..., None],
-                        cpu: Callable[..., None], found: dict[int, str] = found) -> None:
-                ts = state.layer(spec.index)
-                if spec.index not in found:
-                    try:
-                        device(e, ts)
-                        return
-                    except Unsupported as exc:
-                        found[spec.index] = str(exc)
-                cpu(e, ts)
-
-            build_program(
-                self.specs, lambda spec, e: attempt(spec, e, spec.emit_device_train,
-                                                    spec.emit_cpu_train),
-                batch=batch, keep=(), mode="train", simd=self.simd, param_nbytes=None,
-                emit_backward=lambda spec, e: None if spec.values.get("onlyforward")
-                else attempt(spec, e, spec.emit_device_backward, spec.emit_cpu_backward),
-                clear=_clear_on_device, first_backward=first_backward)
-            if found == fallback:
-                return fallback
-            fallback = found
-
-    def build_training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
-                               keep_all: bool = False) -> Program:
-        """The program of one mini-batch of a training iteration (see
-        ``cpu_training_program``): each layer's training kernels, binding the training
-        state's arrays in place (``LayerTrainState.ref``), or, where its op has none, its
-        CPU training steps as host steps inside the device program (each a commit, a wait
-        and the transfers of what it reads and writes). Kept per input size
-        (``TrainingPlans``): a size seen before costs nothing to build again."""
-        if self.storage != "f32":
-            raise DeviceError("training runs in float32; this backend holds half "
-                              "(precision='fp16')")
-        key = (self.specs[0].in_shape, batch, first_backward, keep_all)
-        program, fallback = self._training_plans.get(
-            state, key, lambda: self._build_training(state, batch, first_backward, keep_all))
-        self._training_state = state
-        self._training_fallback = fallback
-        return program
-
-    def _build_training(self, state: TrainState, batch: int, first_backward: int,
-                        keep_all: bool) -> tuple[Program, dict[int, str]]:
-        fallback = self._training_placement(state, batch, first_backward)
-
-        def emit(spec: Layer, e: LayerEmitter, backward: bool) -> None:
-            ts = state.layer(spec.index)
-            if spec.index in fallback:
-                (spec.emit_cpu_backward if backward else spec.emit_cpu_train)(e, ts)
-            else:
-                (spec.emit_device_backward if backward else spec.emit_device_train)(e, ts)
-
-        program = build_program(
-            self.specs, lambda spec, e: emit(spec, e, False), batch=batch,
-            keep=None if keep_all else (),
-            mode="train", simd=self.simd, param_nbytes=_ParamSizes(self._params, state),
-            emit_backward=lambda spec, e: None if spec.values.get("onlyforward")
-            else emit(spec, e, True),
-            clear=_clear_on_device, first_backward=first_backward, keep_deltas=keep_all)
-        return program, fallback
-
-    def training_program(self, state: TrainState, batch: int, *, first_backward: int = 0,
-                         keep_all: bool = False) -> GpuBoundProgram:
-        """``build_training_program`` bound to device memory (``run(x)`` a mini-batch,
-        ``read(tensor)`` a kept delta; ``release()`` returns its memory to the pool)."""
-        return GpuBoundProgram(self, self.build_training_program(
-            state, batch, first_backward=first_backward, keep_all=keep_all))
-
-    def update_program(self, state: TrainState, updates: Sequence[ArrayUpdate],
-                       optimizer: Optimizer, lr: np.ndarray, t: np.ndarray) -> DeviceSteps:
-        """One update of ``state`` as kernels on its shared arrays (``lr``, ``t``: (1,)
-        page-aligned arrays read when it runs), in one command buffer."""
-        o = optimizer
-        scalars = {"lr": lr, "t": t}
-        steps = DeviceSteps(self.device, {name: self.device.upload(a, zero_copy=True)
-                                          for name, a in scalars.items()})
-        try:
-            for u in updates:
-                layer = state.layer(u.layer)
-                n = int(layer.values[u.name].size)
-                refs = {"param": layer.ref(u.name), "grad_acc": layer.ref(u.name, "grad")}
-                if u.held:
-                    steps.add(self, "fill_buf_f32", {"x": refs["grad_acc"]}, n=n, value=0.0)
-                elif o.adam:
-                    steps.add(self, "adam_upd_f32", {
-                        **refs, "m": layer.ref(u.name, "adam_m"),
-                        "v": layer.ref(u.name, "adam_v")},
-                        n=n, batch=o.images, decay=o.decay, b1=o.b1, b2=o.b2, eps=o.eps,
-                        lr_scale=1.0)
-                else:
-                    steps.add(self, "sgd_upd_f32", refs, n=n, batch=o.images,
-                              apply_decay=int(u.name == "weights"), decay=o.decay,
-                              momentum=o.momentum, lr_scale=u.lr_scale)
-        except BaseException:
-            steps.release()
-            raise
-        return steps
-
-    def training_coverage(self) -> list[LayerPlacement]:
-        """Per layer, where its training steps run (after a training program was built):
-        "kernels", or "fallback" with the reason."""
-        fallback = self._training_fallback
-        if fallback is None:
-            raise ArgumentError("no training program has been built yet")
-        return [LayerPlacement(spec.index, spec.kind, "fallback", reason=fallback[spec.index])
-                if spec.index in fallback else
-                LayerPlacement(spec.index, spec.kind, "kernels")
-                for spec in self.specs]
-
     def close(self) -> None:
         """Releases every device buffer this backend holds."""
         self._drop_programs()
@@ -528,39 +389,6 @@ class GpuBackend:
         for _, buf in self._wrapped.values():
             buf.release()
         self._wrapped = {}
-
-
-def _clear_on_device(e: LayerEmitter, t: Tensor) -> None:
-    n = int(np.prod(e.shape(t)))
-    e.kernel("fill_buf_f32", {"x": t}, {"n": n}, n=n, value=0.0)
-
-
-class _ParamSizes(Mapping[Param, int]):
-    """Bytes of each array a training program may bind: the inference parameters' buffers
-    and the training state's arrays (looked up when bound: kept arrays appear as the ops
-    declare them)."""
-
-    def __init__(self, buffers: Mapping[Param, Any], state: TrainState) -> None:
-        self.buffers = buffers
-        self.state = state
-
-    def __getitem__(self, ref: Param) -> int:
-        if not ref.group:
-            return int(self.buffers[ref].nbytes)
-        return int(self.state.layer(ref.layer).group(ref.group)[ref.name].nbytes)
-
-    def __contains__(self, ref: object) -> bool:
-        try:
-            self[ref]  # type: ignore[index]
-        except (KeyError, AttributeError, TypeError):
-            return False
-        return True
-
-    def __iter__(self) -> Iterator[Param]:
-        return iter(self.buffers)
-
-    def __len__(self) -> int:
-        return len(self.buffers)
 
 
 def _never_run(reads: list[Any], writes: list[Any]) -> list[Any]:
