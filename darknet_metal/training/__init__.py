@@ -10,5 +10,6 @@ reaches a network only through ``trainer.TrainableNetwork``).
 """
 
 from darknet_metal.training.schedule import learning_rate
+from darknet_metal.training.trainer import Gradients, StepReport, Trainer
 
-__all__ = ["learning_rate"]
+__all__ = ["Gradients", "StepReport", "Trainer", "learning_rate"]
