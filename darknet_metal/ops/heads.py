@@ -16,6 +16,7 @@ from darknet_metal.model.cfg import Section
 from darknet_metal.model.cfg_schema import IOU_LOSSES
 from darknet_metal.ops.base import Op, Shape, as_rows, emit_input_gradient
 from darknet_metal.ops.key_dispositions import DATA, IMPLEMENTED, INFERENCE_ONLY
+from darknet_metal.ops.loss import emit_device_add_into_input, emit_device_loss
 from darknet_metal.runtime.program import LayerEmitter
 
 if TYPE_CHECKING:
@@ -78,25 +79,6 @@ class SoftmaxOp(Op):
         rows = e.batch * groups
         e.kernel("softmax_fwd_f32", {"x": e.inputs[0], "y": e.output}, {"rows": rows},
                  rows=rows, n=self.out_size // groups, temperature=self.values["temperature"])
-
-
-def emit_device_loss(e: LayerEmitter, ts: LayerTrainState, kernel: str, name: str) -> None:
-    """A loss head's training forward on the device: ``kernel`` (softmax cross-entropy or
-    sse) writes the layer's delta (truth minus prediction) and the per-element loss into
-    ``ts.extra[name]``, from its output and the mini-batch's truths."""
-    n = e.batch * e.spec.out_size
-    ts.truth(e.batch)
-    ts.buffer(name, (e.batch, e.spec.out_size))
-    e.kernel(kernel, {"pred": e.output, "truth": ts.ref("truth", "extra"),
-                      "delta": e.own_delta(), "loss": ts.ref(name, "extra")}, {"n": n}, n=n)
-
-
-def emit_device_add_into_input(e: LayerEmitter, scale: float) -> None:
-    """Backward of a loss head: its delta, times ``scale``, added into its input's."""
-    into = e.input_delta(0)
-    if into is not None:
-        n = int(np.prod(e.shape(e.delta)))
-        e.kernel("add_buf_f32", {"src": e.delta, "dst": into}, {"n": n}, n=n, scale=scale)
 
 
 class YoloOp(Op):

@@ -12,8 +12,8 @@ import numpy as np
 from darknet_metal.cpu import dropout
 from darknet_metal.cpu import heads as cpu_heads
 from darknet_metal.ops.base import Op, as_rows, emit_input_gradient
-from darknet_metal.ops.heads import emit_device_add_into_input, emit_device_loss
 from darknet_metal.ops.key_dispositions import IMPLEMENTED
+from darknet_metal.ops.loss import emit_device_add_into_input, emit_device_loss
 from darknet_metal.runtime.program import LayerEmitter, Tensor
 
 if TYPE_CHECKING:
