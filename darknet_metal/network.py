@@ -373,7 +373,8 @@ class Network:
         ``random=1`` does between iterations: the parameters (on the device too), rolling
         statistics and training state (accumulators, momentum, moments, counters) are kept;
         the training program of each size is built once and kept (up to
-        ``training.plans.MAX_TRAINING_PLANS``), and bound to memory the previous size's frees.
+        ``runtime.program_cache.MAX_TRAINING_PROGRAMS``), and bound to memory the previous
+        size's frees.
         Raises ``CfgError`` for a size the layers cannot take, ``ArgumentError`` when a
         layer's parameters depend on the size (a ``[connected]`` layer) and
         ``MemoryLimitError`` when training at the new size would not fit; the network is then

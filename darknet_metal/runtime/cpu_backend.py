@@ -107,7 +107,7 @@ class CpuBackend:
         #: ``time.monotonic_ns()`` readings at which the last pass's compute started and
         #: finished (without per-layer timings, one GIL-free loop in between).
         self.last_pass_ns: tuple[int, int] = (0, 0)
-        self._training_plans: TrainingPrograms[Program] = TrainingPrograms()
+        self._training_programs: TrainingPrograms[Program] = TrainingPrograms()
         self.events = ExecutorEvents()
         self.load_params(params)
 
@@ -186,7 +186,7 @@ class CpuBackend:
         ``cpu_training_program``), not bound to memory yet; kept per input size
         (``TrainingPrograms``)."""
         key = (self.specs[0].in_shape, batch, first_backward, keep_all)
-        return self._training_plans.get(state, key, lambda: cpu_training_program(
+        return self._training_programs.get(state, key, lambda: cpu_training_program(
             self.specs, state, batch, first_backward=first_backward, keep_all=keep_all,
             itemsize=self.dtype.itemsize))
 
@@ -224,7 +224,7 @@ class CpuBackend:
     def close(self) -> None:
         """Frees the planned memory."""
         self._programs.clear()
-        self._training_plans.clear()
+        self._training_programs.clear()
 
 
 def cpu_training_program(specs: Sequence[Layer], state: TrainState, batch: int, *,

@@ -122,7 +122,7 @@ class GpuBackend(GpuTraining):
         self._check_half(self._placements)
         self._training_state: TrainState | None = None
         self._training_fallback: dict[int, str] | None = None
-        self._training_plans: TrainingPrograms[tuple[Program, dict[int, str]]] = (
+        self._training_programs: TrainingPrograms[tuple[Program, dict[int, str]]] = (
             TrainingPrograms())
         self._wrapped: dict[Param, tuple[np.ndarray, Any]] = {}
         #: Pass rings of streams, by (program, kept outputs, depth).
@@ -384,7 +384,7 @@ class GpuBackend(GpuTraining):
     def close(self) -> None:
         """Releases every device buffer this backend holds."""
         self._drop_programs()
-        self._training_plans.clear()
+        self._training_programs.clear()
         self._release_params()
         for _, buf in self._wrapped.values():
             buf.release()

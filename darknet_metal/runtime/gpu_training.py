@@ -32,7 +32,7 @@ class GpuTraining:
     simd: bool
     storage: str
     _params: dict[Param, Any]
-    _training_plans: TrainingPrograms[tuple[Program, dict[int, str]]]
+    _training_programs: TrainingPrograms[tuple[Program, dict[int, str]]]
     _training_state: TrainState | None
     _training_fallback: dict[int, str] | None
 
@@ -90,7 +90,7 @@ class GpuTraining:
             raise DeviceError("training runs in float32; this backend holds half "
                               "(precision='fp16')")
         key = (self.specs[0].in_shape, batch, first_backward, keep_all)
-        program, fallback = self._training_plans.get(
+        program, fallback = self._training_programs.get(
             state, key, lambda: self._build_training(state, batch, first_backward, keep_all))
         self._training_state = state
         self._training_fallback = fallback
