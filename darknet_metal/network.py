@@ -112,20 +112,22 @@ class Network:
         a cfg can be inspected without running it). Its inference copies of the parameters
         may be older than ``params`` after ``params_changed``; ``inference_executor`` brings
         them up to date. Use it under ``exclusive()``."""
-        if self._executor is None:
-            self._executor = _make_backend(self.device, self.layers, self.params, self.dtype,
-                                           self.precision)
-            self._params_stale = False
-        return self._executor
+        with self._lock:
+            if self._executor is None:
+                self._executor = _make_backend(self.device, self.layers, self.params,
+                                               self.dtype, self.precision)
+                self._params_stale = False
+            return self._executor
 
     def inference_executor(self) -> Backend:
         """``executor`` with its inference copies of the parameters rebuilt if the parameters
         changed since they were made (``params_changed``). Use it under ``exclusive()``."""
-        executor = self.executor
-        if self._params_stale:
-            self._params_stale = False
-            executor.load_params(self.params)
-        return executor
+        with self._lock:
+            executor = self.executor
+            if self._params_stale:
+                self._params_stale = False
+                executor.load_params(self.params)
+            return executor
 
     def params_changed(self) -> None:
         """Says that ``params`` were changed in place (a training update, restored or
