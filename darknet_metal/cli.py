@@ -149,10 +149,10 @@ def _parser() -> argparse.ArgumentParser:
         "doctor",
         help="check the Metal path on this machine",
         description=(
-            "Print the device facts, build every kernel pipeline, compare every kernel and "
-            "a yolov3-tiny network with the CPU reference on the device (Metal when "
-            "available, else its CPU emulator) and print a report to paste into a bug "
-            "report. Exits 1 if anything fails."
+            "Print the device facts, build every kernel pipeline, compare every kernel (the "
+            "cases the kernel tests run) and a yolov3-tiny network with the CPU reference "
+            "on the device (Metal when available, else its CPU emulator) and print a "
+            "report to paste into a bug report. Exits 1 if anything fails."
         ),
     )
     doctor.add_argument(

@@ -1,5 +1,6 @@
 """Builds every ``shaders/*.metal`` file into one emulator library (once per session, objects
-cached by content hash) and dispatches registry kernels from NumPy arrays."""
+cached by content hash) and dispatches registry kernels from NumPy arrays (``Runner``), or runs
+the kernel cases there (``HarnessDevice``: a build other than the shim's, -ffast-math)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,47 @@ class Runner:
         packed = np.frombuffer(registry.ARGS[k.args].pack(**args), np.uint8).copy()
         grid, group = k.grid.dispatch(**sizes)
         self.emu.dispatch(name, [packed, *bound], grid, group, order=order, seed=seed)
+
+
+class HostBuffer:
+    """A device buffer of ``HarnessDevice``: bytes on the host, which the kernels use in
+    place."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def read_into(self, out: np.ndarray) -> None:
+        out.reshape(-1).view(np.uint8)[:] = self.data[: out.nbytes]
+
+    def release(self) -> None:
+        """Nothing to give back: the bytes go with the object."""
+
+
+class HarnessDevice:
+    """An emulator library built here (``build_library``: the IEEE or the -ffast-math one) as
+    the device ``run_case`` dispatches to, so that the kernel cases run on either build."""
+
+    def __init__(self, emu: emu_harness.Emu) -> None:
+        self.emu = emu
+        self.order, self.seed = "forward", 7
+
+    def set_thread_order(self, order: str, seed: int = 0) -> None:
+        self.order, self.seed = order, seed
+
+    def upload(self, array: np.ndarray) -> HostBuffer:
+        return HostBuffer(np.ascontiguousarray(array).reshape(-1).view(np.uint8).copy())
+
+    def buffer(self, nbytes: int) -> HostBuffer:
+        return HostBuffer(np.zeros(nbytes, np.uint8))
+
+    def dispatch(self, name: str, args: bytes, buffers: tuple[HostBuffer, ...],
+                 grid: tuple[int, int, int], group: tuple[int, int, int],
+                 offsets: tuple[int, ...] | None = None) -> None:
+        at = offsets or (0,) * len(buffers)
+        bound = [b.data[o:] for b, o in zip(buffers, at, strict=True)]
+        self.emu.dispatch(name, [np.frombuffer(args, np.uint8).copy(), *bound], grid, group,
+                          order=self.order, seed=self.seed)

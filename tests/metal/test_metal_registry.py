@@ -62,6 +62,16 @@ def test_name_grammar_and_dtype_last(name):
     assert registry.KERNELS[name].name == name
 
 
+def test_every_half_twin_is_declared_from_its_float_kernel():
+    for name in registry.HALF_TWINS:
+        f32, f16 = registry.KERNELS[name], registry.KERNELS[registry.half_name(name)]
+        assert (f16.source, f16.args, f16.grid, f16.roles) == (f32.source, f32.args, f32.grid,
+                                                               f32.roles)
+        for a, b in zip(f32.bindings, f16.bindings, strict=True):
+            assert b.dtype == ("f16" if a.dtype == "f32" else a.dtype)
+            assert b.itemsize == (2 if a.dtype == "f32" else 4)
+
+
 def test_grammar_rejects_bad_names():
     for bad in (
         "gemm_f32",
