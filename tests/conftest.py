@@ -1,9 +1,26 @@
-"""Shared fixtures: paths into ../shared and the real yolov3-tiny."""
+"""Shared fixtures: the devices, paths into ../shared and the real yolov3-tiny."""
 
 import json
 
 import pytest
+from devices import DEVICES, GPU_DEVICES, require
 from shared_paths import GOLDEN, YOLOV3_TINY
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """Each device of devices.DEVICES in turn (test ids ``[cpu]``, ``[emu]``); skipped
+    where that device is not available."""
+    require(request.param)
+    return request.param
+
+
+@pytest.fixture(params=GPU_DEVICES)
+def gpu_device(request):
+    """Each Metal device of devices.GPU_DEVICES in turn (test id ``[emu]``); skipped where
+    that device is not available."""
+    require(request.param)
+    return request.param
 
 
 @pytest.fixture(scope="session")

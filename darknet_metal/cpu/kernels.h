@@ -57,7 +57,7 @@ DM_INLINE unsigned int dm_bits_from_f32(float f)
  * applied as two exact power-of-two factors so the result rounds once even when it is
  * subnormal. x is clamped to [-104, 89] first: e^x is +inf above ~88.72 and 0 below ~-103.97
  * as the correctly rounded function gives; NaN stays NaN. Relative error at most 8.2e-8
- * (every 97th float with |x| <= 87.3 against double exp); tests/test_cpu_fused_activations.py
+ * (every 97th float with |x| <= 87.3 against double exp); tests/cpu/test_cpu_fused_activations.py
  * bounds the activations built on it. */
 DM_INLINE float dm_expf(float x)
 {

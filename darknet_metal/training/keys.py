@@ -14,8 +14,8 @@ used). Here every key that affects training has one of these dispositions, check
 
 The ``[net]`` keys and the keys every layer takes are tabled here; each op lists its kind's
 own in ``training_keys`` (key -> one of these, or the reason it is refused); the keys it does
-not list shape the network and train as they infer. ``tests/test_training_keys.py`` holds the
-tables against the schema.
+not list shape the network and train as they infer. ``tests/training/test_training_keys.py``
+holds the tables against the schema.
 """
 
 from __future__ import annotations

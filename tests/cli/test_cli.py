@@ -25,11 +25,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from shared_paths import ROOT, SHARED
 
 from darknet_metal.cli import format_detections, main
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 MODEL_DIR = SHARED / "models" / "yolov3-tiny"
 DOG = SHARED / "images" / "dog.jpg"
 COFFEE = SHARED / "images" / "coffee.png"
@@ -364,7 +363,7 @@ def test_format_follows_darknet_printf() -> None:
 def test_python_dash_m_reports_errors_in_one_line(tmp_path: Path) -> None:
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     )
     cfg = tmp_path / "missing.cfg"
     proc = subprocess.run(

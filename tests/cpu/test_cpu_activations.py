@@ -1,7 +1,7 @@
 """Tests of the Cython activations (darknet_metal.cpu.activations).
 
-References, all written here independently of the code under test:
-- the mathematical definitions in NumPy float64 (tolerance-based);
+References, all written independently of the code under test:
+- the mathematical definitions in NumPy float64 (tolerance-based; in reference.py);
 - Darknet's float32 arithmetic replayed scalar by scalar with NumPy float32 operations and
   the C library's expf/logf/tanhf/powf through ctypes (must agree bit for bit);
 - finite differences for the derivatives (float64);
@@ -16,14 +16,11 @@ import importlib.util
 
 import numpy as np
 import pytest
+from opencv_ref import opencv_layer_outputs, write_darknet_weights
+from reference import NP_ACTIVATIONS, np_normalize_channels
 
 from darknet_metal.cpu import activations as act
 from darknet_metal.model.activations import ACTIVATIONS
-
-try:
-    from opencv_ref import opencv_layer_outputs, write_darknet_weights
-except ImportError:  # tests/ imported as a package
-    from tests.opencv_ref import opencv_layer_outputs, write_darknet_weights
 
 f32 = np.float32
 SHAPES = [(2, 3, 5, 7), (2, 5, 1, 13), (2, 7, 13, 1), (2, 3, 13, 13)]
@@ -42,49 +39,7 @@ HAVE_CV2_DARKNET = _have_cv2_darknet()
 
 
 # ---------------------------------------------------------------------------------------
-# Mathematical references (float64).
-
-
-def _softplus(x):
-    return np.logaddexp(0.0, x)
-
-
-REFERENCE = {
-    "linear": lambda x: x,
-    "leaky": lambda x: np.where(x > 0, x, 0.1 * x),
-    "revleaky": lambda x: np.where(x > 0, x, 0.1 * x),
-    "relu": lambda x: np.maximum(x, 0.0),
-    "relu6": lambda x: np.clip(x, 0.0, 6.0),
-    "logistic": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "loggy": lambda x: 2.0 / (1.0 + np.exp(-x)) - 1.0,
-    "tanh": np.tanh,
-    "elu": lambda x: np.where(x >= 0, x, np.expm1(np.minimum(x, 0.0))),
-    "selu": lambda x: np.where(x >= 0, 1.0507 * x, 1.0507 * 1.6732 * np.expm1(np.minimum(x, 0))),
-    "gelu": lambda x: 0.5 * x * (1.0 + np.tanh(0.797885 * x + 0.035677 * x**3)),
-    "mish": lambda x: x * np.tanh(_softplus(x)),
-    "swish": lambda x: x / (1.0 + np.exp(-x)),
-    "hard_mish": lambda x: np.where(x > 0, x, np.where(x > -2, x * x / 2 + x, 0.0)),
-    "hardtan": lambda x: np.clip(x, -1.0, 1.0),
-    "lhtan": lambda x: np.where(x < 0, 0.001 * x, np.where(x > 1, 0.001 * (x - 1) + 1, x)),
-    "plse": lambda x: np.where(
-        x < -4, 0.01 * (x + 4), np.where(x > 4, 0.01 * (x - 4) + 1, 0.125 * x + 0.5)
-    ),
-    "stair": lambda x: np.where(
-        np.floor(x) % 2 == 0, np.floor(x / 2), (x - np.floor(x)) + np.floor(x / 2)
-    ),
-    "ramp": lambda x: np.maximum(x, 0.0) + 0.1 * x,
-    "relie": lambda x: np.where(x > 0, x, 0.01 * x),
-}
-
-
-def _channel_reference(name, x):
-    """Darknet's normalize_channels* on (N, C, ...) in float64, eps 1e-4 in the sum."""
-    if name == "normalize_channels":
-        pos = np.maximum(x, 0.0)
-        return pos / (1e-4 + pos.sum(axis=1, keepdims=True))
-    shift = x.max(axis=1, keepdims=True) if name.endswith("maxval") else 0.0
-    e = np.exp(x - shift)
-    return e / (1e-4 + e.sum(axis=1, keepdims=True))
+# Inputs (the float64 definitions are NP_ACTIVATIONS in reference.py).
 
 
 def _inputs(shape, seed, scale=5.0):
@@ -181,7 +136,7 @@ DARKNET_F32 = {
 
 
 def test_every_activation_has_a_reference():
-    assert set(REFERENCE) == set(ELEMENTWISE)
+    assert set(NP_ACTIVATIONS) == set(ELEMENTWISE)
     assert set(DARKNET_F32) == set(ELEMENTWISE)
 
 
@@ -190,7 +145,7 @@ def test_every_activation_has_a_reference():
 def test_elementwise_matches_numpy_definition(name, dtype):
     for k, shape in enumerate(SHAPES):
         x = _inputs(shape, k).astype(dtype)
-        ref = REFERENCE[name](x.astype(np.float64))
+        ref = NP_ACTIVATIONS[name](x.astype(np.float64))
         y = x.copy()
         act.activate(y, name)
         assert y.dtype == dtype
@@ -245,7 +200,7 @@ def test_channel_activations(name, dtype):
         x = _inputs(shape, 10 + k, scale=2.0).astype(dtype)
         y = x.copy()
         act.activate(y, name)
-        ref = _channel_reference(name, x.astype(np.float64))
+        ref = np_normalize_channels(name, x.astype(np.float64))
         tol = 2e-6 if dtype == np.float32 else 1e-13
         np.testing.assert_allclose(y, ref, rtol=tol, atol=tol, err_msg=name)
 
@@ -279,7 +234,7 @@ def test_two_dimensional_input_is_n_f_1_1():
         np.testing.assert_array_equal(flat, four_d.reshape(3, 11))
     y = x.copy()
     act.activate(y, "normalize_channels")
-    np.testing.assert_allclose(y, _channel_reference("normalize_channels", x), rtol=1e-13)
+    np.testing.assert_allclose(y, np_normalize_channels("normalize_channels", x), rtol=1e-13)
 
 
 @pytest.mark.parametrize("name", ["leaky", "mish", "gelu", "logistic"])
@@ -325,7 +280,7 @@ def test_gradient_matches_finite_differences(name):
     x = np.where(np.abs(x) < 0.05, 0.5, x)  # away from the kink of elu/selu at 0
     if name == "hard_mish":
         x = np.where(np.abs(x + 2) < 0.05, -1.0, x)
-    f = _gelu_darknet_gradient_formula if name == "gelu" else REFERENCE[name]
+    f = _gelu_darknet_gradient_formula if name == "gelu" else NP_ACTIVATIONS[name]
     h = 1e-5
     numeric = (f(x + h) - f(x - h)) / (2 * h)
     arg = x.copy() if name in INPUT_BASED else f(x)
@@ -358,7 +313,7 @@ def test_piecewise_gradient_from_output(name, dtype):
     x = rng.uniform(-9, 9, size=(2, 5, 1, 13))
     # Stay off the kinks and, for stair, off outputs that are whole numbers.
     x = np.where(np.abs(x - np.round(x)) < 0.05, x + 0.3, x)
-    y = REFERENCE[name](x).astype(dtype)
+    y = NP_ACTIVATIONS[name](x).astype(dtype)
     delta = rng.uniform(-2, 2, size=x.shape).astype(dtype)
     expected = delta.astype(np.float64) * PIECEWISE_DERIVATIVE[name](x)
     act.gradient(y, name, delta)
@@ -369,7 +324,7 @@ def test_piecewise_gradient_from_output(name, dtype):
 def test_channel_gradient_is_darknets(name):
     rng = np.random.default_rng(13)
     x = rng.standard_normal((2, 5, 3, 4))
-    y = _channel_reference(name, x)
+    y = np_normalize_channels(name, x)
     delta = rng.standard_normal(x.shape)
     g = (y * delta).sum(axis=1, keepdims=True)
     mask = (y > 0) if name == "normalize_channels" else np.ones_like(y, dtype=bool)

@@ -5,49 +5,12 @@ argument checks."""
 import numpy as np
 import pytest
 from grad_check import numeric_grad, rel_err
+from reference import np_batchnorm_backward, np_batchnorm_forward, per_channel
 
 from darknet_metal.cpu import batchnorm as bn
 from darknet_metal.errors import ArgumentError
 
 SHAPES = [(3, 4, 3, 5), (5, 6)]  # a convolution's (N, C, H, W), a connected layer's (N, C)
-
-
-def axes_of(x):
-    return (0, 2, 3) if x.ndim == 4 else (0,)
-
-
-def per_channel(v, x):
-    return v.reshape((1, -1, 1, 1) if x.ndim == 4 else (1, -1))
-
-
-def numpy_forward(x, scale, bias, eps):
-    """Darknet's forward_batchnorm_layer in training mode, in float64."""
-    x = x.astype(np.float64)
-    axes = axes_of(x)
-    n = x.size // x.shape[1]
-    mean = x.mean(axis=axes)
-    var = ((x - per_channel(mean, x)) ** 2).sum(axis=axes) / (n - 1)
-    x_norm = (x - per_channel(mean, x)) / np.sqrt(per_channel(var, x) + eps)
-    return mean, var, x_norm, x_norm * per_channel(scale, x) + per_channel(bias, x)
-
-
-def numpy_backward(delta, x, mean, var, x_norm, scale, eps):
-    """Darknet's CPU backward_batchnorm_layer (and the golden build's bias gradient), in
-    float64: returns (delta with respect to x, scale gradient, bias gradient). The first
-    term's eps sits outside the root and the variance term divides by N, not N - 1, so
-    this is not quite the derivative of numpy_forward (test_darknet_formulas_*)."""
-    delta, x = delta.astype(np.float64), x.astype(np.float64)
-    axes = axes_of(x)
-    n = x.size // x.shape[1]
-    bias_grad = delta.sum(axis=axes)
-    scale_grad = (delta * x_norm).sum(axis=axes)
-    d = delta * per_channel(scale, x)
-    centred = x - per_channel(mean, x)
-    mean_delta = d.sum(axis=axes) * (-1 / np.sqrt(var + eps))
-    var_delta = (d * centred).sum(axis=axes) * -0.5 * (var + eps) ** -1.5
-    d = (d / (np.sqrt(per_channel(var, x)) + eps) + per_channel(var_delta, x) * 2 * centred / n
-         + per_channel(mean_delta, x) / n)
-    return d, scale_grad, bias_grad
 
 
 def make(shape, dtype, seed=0):
@@ -81,7 +44,7 @@ def test_forward_matches_numpy(shape, dtype, momentum):
     r_var0 = rng.uniform(0, 2, shape[1]).astype(dtype)
     rolling = (r_mean0.copy(), r_var0.copy())
     got = run_forward(x, scale, bias, momentum=momentum, rolling=rolling)
-    want = numpy_forward(x, scale, bias, bn.EPS)
+    want = np_batchnorm_forward(x, scale, bias, bn.EPS)
     tol = 2e-6 if dtype == np.float32 else 1e-13
     for g, w in zip(got, want, strict=True):
         assert g.dtype == dtype
@@ -140,7 +103,7 @@ def test_darknet_formulas_match_numpy_and_accumulate(shape, dtype):
     start = rng.standard_normal((2, shape[1])).astype(dtype)
     grads = start[0].copy(), start[1].copy()
     got = backward(delta, x, mean, var, x_norm, scale, bn.EPS, False, grads)
-    want = numpy_backward(delta, x, mean.astype(np.float64), var.astype(np.float64),
+    want = np_batchnorm_backward(delta, x, mean.astype(np.float64), var.astype(np.float64),
                           x_norm.astype(np.float64), scale.astype(np.float64), bn.EPS)
     tol = 1e-5 if dtype == np.float32 else 1e-12
     assert rel_err(got[0], want[0]) < tol
@@ -159,7 +122,7 @@ def test_darknet_formulas_differ_from_the_exact_gradient():
         darknet = backward(r, x, mean, var, x_norm, scale, 0.0, False)[0]
         exact = backward(r, x, mean, var, x_norm, scale, 0.0, True)[0]
         assert low < rel_err(darknet, exact) < high
-        want = numpy_backward(r, x, mean, var, x_norm, scale, 0.0)[0]
+        want = np_batchnorm_backward(r, x, mean, var, x_norm, scale, 0.0)[0]
         assert rel_err(darknet, want) < 1e-12
 
 

@@ -1,6 +1,6 @@
 """The native steps of [route], [shortcut], [scale_channels] and [sam].
 
-References: NumPy slicing and formulas written here, and Darknet's float32 arithmetic
+References: NumPy slicing and formulas (reference.py), and Darknet's float32 arithmetic
 replayed operation by operation in NumPy float32 (for the normalisations without exp).
 Steps are run both alone and through ``StepList``, the executor's GIL-free loop.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference import np_shortcut, np_shortcut_darknet_f32
 
 import darknet_metal as dm
 from darknet_metal.cpu import combine, executor, route, step
@@ -118,28 +119,6 @@ def test_route_step_refuses_out_sharing_memory_with_src():
 # shortcut
 
 
-def np_shortcut(x, sources, weights, wtype, norm):
-    c = x.shape[1]
-    k = len(sources) + 1
-    if wtype == "none":
-        wt = np.ones((k, c))
-    elif wtype == "per_feature":
-        wt = np.repeat(np.asarray(weights, np.float64).reshape(k, 1), c, axis=1)
-    else:
-        wt = np.asarray(weights, np.float64).reshape(k, c)
-    if norm == "relu":
-        r = np.maximum(wt, 0.0)
-        wt = r / (1e-4 + r.sum(axis=0))
-    elif norm == "softmax":
-        e = np.exp(wt - wt.max(axis=0))
-        wt = e / (1e-4 + e.sum(axis=0))
-    out = x.astype(np.float64) * wt[0][None, :, None, None]
-    for i, s in enumerate(sources):
-        m = min(c, s.shape[1])
-        out[:, :m] += s[:, :m].astype(np.float64) * wt[i + 1][None, :m, None, None]
-    return out
-
-
 # Channel counts of the sources: more than the four a weighted first step binds or the six
 # of an unweighted one, so the sum takes several steps; some wider and some narrower than x.
 MANY = [5, 3, 7, 5, 1, 6, 5, 2, 5, 8, 4, 5, 5, 3]
@@ -178,30 +157,6 @@ def test_shortcut_with_many_sources(wtype, norm, count, dtype):
     np.testing.assert_array_equal(inplace, out)
 
 
-def _darknet_shortcut_f32(x, sources, weights, wtype, norm):
-    """shortcut_multilayer_cpu's float32 operations one by one (relu or no normalisation)."""
-    f = np.float32
-    c = x.shape[1]
-    k = len(sources) + 1
-    w = np.asarray(weights, f).reshape(k, -1) if wtype != "none" else None
-    table = np.empty((k, c), f)
-    for ch in range(c):
-        col = w[:, ch if wtype == "per_channel" else 0] if w is not None else np.ones(k, f)
-        if norm == "relu":
-            total = f(0.0001)
-            for v in col:
-                total = f(total + max(v, f(0)))
-            table[:, ch] = [f(max(v, f(0)) / total) for v in col]
-        else:
-            table[:, ch] = col
-    out = (x * table[0][None, :, None, None]).astype(f) if w is not None else x.copy()
-    for i, s in enumerate(sources):
-        m = min(c, s.shape[1])
-        add = s[:, :m] * table[i + 1][None, :m, None, None] if w is not None else s[:, :m]
-        out[:, :m] = out[:, :m] + add.astype(f)
-    return out
-
-
 @pytest.mark.parametrize("wtype,norm", [("none", "none"), ("per_feature", "relu"),
                                         ("per_channel", "none"), ("per_channel", "relu")])
 def test_shortcut_chain_is_darknets_float32_arithmetic(wtype, norm):
@@ -214,7 +169,7 @@ def test_shortcut_chain_is_darknets_float32_arithmetic(wtype, norm):
         weights = np.random.default_rng(5).uniform(-1.5, 1.5, size).astype(np.float32)
     out = np.empty_like(x)
     _run(combine.shortcut_step(x, sources, weights, wtype, norm, out))
-    np.testing.assert_array_equal(out, _darknet_shortcut_f32(x, sources, weights, wtype, norm))
+    np.testing.assert_array_equal(out, np_shortcut_darknet_f32(x, sources, weights, wtype, norm))
 
 
 @pytest.mark.parametrize("count", [1, 9])

@@ -2,40 +2,13 @@
 
 import numpy as np
 import pytest
+from reference import np_conv
 
 from darknet_metal.cpu import conv, im2col, winograd
 from darknet_metal.model.activations import ACTIVATION_ID
 
 LINEAR = ACTIVATION_ID["linear"]
 LEAKY = ACTIVATION_ID["leaky"]
-
-
-def reference_conv(x, w, b, size, sx, sy, pad, dilation, groups):
-    """Direct convolution: zero padding of pad*dilation, taps every `dilation` pixels."""
-    n, c, h, wd = x.shape
-    f = w.shape[0]
-    w4 = w.reshape(f, c // groups, size, size).astype(np.float64)
-    p = pad * dilation
-    xp = np.zeros((n, c, h + 2 * p, wd + 2 * p))
-    xp[:, :, p : p + h, p : p + wd] = x
-    oh = (h + 2 * p - dilation * (size - 1) - 1) // sy + 1
-    ow = (wd + 2 * p - dilation * (size - 1) - 1) // sx + 1
-    out = np.zeros((n, f, oh, ow))
-    cg, fg = c // groups, f // groups
-    for g in range(groups):
-        xs = xp[:, g * cg : (g + 1) * cg]
-        for ky in range(size):
-            for kx in range(size):
-                patch = xs[
-                    :,
-                    :,
-                    ky * dilation : ky * dilation + sy * (oh - 1) + 1 : sy,
-                    kx * dilation : kx * dilation + sx * (ow - 1) + 1 : sx,
-                ]
-                out[:, g * fg : (g + 1) * fg] += np.einsum(
-                    "fc,nchw->nfhw", w4[g * fg : (g + 1) * fg, :, ky, kx], patch
-                )
-    return out + b.reshape(1, f, 1, 1)
 
 
 CASES = [
@@ -63,7 +36,7 @@ def test_conv2d_matches_direct_convolution(case, dtype):
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     wt = rng.standard_normal((f, c // groups * size * size)).astype(dtype)
     b = rng.standard_normal(f).astype(dtype)
-    ref = reference_conv(x, wt, b, size, sx, sy, pad, dilation, groups)
+    ref = np_conv(x, wt, b, size, sx, sy, pad, dilation, groups)
     out = np.full((n, f, *ref.shape[2:]), np.nan, dtype)
     ws = np.empty(conv.workspace_size(c, size, groups, *ref.shape[2:]), dtype)
     conv.conv2d_forward(x, wt, b, out, ws, size, sx, sy, pad, dilation, groups, LINEAR)
@@ -143,7 +116,7 @@ def test_winograd_matches_direct_convolution(shape, dtype):
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
     wt = rng.standard_normal((f, c * 9)).astype(dtype)
     b = rng.standard_normal(f).astype(dtype)
-    ref = reference_conv(x, wt, b, 3, 1, 1, 1, 1, 1)
+    ref = np_conv(x, wt, b, 3, 1, 1, 1, 1, 1)
     out = np.full((n, f, h, w), np.nan, dtype)
     ws = np.empty(winograd.workspace_size(c, f, h, w), dtype)
     winograd.winograd_forward(x, winograd.transform_filters(wt, c), b, out, ws, LEAKY)

@@ -4,6 +4,7 @@ references, accumulation, dtypes, determinism and argument checks."""
 import numpy as np
 import pytest
 from grad_check import numeric_grad, rel_err
+from reference import np_conv_grads
 
 from darknet_metal.cpu import batchnorm as bn
 from darknet_metal.cpu import conv, executor, im2col
@@ -50,32 +51,6 @@ def forward(x, wt, geom, out_shape):
     return out
 
 
-def reference_grads(x, wt, delta, size, sx, sy, pad, dilation, groups):
-    """The weight and input gradients of sum(conv(x, wt) * delta), by shifted slices."""
-    n, c, h, w = x.shape
-    f = wt.shape[0]
-    cg, fg = c // groups, f // groups
-    oh, ow = delta.shape[2:]
-    p = pad * dilation
-    xp = np.zeros((n, c, h + 2 * p + size * dilation, w + 2 * p + size * dilation))
-    xp[:, :, p:p + h, p:p + w] = x
-    gp = np.zeros_like(xp)
-    w4 = wt.astype(np.float64).reshape(f, cg, size, size)
-    wgrad = np.zeros_like(w4)
-    for g in range(groups):
-        dg = delta[:, g * fg:(g + 1) * fg].astype(np.float64)
-        chans = slice(g * cg, (g + 1) * cg)
-        for ky in range(size):
-            for kx in range(size):
-                rows = slice(ky * dilation, ky * dilation + sy * (oh - 1) + 1, sy)
-                cols = slice(kx * dilation, kx * dilation + sx * (ow - 1) + 1, sx)
-                wgrad[g * fg:(g + 1) * fg, :, ky, kx] = np.einsum(
-                    "nfhw,nchw->fc", dg, xp[:, chans, rows, cols])
-                gp[:, chans, rows, cols] += np.einsum(
-                    "nfhw,fc->nchw", dg, w4[g * fg:(g + 1) * fg, :, ky, kx])
-    return wgrad.reshape(f, -1), gp[:, :, p:p + h, p:p + w]
-
-
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 def test_conv_gradients_match_finite_differences(geometry):
     x, wt, delta, ws, geom = make_case(geometry, np.float64)
@@ -96,7 +71,7 @@ def test_conv_gradients_match_finite_differences(geometry):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_conv_gradients_accumulate_and_match_numpy(geometry, dtype):
     x, wt, delta, ws, geom = make_case(geometry, dtype, seed=1)
-    ref_w, ref_x = reference_grads(x, wt, delta, *geom)
+    ref_w, ref_x = np_conv_grads(x, wt, delta, *geom)
     rng = np.random.default_rng(7)
     wgrad0 = rng.standard_normal(wt.shape).astype(dtype)
     xgrad0 = rng.standard_normal(x.shape).astype(dtype)
@@ -121,7 +96,7 @@ def test_conv_gradients_in_row_blocks(geometry):
     k = c // groups * size * size
     assert conv.backward_workspace_size(c, size, groups, oh, ow) < k * oh * ow
     x64, wt64, d64, _, geom = make_case(geometry, np.float64)
-    ref_w, ref_x = reference_grads(x64, wt64, d64, *geom)
+    ref_w, ref_x = np_conv_grads(x64, wt64, d64, *geom)
     results = []
     for dtype in (np.float64, np.float32, np.float32):
         x, wt, delta = x64.astype(dtype), wt64.astype(dtype), d64.astype(dtype)
@@ -151,7 +126,7 @@ def test_conv_backward_accepts_the_forward_workspace_and_none_for_1x1():
     x, wt, delta, _, geom = make_case((2, 4, 5, 3, 6, 1, 1, 1, 0, 1, 2), np.float64)
     xgrad = np.zeros_like(x)
     conv.conv2d_backward_input(wt, delta, xgrad, None, *geom)
-    assert rel_err(xgrad, reference_grads(x, wt, delta, *geom)[1]) < 1e-13
+    assert rel_err(xgrad, np_conv_grads(x, wt, delta, *geom)[1]) < 1e-13
 
 
 def test_conv_backward_steps_bind_and_rerun():

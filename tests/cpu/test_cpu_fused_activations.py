@@ -21,18 +21,15 @@ import sys
 
 import numpy as np
 import pytest
+from reference import NP_ACTIVATIONS
+from shared_paths import ROOT
 
 from darknet_metal.cpu import activations as act
 from darknet_metal.cpu import conv, winograd
 from darknet_metal.model.activations import ACTIVATIONS
 
-try:
-    from test_cpu_activations import REFERENCE
-except ImportError:  # tests/ imported as a package
-    from tests.test_cpu_activations import REFERENCE
-
-HEADER_DIR = pathlib.Path(__file__).resolve().parents[1] / "darknet_metal" / "cpu"
-FUSABLE = [a for a in ACTIVATIONS if a in REFERENCE and act.fusable(a)]
+HEADER_DIR = ROOT / "darknet_metal" / "cpu"
+FUSABLE = [a for a in ACTIVATIONS if a in NP_ACTIVATIONS and act.fusable(a)]
 # Computed with the same float operations as the scalar functions, no exp involved.
 EXACT = ["linear", "leaky", "revleaky", "relu", "relu6", "hard_mish", "hardtan", "lhtan",
          "plse", "ramp", "relie", "stair"]
@@ -115,7 +112,7 @@ def test_matches_float64_definition(name):
     y = fused(x, name).astype(np.float64)
     x64 = x.astype(np.float64)
     with np.errstate(all="ignore"):
-        ref = STABLE.get(name, REFERENCE[name])(x64)
+        ref = STABLE.get(name, NP_ACTIVATIONS[name])(x64)
     finite = np.isfinite(ref)
     assert np.isfinite(y[finite]).all() or name in ("elu", "selu"), name
     ok = finite & np.isfinite(y)

@@ -7,6 +7,7 @@ activations the kernels do not fuse, and NaN in max pooling.
 
 import numpy as np
 import pytest
+from reference import np_conv
 
 from darknet_metal.cpu import conv, pooling, winograd
 from darknet_metal.model.activations import ACTIVATION_ID
@@ -14,20 +15,6 @@ from darknet_metal.model.activations import ACTIVATION_ID
 LINEAR = ACTIVATION_ID["linear"]
 LEAKY = ACTIVATION_ID["leaky"]
 LOGISTIC = ACTIVATION_ID["logistic"]
-
-
-def conv3x3_reference(x, w, b):
-    """3x3, stride 1, pad 1 convolution in float64: sum over taps of shifted planes."""
-    n, c, h, wd = x.shape
-    f = w.shape[0]
-    w4 = w.reshape(f, c, 3, 3).astype(np.float64)
-    xp = np.zeros((n, c, h + 2, wd + 2))
-    xp[:, :, 1 : h + 1, 1 : wd + 1] = x
-    out = np.zeros((n, f, h, wd))
-    for ky in range(3):
-        for kx in range(3):
-            out += np.einsum("fc,nchw->nfhw", w4[:, :, ky, kx], xp[:, :, ky : ky + h, kx : kx + wd])
-    return out + b.reshape(1, f, 1, 1)
 
 
 def apply(act, ref):
@@ -59,7 +46,8 @@ def test_float32_3x3_few_channels_matches_reference(case, act):
     out = np.full((n, f, h, w), np.nan, np.float32)
     ws = np.empty(conv.workspace_size(c, 3, 1, h, w), np.float32)
     conv.conv2d_forward(x, wt, b, out, ws, 3, 1, 1, 1, 1, 1, act)
-    np.testing.assert_allclose(out, apply(act, conv3x3_reference(x, wt, b)), rtol=1e-4, atol=1e-4)
+    ref = np_conv(x, wt, b, 3, 1, 1, 1, 1, 1)
+    np.testing.assert_allclose(out, apply(act, ref), rtol=1e-4, atol=1e-4)
 
 
 # Tile rows of 66 and 131 tiles span two and three 64-tile chunks; odd sizes leave half tiles.
@@ -74,7 +62,7 @@ def test_float32_winograd_matches_reference(case, act):
     out = np.full((n, f, h, w), np.nan, np.float32)
     ws = np.empty(winograd.workspace_size(c, f, h, w), np.float32)
     winograd.winograd_forward(x, winograd.transform_filters(wt, c), b, out, ws, act)
-    ref = conv3x3_reference(x, wt, b)
+    ref = np_conv(x, wt, b, 3, 1, 1, 1, 1, 1)
     tol = 2e-6 * np.abs(ref).max()
     np.testing.assert_allclose(out, apply(act, ref), rtol=0, atol=tol)
 

@@ -7,13 +7,13 @@ down the other branches too: with the host compiler told it is not on Linux, and
 AArch64 cross compiler when installed.
 """
 
-import pathlib
 import shutil
 import subprocess
 
 import pytest
+from shared_paths import ROOT
 
-HEADER_DIR = pathlib.Path(__file__).resolve().parents[1] / "darknet_metal" / "cpu"
+HEADER_DIR = ROOT / "darknet_metal" / "cpu"
 
 
 _GEMM_THREADS_USE = """#include "gemm_threads.h"

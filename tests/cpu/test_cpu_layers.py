@@ -1,6 +1,6 @@
 """Tests of the Cython non-GEMM layers: pooling, resample, combine, heads.
 
-References: NumPy formulas written here (sliding windows over -inf padding, reshapes and
+References: NumPy formulas in reference.py (sliding windows over -inf padding, reshapes and
 transposes, broadcasting), OpenCV DNN's Darknet importer on tiny cfgs with weights files
 written here, hand-computed Darknet values, and the real Darknet's ``[yolo]`` outputs in
 ../shared/golden.
@@ -11,22 +11,28 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
+from opencv_ref import opencv_layer_names, opencv_layer_outputs, write_darknet_weights
+from reference import (
+    np_depth_to_space,
+    np_maxpool,
+    np_reorg_cpu,
+    np_reorg_old,
+    np_shortcut,
+    np_softmax,
+    np_space_to_depth,
+    np_upsample_reverse,
+    np_yolo,
+)
+from shared_paths import SHARED
 
 from darknet_metal.cpu import combine, executor, heads, pooling, resample
 from darknet_metal.errors import ArgumentError, CfgError
 from darknet_metal.model.cfg import parse_cfg_text
 from darknet_metal.ops import build_layers
 
-try:
-    from opencv_ref import opencv_layer_names, opencv_layer_outputs, write_darknet_weights
-except ImportError:  # tests/ imported as a package
-    from tests.opencv_ref import opencv_layer_names, opencv_layer_outputs, write_darknet_weights
-
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 GOLDEN = SHARED / "golden" / "darknet-v5-cpu-yolov3-tiny"
 FLT_MAX = float(np.finfo(np.float32).max)
 DTYPES = [np.float32, np.float64]
@@ -73,32 +79,6 @@ def _conv1x1(filters, activation="linear"):
 
 # ---------------------------------------------------------------------------------------
 # maxpool / avgpool
-
-
-def _c_trunc_div(a, b):
-    return int(a / b)
-
-
-def _windows(x, size, sx, sy, padding, fill):
-    """All pooling windows (N, C, out_h, out_w, size, size), outside positions = fill."""
-    n, c, h, w = x.shape
-    oh = _c_trunc_div(h + padding - size, sy) + 1
-    ow = _c_trunc_div(w + padding - size, sx) + 1
-    off = padding // 2
-    pad_b = max(0, (oh - 1) * sy + size - off - h)
-    pad_r = max(0, (ow - 1) * sx + size - off - w)
-    xp = np.pad(
-        x.astype(np.float64),
-        ((0, 0), (0, 0), (off, pad_b), (off, pad_r)),
-        constant_values=fill,
-    )
-    win = np.lib.stride_tricks.sliding_window_view(xp, (size, size), axis=(2, 3))
-    return win[:, :, ::sy, ::sx][:, :, :oh, :ow]
-
-
-def np_maxpool(x, size, sx, sy, padding):
-    out = _windows(x, size, sx, sy, padding, -np.inf).max(axis=(-2, -1))
-    return np.where(np.isneginf(out), -FLT_MAX, out)  # Darknet starts from -FLT_MAX
 
 
 POOL_CASES = [
@@ -225,13 +205,6 @@ def test_upsample_matches_opencv(tmp_path):
     _close_to_opencv(out, ref)
 
 
-def np_reorg_old(x, s):
-    """[reorg] as OpenCV's Reorg layer computes it: a permute of a reshaped view."""
-    n, c, h, w = x.shape
-    v = x.reshape(n, c * h // (s * s), s, w, s).transpose(0, 2, 4, 1, 3)
-    return v.reshape(n, c * s * s, h // s, w // s)
-
-
 @pytest.mark.parametrize("stride,shape", [(2, (2, 8, 6, 4)), (2, (2, 4, 2, 6)), (3, (2, 9, 6, 3))])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reorg_forward(stride, shape, dtype):
@@ -265,28 +238,6 @@ def test_reorg_matches_opencv(tmp_path, n):
     _close_to_opencv(out, ref)
 
 
-def np_space_to_depth(x, s):
-    n, c, h, w = x.shape
-    v = x.reshape(n, c, h // s, s, w // s, s).transpose(0, 3, 5, 1, 2, 4)
-    return v.reshape(n, s * s * c, h // s, w // s)
-
-
-def np_reorg_cpu(x, w, h, c, s, forward):
-    """Darknet's reorg_cpu (blas.cpp) on flat buffers, written out with NumPy indices."""
-    n = x.size // (w * h * c)
-    b, k, j, i = np.indices((n, c, h, w))
-    in_c = c // (s * s)
-    c2, offset = k % in_c, k // in_c
-    small = i + w * (j + h * (k + c * b))
-    large = (i * s + offset % s) + w * s * ((j * s + offset // s) + h * s * (c2 + in_c * b))
-    flat, out = x.ravel(), np.empty(x.size, x.dtype)
-    if forward:
-        out[large] = flat[small]
-    else:
-        out[small] = flat[large]
-    return out
-
-
 @pytest.mark.parametrize("stride,shape", [(2, (2, 3, 6, 4)), (3, (1, 2, 9, 6))])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reorg3d_is_space_to_depth(stride, shape, dtype):
@@ -313,28 +264,6 @@ def test_reorg3d_reverse_is_darknets_index_map(stride, shape):
 
 # ---------------------------------------------------------------------------------------
 # shortcut / scale_channels / sam
-
-
-def np_shortcut(x, sources, weights, wtype, norm):
-    c = x.shape[1]
-    k = len(sources) + 1
-    if wtype == "none":
-        wt = np.ones((k, c))
-    elif wtype == "per_feature":
-        wt = np.repeat(np.asarray(weights, np.float64).reshape(k, 1), c, axis=1)
-    else:
-        wt = np.asarray(weights, np.float64).reshape(k, c)
-    if norm == "relu":
-        r = np.maximum(wt, 0.0)
-        wt = r / (1e-4 + r.sum(axis=0))
-    elif norm == "softmax":
-        e = np.exp(wt - wt.max(axis=0))
-        wt = e / (1e-4 + e.sum(axis=0))
-    out = x.astype(np.float64) * wt[0][None, :, None, None]
-    for i, s in enumerate(sources):
-        m = min(c, s.shape[1])
-        out[:, :m] += s[:, :m].astype(np.float64) * wt[i + 1][None, :m, None, None]
-    return out
 
 
 SHORTCUT_CASES = [
@@ -440,13 +369,6 @@ def test_sam_matches_opencv(tmp_path):
 # softmax / yolo
 
 
-def np_softmax(x, groups, temperature):
-    n = x.shape[0]
-    v = x.astype(np.float64).reshape(n, groups, -1) / temperature
-    e = np.exp(v - v.max(axis=2, keepdims=True))
-    return (e / e.sum(axis=2, keepdims=True)).reshape(x.shape)
-
-
 @pytest.mark.parametrize(
     "features,groups,temperature", [(7, 1, 1.0), (12, 3, 1.0), (10, 5, 0.5), (9, 1, 2.5)]
 )
@@ -483,15 +405,6 @@ def test_softmax_matches_opencv(tmp_path):
     out = np.empty((2, 6), np.float32)
     heads.softmax_forward(l0.reshape(2, 6), out)
     _close_to_opencv(out, l1.reshape(2, 6))
-
-
-def np_yolo(x, n, classes, scale_x_y, new_coords):
-    v = x.astype(np.float64).reshape(x.shape[0], n, 5 + classes, *x.shape[2:]).copy()
-    if not new_coords:
-        for ch in [0, 1, *range(4, 5 + classes)]:
-            v[:, :, ch] = 1.0 / (1.0 + np.exp(-v[:, :, ch]))
-    v[:, :, :2] = v[:, :, :2] * scale_x_y - 0.5 * (scale_x_y - 1)
-    return v.reshape(x.shape)
 
 
 @pytest.mark.parametrize(
@@ -696,17 +609,6 @@ def test_bad_shapes_raise_value_errors_naming_the_expectation():
 # Native steps: bound once, run any number of times by the executor's GIL-free loop.
 
 
-def np_depth_to_space(x, s):
-    n, c, h, w = x.shape
-    v = x.reshape(n, s, s, c // (s * s), h, w).transpose(0, 3, 4, 1, 5, 2)
-    return v.reshape(n, c // (s * s), h * s, w * s)
-
-
-def _sum_blocks(x, s, scale):
-    n, c, h, w = x.shape
-    return (x.astype(np.float64) * scale).reshape(n, c, h // s, s, w // s, s).sum(axis=(3, 5))
-
-
 STEP_CASES = [
     # name, make_step(x, out), forward(x, out), x shape, out shape, NumPy reference, exact
     (
@@ -760,7 +662,7 @@ STEP_CASES = [
         lambda x, o: resample.upsample_forward(x, o, -3, 0.25),
         (2, 5, 9, 3),
         (2, 5, 3, 1),
-        lambda x: _sum_blocks(x, 3, 0.25),
+        lambda x: np_upsample_reverse(x, 3, 0.25),
         False,
     ),
     (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference import np_adam_update, np_sgd_update
 from training_golden import CASES, TRAIN, cfg_net_values, read_golden
 
 from darknet_metal.cpu import executor, update
@@ -113,25 +114,12 @@ def test_the_golden_check_tells_fused_from_unfused_arithmetic(golden):
 # SGD
 
 
-def _sgd_reference(w, wu, lr, decay, momentum, batch, apply_decay, lr_scale=1.0):
-    """The kernel's arithmetic in NumPy: coefficients in the dtype, one rounding per axpy."""
-    t = w.dtype.type
-    rate = t(t(lr) * t(lr_scale)) / t(batch)
-    if w.dtype == np.float32:
-        axpy = fma32
-    else:
-        def axpy(a, x, y):
-            return a * x + y
-    g = axpy(-t(decay) * t(batch), w, wu) if apply_decay else wu
-    return axpy(rate, g, w).astype(w.dtype), (t(momentum) * g).astype(w.dtype)
-
-
 @pytest.mark.parametrize("apply_decay", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(7,), (5, 3, 3, 3), (9, 11), (0,)])
 def test_sgd_matches_the_formula_exactly(shape, dtype, apply_decay):
     w, wu = _rand(shape, 1, dtype), _rand(shape, 2, dtype, 40.0)
-    want_w, want_wu = _sgd_reference(w, wu, 0.013, 0.0005, 0.9, 6, apply_decay, 0.5)
+    want_w, want_wu = np_sgd_update(w, wu, 0.013, 0.0005, 0.9, 6, apply_decay, 0.5)
     update.sgd_update(w, wu, _scalar(0.013, dtype), 0.0005, 0.9, 6, apply_decay, 0.5)
     np.testing.assert_array_equal(w, want_w)
     np.testing.assert_array_equal(wu, want_wu)
@@ -185,14 +173,6 @@ def test_parameters_and_accumulators_may_share_one_arena():
 # Adam
 
 
-def _adam_oracle(w, wu, m, v, lr, t, decay, b1, b2, eps, batch):
-    d = wu - decay * batch * w
-    m = b1 * m + (1 - b1) * d
-    v = b2 * v + (1 - b2) * d * d
-    w = w + lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
-    return w, m, v
-
-
 @pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-13), (np.float32, 2e-6)])
 def test_adam_follows_a_float64_oracle_over_three_steps(dtype, rtol):
     shape, batch, decay, b1, b2, eps = (6, 5, 3), 4, 0.0005, 0.9, 0.999, 1e-6
@@ -207,7 +187,7 @@ def test_adam_follows_a_float64_oracle_over_three_steps(dtype, rtol):
         wu[...] = grad
         lr[0], t[0] = rate, it
         step.run()
-        w_ref, m_ref, v_ref = _adam_oracle(w_ref, grad, m_ref, v_ref, rate, it, decay, b1, b2,
+        w_ref, m_ref, v_ref = np_adam_update(w_ref, grad, m_ref, v_ref, rate, it, decay, b1, b2,
                                            eps, batch)
         assert not wu.any(), "Adam leaves the accumulator at 0"
         np.testing.assert_allclose(m, m_ref, rtol=rtol, atol=rtol)

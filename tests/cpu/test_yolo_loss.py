@@ -2,12 +2,11 @@
 
 References: the real Darknet V5's ``[yolo]`` deltas, costs and verbose statistics in
 ../shared/golden/darknet-v5-train (CIoU, DIoU, MSE and GIoU heads), and a float64 NumPy
-oracle written here from the loss's description for what that data leaves out (iou_thresh,
-label smoothing, truth_thresh, max_delta, new_coords, counters_per_class, the plain IoU loss,
-focal loss, objectness smoothing). The oracle takes the IoU-family box gradients by central
-differences of the function Darknet differentiates (the IoU with the overlap's width and
-height not clamped at 0; for GIoU the IoU plus U/C, or U/C alone when the boxes do not
-overlap), so it shares no derivative formula with the kernel.
+oracle written from the loss's description (``NpYoloLoss`` in reference.py) for what that
+data leaves out (iou_thresh, label smoothing, truth_thresh, max_delta, new_coords,
+counters_per_class, the plain IoU loss, focal loss, objectness smoothing). The oracle takes
+the IoU-family box gradients by central differences of the function Darknet differentiates,
+so it shares no derivative formula with the kernel.
 """
 
 from __future__ import annotations
@@ -16,277 +15,14 @@ import math
 
 import numpy as np
 import pytest
+from reference import NpYoloLoss
 from training_golden import YOLO_CASES, yolo_passes
 
 from darknet_metal.cpu import heads
 from darknet_metal.cpu import yolo_loss as yl
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 
-FLT_MAX = float(np.finfo(np.float32).max)
 STATS = len(yl.YOLO_STAT_NAMES)
-
-
-# ----------------------------------------------------------------------------------------
-# the oracle
-
-
-def _edges(box):
-    """(top, bottom, left, right) of (x, y, w, h)."""
-    x, y, w, h = box
-    return np.array([y - h / 2, y + h / 2, x - w / 2, x + w / 2])
-
-
-def _iou(a, b):
-    """IoU of boxes (x, y, w, h), broadcasting over leading axes of stacked (4, ...) arrays."""
-    at, ab, al, ar = _edges(a)
-    bt, bb, bl, br = _edges(b)
-    iw = np.minimum(ar, br) - np.maximum(al, bl)
-    ih = np.minimum(ab, bb) - np.maximum(at, bt)
-    inter = np.where((iw > 0) & (ih > 0), iw * ih, 0.0)
-    union = a[2] * a[3] + b[2] * b[3] - inter
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(inter > 0, inter / union, 0.0)
-
-
-def _enclosure(a, b):
-    at, ab, al, ar = _edges(a)
-    bt, bb, bl, br = _edges(b)
-    return np.maximum(ar, br) - np.minimum(al, bl), np.maximum(ab, bb) - np.minimum(at, bt)
-
-
-def _giou(a, b):
-    cw, ch = _enclosure(a, b)
-    c = cw * ch
-    iou = _iou(a, b)
-    if c == 0:
-        return iou
-    return iou - (c - (a[2] * a[3] + b[2] * b[3] - iou_intersection(a, b))) / c
-
-
-def iou_intersection(a, b):
-    at, ab, al, ar = _edges(a)
-    bt, bb, bl, br = _edges(b)
-    iw = min(ar, br) - max(al, bl)
-    ih = min(ab, bb) - max(at, bt)
-    return iw * ih if iw > 0 and ih > 0 else 0.0
-
-
-def _iou_of_kind(a, b, kind):
-    """Darknet's box_iou_kind; DIoU's distance term has its exponent 0.6."""
-    iou = float(_iou(a, b))
-    if kind in ("iou", "mse"):
-        return iou
-    if kind == "giou":
-        return float(_giou(a, b))
-    cw, ch = _enclosure(a, b)
-    c = cw * cw + ch * ch
-    if c == 0:
-        return iou
-    d = ((a[0] - b[0]) ** 2 + (a[1] - b[1]) ** 2) / c
-    if kind == "diou":
-        return iou - d ** 0.6
-    v = 4 / math.pi ** 2 * (math.atan(b[2] / b[3]) - math.atan(a[2] / a[3])) ** 2
-    return iou - (d + v / (1 - iou + v + 1e-6) * v)
-
-
-def _objective(edges, truth, kind):
-    """The function of the prediction's edges (t, b, l, r) whose gradient Darknet uses."""
-    top, bottom, left, right = edges
-    tt, tb, tl, tr = _edges(truth)
-    iw = min(right, tr) - max(left, tl)
-    ih = min(bottom, tb) - max(top, tt)
-    inter = iw * ih
-    union = (bottom - top) * (right - left) + truth[2] * truth[3] - inter
-    iou = inter / union if union > 0 else 0.0
-    if kind != "giou":
-        return iou
-    c = (max(right, tr) - min(left, tl)) * (max(bottom, tb) - min(top, tt))
-    return union / c if iw <= 0 or ih <= 0 else iou + union / c
-
-
-def _iou_gradient(pred, truth, kind, step=1e-6):
-    """(dx, dy, dw, dh) as Darknet combines the edge gradients: dw = d/dr - d/dl (not
-    halved), by central differences."""
-    edges = _edges(pred)
-    grad = np.zeros(4)
-    for k in range(4):
-        up, down = edges.copy(), edges.copy()
-        up[k] += step
-        down[k] -= step
-        grad[k] = (_objective(up, truth, kind) - _objective(down, truth, kind)) / (2 * step)
-    g_t, g_b, g_l, g_r = grad
-    return np.array([g_l + g_r, g_t + g_b, g_r - g_l, g_b - g_t])
-
-
-class Oracle:
-    """Darknet's [yolo] loss for one mini-batch, in float64, from the loss's description."""
-
-    def __init__(self, output, truths, *, anchors, mask, classes, net_w, net_h,
-                 ignore_thresh=0.5, truth_thresh=1.0, iou_thresh=1.0, iou_thresh_kind="iou",
-                 iou_loss="mse", iou_normalizer=0.75, obj_normalizer=1.0, cls_normalizer=1.0,
-                 max_delta=FLT_MAX, label_smooth_eps=0.0, counters_per_class=None,
-                 new_coords=False, focal_loss=False, objectness_smooth=False, max_boxes=200):
-        self.__dict__.update(locals())
-        del self.__dict__["self"]
-        n, e = len(mask), 5 + classes
-        self.N, _, self.H, self.W = output.shape
-        self.out = output.astype(np.float64).reshape(self.N, n, e, self.H, self.W)
-        self.anchors = np.asarray(anchors, np.float64).reshape(-1, 2)
-        self.delta = np.zeros_like(self.out)
-        if counters_per_class is None:
-            self.mult = None
-        else:
-            counts = np.maximum(np.asarray(counters_per_class, np.float64), 1)
-            self.mult = np.minimum(counts.max() / counts, max_delta)
-        self.sums = dict(iou=0.0, iou_loss=0.0, giou_loss=0.0, count=0, obj=0.0, prob=0.0,
-                         r50=0, r75=0, bbox=0, rewritten=0)
-        for b in range(self.N):
-            self._image(b, [row for row in truths[b] if row[3] > 0 and row[4] > 0])
-
-    def _weight(self, cls):
-        return 1.0 if self.mult is None else self.mult[cls]
-
-    def _pred(self, b, a, anchor, j, i):
-        o = self.out[b, a, :4, j, i]
-        aw, ah = self.anchors[anchor]
-        if self.new_coords:
-            w, h = o[2] ** 2 * 4 * aw / self.net_w, o[3] ** 2 * 4 * ah / self.net_h
-        else:
-            w, h = np.exp(o[2]) * aw / self.net_w, np.exp(o[3]) * ah / self.net_h
-        return np.array([(i + o[0]) / self.W, (j + o[1]) / self.H, w, h])
-
-    def _box(self, b, a, anchor, j, i, truth, weight):
-        """Adds the box delta; returns (IoU, GIoU) of the prediction."""
-        d = self.delta[b, a, :4, j, i]
-        self.sums["rewritten"] += bool(np.any(d != 0))
-        self.sums["bbox"] += 1
-        pred = self._pred(b, a, anchor, j, i)
-        ious = float(_iou(pred, truth)), float(_giou(pred, truth))
-        o = self.out[b, a, :4, j, i]
-        aw, ah = self.anchors[anchor]
-        if self.iou_loss == "mse":
-            if self.new_coords:
-                tw = math.sqrt(truth[2] * self.net_w / (4 * aw))
-                th = math.sqrt(truth[3] * self.net_h / (4 * ah))
-            else:
-                tw, th = math.log(truth[2] * self.net_w / aw), math.log(truth[3] * self.net_h / ah)
-            target = np.array([truth[0] * self.W - i, truth[1] * self.H - j, tw, th])
-            d += (2 - truth[2] * truth[3]) * self.iou_normalizer * weight * (target - o)
-            return ious
-        grad = _iou_gradient(pred, truth, self.iou_loss)
-        if not self.new_coords:
-            grad[2:] *= np.exp(o[2:4])
-        grad *= self.iou_normalizer * weight
-        grad[~np.isfinite(grad)] = 0
-        if self.max_delta < FLT_MAX:
-            grad = np.clip(grad, -self.max_delta, self.max_delta)
-        d += grad
-        return ious
-
-    def _classes(self, b, a, j, i, cls):
-        p = self.out[b, a, 5:, j, i]
-        d = self.delta[b, a, 5:, j, i]
-        eps = self.label_smooth_eps
-        if d[cls] != 0:
-            d[cls] = (1 - eps) + 0.5 * eps - p[cls]
-            d[cls] *= self._weight(cls)
-            return
-        target = np.where(np.arange(self.classes) == cls, 1.0, 0.0) * (1 - eps) + 0.5 * eps
-        if self.focal_loss:
-            pt = p[cls]
-            target = np.arange(self.classes) == cls
-            d[:] = (target - p) * 0.5 * (-(1 - pt) * (2 * pt * math.log(pt) + pt - 1))
-            return
-        d[:] = target - p
-        if self.mult is not None:
-            d[cls] *= self.mult[cls] * self.cls_normalizer
-
-    def _responsible(self, b, a, anchor, j, i, row):
-        cls, truth = int(row[0]), row[1:]
-        weight = self._weight(cls)
-        iou, giou = self._box(b, a, anchor, j, i, truth, weight)
-        obj = self.out[b, a, 4, j, i]
-        if not self.objectness_smooth or self.delta[b, a, 4, j, i] == 0:
-            self.delta[b, a, 4, j, i] = weight * self.obj_normalizer * (1 - obj)
-        s = self.sums
-        s["iou"] += iou
-        s["iou_loss"] += 1 - iou
-        s["giou_loss"] += 1 - giou
-        s["count"] += 1
-        s["obj"] += obj
-        s["prob"] += self.out[b, a, 5 + cls, j, i]
-        s["r50"] += iou > 0.5
-        s["r75"] += iou > 0.75
-        self._classes(b, a, j, i, cls)
-
-    def _image(self, b, rows):
-        n = len(self.mask)
-        for j in range(self.H):
-            for i in range(self.W):
-                for a in range(n):
-                    pred = self._pred(b, a, self.mask[a], j, i)
-                    ious = [float(_iou(pred, row[1:])) for row in rows] or [0.0]
-                    best_t = int(np.argmax(ious))
-                    best = ious[best_t]
-                    obj = self.out[b, a, 4, j, i]
-                    self.delta[b, a, 4, j, i] = self.obj_normalizer * -obj
-                    if best > self.ignore_thresh and (self.out[b, a, 5:, j, i] > 0.25).any():
-                        self.delta[b, a, 4, j, i] = (
-                            max(-obj * self.obj_normalizer, (best - obj) * self.obj_normalizer)
-                            if self.objectness_smooth else 0.0)
-                    if best > self.truth_thresh:
-                        self._truth_thresh(b, a, j, i, rows[best_t], best)
-        for row in rows:
-            i, j = min(int(row[1] * self.W), self.W - 1), min(int(row[2] * self.H), self.H - 1)
-            shape = np.array([0, 0, row[3], row[4]])
-            shapes = [np.array([0, 0, w / self.net_w, h / self.net_h]) for w, h in self.anchors]
-            best_n = int(np.argmax([float(_iou(s, shape)) for s in shapes]))
-            if best_n in self.mask:
-                self._responsible(b, self.mask.index(best_n), best_n, j, i, row)
-            if self.iou_thresh < 1:
-                for k, s in enumerate(shapes):
-                    if k != best_n and k in self.mask and _iou_of_kind(
-                            s, shape, self.iou_thresh_kind) > self.iou_thresh:
-                        self._responsible(b, self.mask.index(k), k, j, i, row)
-        if self.iou_thresh < 1:
-            d = self.delta[b]
-            positives = (d[:, 5:] > 0).sum(axis=1)
-            share = (d[:, 4] != 0) & (positives > 0)
-            d[:, :4] = np.where(share[:, None], d[:, :4] / np.maximum(positives, 1)[:, None],
-                                d[:, :4])
-
-    def _truth_thresh(self, b, a, j, i, row, best):
-        cls = int(row[0])
-        obj = self.out[b, a, 4, j, i]
-        target = best * best if self.objectness_smooth else 1.0
-        self.delta[b, a, 4, j, i] = self.obj_normalizer * (target - obj)
-        self._classes(b, a, j, i, cls)
-        weight = self._weight(cls)
-        if self.objectness_smooth:
-            self.delta[b, a, 5 + cls, j, i] = weight * (target - self.out[b, a, 5 + cls, j, i])
-        self._box(b, a, self.mask[a], j, i, row[1:], weight)
-
-    def stats(self):
-        s = self.sums
-        count = max(s["count"], 1)
-        total = float((self.delta ** 2).sum())
-        nobox = self.obj_normalizer * float((self.delta[:, :, 4:] ** 2).sum())
-        iou_term = s["giou_loss"] if self.iou_loss == "giou" else s["iou_loss"]
-        cost = total if self.iou_loss == "mse" else self.iou_normalizer * iou_term / count + nobox
-        return {
-            "cost": cost, "avg_iou": s["iou"] / count, "count": count,
-            "class_loss_per_image": nobox / self.N,
-            "iou_loss_per_image": (total - nobox) / self.N,
-            "total_loss_per_image": total / self.N, "avg_obj": s["obj"] / count,
-            "avg_noobj": float(self.out[:, :, 4].mean()), "avg_class_prob": s["prob"] / count,
-            "recall50": s["r50"] / count, "recall75": s["r75"] / count,
-            "responsible": s["count"], "total_bbox": s["bbox"],
-            "rewritten_bbox": s["rewritten"], "iou_sum": s["iou"],
-            "iou_loss_sum": s["iou_loss"], "giou_loss_sum": s["giou_loss"],
-        }
-
-    def delta_array(self):
-        return self.delta.reshape(self.N, -1, self.H, self.W)
 
 
 # ----------------------------------------------------------------------------------------
@@ -399,7 +135,7 @@ def test_reproduces_darknet_deltas_costs_and_stats(case):
 def test_the_oracle_agrees_with_darknet(case):
     # MSE and GIoU, the oracle's own cross-check (its DIoU/CIoU box gradients are not written).
     for stem, options, output, truths, golden, head, _ in yolo_passes(case):
-        oracle = Oracle(output, truths.astype(np.float64), **options)
+        oracle = NpYoloLoss(output, truths.astype(np.float64), **options)
         assert rel_l2(oracle.delta_array(), golden) <= 1e-5, stem
         assert oracle.stats()["cost"] == pytest.approx(head["cost"], rel=1e-5), stem
 
@@ -436,7 +172,7 @@ def test_matches_the_oracle(name, seed):
     output, truths, base = random_case(seed, new_coords=new_coords)
     base.update(options)
     delta, stats = run_loss(output, truths, **base)
-    oracle = Oracle(output, truths, **base)
+    oracle = NpYoloLoss(output, truths, **base)
     expected = oracle.delta_array()
     scale = np.abs(expected).max()
     np.testing.assert_allclose(delta, expected, rtol=0, atol=1e-7 * scale)
@@ -541,7 +277,7 @@ def test_padding_rows_anywhere_and_centres_on_the_edges():
     truths[0, 3] = [1, 0.0, 1.0, 0.3, 0.2]
     truths[1, 1] = [2, 1.0, 0.0, 0.2, 0.4]
     delta, stats = run_loss(output, truths, **options)
-    oracle = Oracle(output, truths, **options)
+    oracle = NpYoloLoss(output, truths, **options)
     np.testing.assert_allclose(delta, oracle.delta_array(), atol=1e-9)
     assert stats["responsible"] == oracle.stats()["responsible"]
 

@@ -333,6 +333,7 @@ def test_yaml_names_list_defaults_and_errors(yolo_root):
 _FUZZ = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture]}
 
 
+@pytest.mark.slow
 @settings(max_examples=150, **_FUZZ)
 @given(st.binary(max_size=200) | st.text(alphabet="0123456789 .-+eEnaif\t\r\n#", max_size=120)
        .map(str.encode))
@@ -347,6 +348,7 @@ def test_label_files_raise_only_dataset_errors(tmp_path, data):
         assert np.isfinite(boxes).all() and (boxes[:, 3:] > 0).all()
 
 
+@pytest.mark.slow
 @settings(max_examples=100, **_FUZZ)
 @given(st.binary(max_size=200) | st.text(alphabet="ctrainvldsmeb=:#; \t\r\n0123./", max_size=120)
        .map(str.encode))

@@ -2,20 +2,17 @@
 
 import importlib.util
 import json
-import pathlib
 import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from gpu_paths import CFG_DIR, YOLOV3_TINY
+from shared_paths import CFG_DIR, ROOT, YOLOV3_TINY
 
 from darknet_metal.cli import main
 from darknet_metal.diagnostics import parity
 from darknet_metal.metal import registry
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _tool():

@@ -15,6 +15,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from shared_paths import SHARED
 
 from darknet_metal.inference.boxes import (
     Detection,
@@ -28,7 +29,6 @@ from darknet_metal.inference.boxes import (
     nms_sort,
 )
 
-SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 GOLDEN = SHARED / "golden" / "darknet-v5-cpu-yolov3-tiny"
 MODEL = SHARED / "models" / "yolov3-tiny"
 

@@ -16,13 +16,13 @@ import cv2
 import numpy as np
 import pytest
 from PIL import Image
+from shared_paths import SHARED
 
 from darknet_metal.errors import ImageError
 from darknet_metal.inference.boxes import Detection
 from darknet_metal.inference.draw import class_color, draw_detections, save_image_atomic
 from darknet_metal.inference.image import letterbox_image, load_image, prepare_input, resize_image
 
-SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 IMAGES = SHARED / "images"
 GOLDEN = SHARED / "golden" / "darknet-v5-cpu-yolov3-tiny"
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+from shared_paths import SHARED
 
 from darknet_metal.errors import CfgError
 from darknet_metal.model.cfg import SECTION_KINDS, NetConfig, Section, parse_cfg, parse_cfg_text
 from darknet_metal.model.cfg_schema import SCHEMA
 
-SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 CFG_DIR = SHARED / "models" / "cfg"
 REAL_TINY = SHARED / "models" / "yolov3-tiny" / "yolov3-tiny.cfg"
 

@@ -11,20 +11,23 @@ import os
 import pathlib
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_paths import SHARED
 
 from darknet_metal.errors import CfgError
 from darknet_metal.model.cfg import NetConfig, parse_cfg, parse_cfg_text
 from darknet_metal.model.cfg_schema import LAYER, LAYER_LIST, SCHEMA
 
-SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared"
 CFG_FILES = [
     SHARED / "models" / "yolov3-tiny" / "yolov3-tiny.cfg",
     SHARED / "models" / "cfg" / "yolov4-tiny.cfg",
     SHARED / "models" / "cfg" / "yolov3.cfg",
 ]
 CFG_LINES = [path.read_text(encoding="utf-8").split("\n") for path in CFG_FILES]
+
+pytestmark = pytest.mark.slow
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from shared_paths import SHARED
 
 from darknet_metal.errors import ModelNotFoundError
 from darknet_metal.model import bundled as models
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 SHARED_MODELS = SHARED / "models"
 REAL_WEIGHTS = SHARED_MODELS / "yolov3-tiny" / "yolov3-tiny.weights"
 REAL_SIZE = 35_434_956

@@ -188,6 +188,7 @@ def test_seeded_init_is_reproducible_and_darknet_scaled(small):
     np.testing.assert_array_equal(a.params[2]["weights"], 1.0)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=4096), keep=st.integers(0, 3000))

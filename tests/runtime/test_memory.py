@@ -102,7 +102,6 @@ def _peak_live_bytes(program, memory):
                for i in range(len(program.steps)))
 
 
-@pytest.mark.parametrize("device", ["cpu", "emu"])
 def test_training_programs_replay_and_plan_close_to_the_peak(device):
     import numpy as np
 

@@ -332,6 +332,7 @@ def _fuzz_case(rng: random.Random, valid_json: dict, valid_binary: tuple[bytes, 
     return "POST", path, body, headers
 
 
+@pytest.mark.slow
 def test_a_thousand_malformed_requests_cause_no_500(limited, client):
     rng = random.Random(20261123)
     x = np.random.default_rng(1).random((1, 3, TINY_SIZE, TINY_SIZE), dtype=np.float32)

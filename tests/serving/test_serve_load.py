@@ -8,8 +8,11 @@ import time
 import urllib.request
 
 import numpy as np
+import pytest
 import tritonclient.http as triton
 from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.slow
 
 CLIENTS = 32
 REQUESTS = 2000

@@ -51,7 +51,6 @@ def _in_threads(work, n=THREADS):
     return results
 
 
-@pytest.mark.parametrize("device", ["cpu", "emu"])
 def test_one_network_from_many_threads(device):
     net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights",
                   input_size=SIZE, device=device)
@@ -63,7 +62,6 @@ def test_one_network_from_many_threads(device):
             np.testing.assert_array_equal(g, w, err_msg=f"thread {i}")
 
 
-@pytest.mark.parametrize("device", ["cpu", "emu"])
 def test_detect_from_many_threads(device):
     net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights",
                   names=YOLOV3_TINY / "coco.names", input_size=(160, 160), device=device)
@@ -118,10 +116,10 @@ print(json.dumps({"boxes": [len(s) for s in serial], "differ": first + second,
 """
 
 
-@pytest.mark.parametrize("device", ["cpu", "emu"])
 def test_eight_threads_times_fifty_detections_equal_serial_without_growth(device, tmp_path):
-    # yolov3-tiny's COCO weights on the CPU; on emu the micro network (seeded, untrained: its
-    # ~200 boxes per image at 0.265 are as strict a comparison) to keep 800 passes quick.
+    # yolov3-tiny's COCO weights on the CPU; on a Metal device the micro network (seeded,
+    # untrained: its ~200 boxes per image at 0.265 are as strict a comparison) to keep 800
+    # passes quick.
     # Each thread compares as it goes and keeps nothing. In a child process with glibc's
     # mmap threshold fixed: otherwise freed blocks make RSS wander (see test_train_api).
     import json
@@ -150,8 +148,8 @@ def test_eight_threads_times_fifty_detections_equal_serial_without_growth(device
     assert result["device_growth"] == 0
 
 
-def test_two_networks_share_the_emulator_from_threads():
-    nets = [dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", seed=s, input_size=SIZE, device="emu")
+def test_two_networks_share_a_gpu_from_threads(gpu_device):
+    nets = [dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", seed=s, input_size=SIZE, device=gpu_device)
             for s in (1, 2)]
     xs = _inputs()
     serial = [nets[i % 2].forward(xs[i]) for i in range(THREADS)]
@@ -161,14 +159,14 @@ def test_two_networks_share_the_emulator_from_threads():
             np.testing.assert_array_equal(g, w, err_msg=f"thread {i}")
 
 
-def test_moving_a_network_while_threads_use_it():
+def test_moving_a_network_while_threads_use_it(gpu_device):
     net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", seed=4, input_size=SIZE)
     xs = _inputs()
     want = [net.forward(x) for x in xs]
 
     def work(i):
         if i == 0:
-            net.to("emu")
+            net.to(gpu_device)
             return None
         return net.forward(xs[i])
 
@@ -240,7 +238,6 @@ def _training_batch(net, seed):
     return x, truths
 
 
-@pytest.mark.parametrize("device", ["cpu", "emu"])
 def test_networks_training_in_threads_equal_serial_training(device):
     # Each thread trains its own network (on the CPU at the same time; on a device one
     # pass at a time): the weights equal those of the same steps run serially.
@@ -267,7 +264,6 @@ def test_networks_training_in_threads_equal_serial_training(device):
                                               err_msg=f"network {i} layer {layer} {name}")
 
 
-@pytest.mark.parametrize("device", ["cpu", "emu"])
 def test_one_network_trained_and_run_from_threads(device):
     # Four threads step one network on the same batch while four run it forward: the steps
     # wait for each other (the weights equal four serial steps) and every forward pass sees

@@ -8,14 +8,12 @@ import stat
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
-from shared_paths import YOLOV3_TINY
+from shared_paths import ROOT, YOLOV3_TINY
 
 import darknet_metal as dm
 
-ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "train_against_darknet.py"
 
 

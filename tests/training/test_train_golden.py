@@ -65,13 +65,18 @@ NAMES = {"weights": "weight_updates", "biases": "bias_updates", "scales": "scale
 CASES = ["micro-v4-sgd", "micro-v4-diou", "micro-v3-adam", "micro-layers"]
 
 
-@pytest.mark.parametrize(("name", "dtype", "device"), [
-    *((c, np.float32, "cpu") for c in CASES),
-    # float64 training: the same arrays, from Darknet's float32 within its rounding.
-    ("micro-v4-sgd", np.float64, "cpu"), ("micro-layers", np.float64, "cpu"),
-    *((c, np.float32, "emu") for c in CASES),
-])
-def test_first_step_gradients_match_darknet(name, dtype, device):
+@pytest.mark.parametrize("name", CASES)
+def test_first_step_gradients_match_darknet(name, device):
+    _first_step_gradients_match_darknet(name, np.float32, device)
+
+
+# float64 training (on the CPU): the same arrays, from Darknet's float32 within its rounding.
+@pytest.mark.parametrize("name", ["micro-v4-sgd", "micro-layers"])
+def test_first_step_float64_gradients_match_darknet(name):
+    _first_step_gradients_match_darknet(name, np.float64, "cpu")
+
+
+def _first_step_gradients_match_darknet(name, dtype, device):
     net, x, truths, index, arrays = _case(name, dtype=dtype, device=device)
     before = {i: {k: v.copy() for k, v in p.items()} for i, p in net.params.items()}
     g = net.gradients(x, truths)
@@ -94,7 +99,6 @@ def test_first_step_gradients_match_darknet(name, dtype, device):
     assert net.iteration == 0
 
 
-@pytest.mark.parametrize("device", ["cpu", "emu"])
 @pytest.mark.parametrize("name", CASES)
 def test_steps_match_darknet_weights(name, device, tmp_path):
     net, x, truths, index, arrays = _case(name, tmp_path, device=device)

@@ -24,7 +24,8 @@ from darknet_metal.model.weights import read_weights
 
 pytest.importorskip("mpi4py", reason="mpi4py is not installed (the mpi extra)")
 MPIRUN = shutil.which("mpirun")
-pytestmark = pytest.mark.skipif(MPIRUN is None, reason="no mpirun (Open MPI) on this machine")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(MPIRUN is None, reason="no mpirun (Open MPI) on this machine")]
 
 # Every mpirun here must end within this many seconds: a hang fails the test.
 BOUND = 300
@@ -98,10 +99,7 @@ def _assert_same_training(cfg, got, want):
     return relative_l2, worst
 
 
-@pytest.mark.parametrize("device", ["cpu", "emu"])
 def test_two_ranks_train_as_one_process_with_the_combined_batch(tmp_path, shapes, device):
-    if device == "emu":
-        pytest.importorskip("darknet_metal.metal._shim", reason="the shim is not built")
     ranks_cfg = tiny_cfg(tmp_path, batch=2, subdivisions=1, max_batches=3)
     one_dir = tmp_path / "one"
     one_dir.mkdir()

@@ -54,7 +54,6 @@ def test_darknets_schedule():
     assert (s.map_every, s.save_every) == (100, 10000)
 
 
-@pytest.mark.parametrize("device", ["cpu", "emu"])
 def test_a_run_learns_and_writes_darknets_files(tmp_path, device):
     net = _net(device)
     source = FixedBatches(net)

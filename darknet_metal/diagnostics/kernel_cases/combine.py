@@ -45,6 +45,8 @@ def weights_step(n_inputs: int, channels: int, wtype: str, norm: str) -> Step:
                  "per_channel": int(wtype == "per_channel"), "normalization": NORMS.index(norm)},
                 {"channels": channels})
 
+_, RELU_NORM, SOFTMAX_NORM = NORMS
+
 
 def _shortcut_name(kernel: str, shape: NCHW, wtype: str, norm: str) -> str:
     weights = "unweighted" if wtype == "none" else f"{wtype}-{norm}"
@@ -307,9 +309,10 @@ def weights_table(weights: np.ndarray, n_inputs: int, channels: int, per_channel
     weight divided by 1e-4 plus the sum over the inputs (after relu, or exp less the
     maximum for softmax)."""
     v = np.asarray(weights, np.float64).reshape(n_inputs, channels if per_channel else 1)
-    if norm == "relu":
+    # The cfg's names (``weights_normalization``): none, relu, softmax.
+    if norm == RELU_NORM:
         v = np.maximum(v, 0.0)
-    elif norm == "softmax":
+    elif norm == SOFTMAX_NORM:
         v = np.exp(v - v.max(axis=0))
     if norm != "none":
         v = v / (1e-4 + v.sum(axis=0))
@@ -364,8 +367,8 @@ CASES: tuple[KernelCase, ...] = (
       for scale_wh in (False, True)),
     *(_sam_backward(shape, same) for shape in ((1, 5, 7, 7), (2, 35, 31, 31))
       for same in (False, True)),
-    *(_half_weights(per_channel, norm) for per_channel, norm in ((True, "softmax"),
-                                                                 (False, "relu"))),
+    *(_half_weights(per_channel, norm) for per_channel, norm in ((True, SOFTMAX_NORM),
+                                                                 (False, RELU_NORM))),
     half_twin("shortcut_fwd", "2x6x35-from4-weighted",
               {"batch": 2, "channels": 6, "spatial": 35, "src_channels": 4, "source": 1,
                "first": 1, "weighted": 1}, {"spatial": 35, "channels": 6, "batch": 2},

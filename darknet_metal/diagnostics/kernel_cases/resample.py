@@ -18,6 +18,7 @@ from darknet_metal.diagnostics.kernel_parity import (
     nan_filled,
     normal,
 )
+from darknet_metal.ops.resample import Reorg3dOp, ReorgOp
 
 
 def upsample_args(shape: NCHW, stride: int, scale: float) -> dict[str, int | float]:
@@ -64,21 +65,22 @@ def _upsample_backward(shape: NCHW, stride: int, scale: float) -> KernelCase:
 
 
 def reorg_args(shape: NCHW, stride: int, reverse: bool,
-               layer: str) -> tuple[dict[str, int], dict[str, int]]:
+               layer: type[ReorgOp]) -> tuple[dict[str, int], dict[str, int]]:
     """(dm_reorg_args, grid sizes) of a reorg of (N, C, H, W) input ``shape``. Both layers
     are Darknet's reorg_cpu with forward=reverse: [reorg] (its reorg_old) on the input's own
     (w, h, c), [reorg3d] on the output's."""
     out_shape = resample.reorg_output_shape(shape, stride, reverse)
-    n, c, h, w = out_shape if layer == "reorg3d" else shape
+    n, c, h, w = out_shape if layer.maps_output_dims else shape
     return ({"batch": n, "width": w, "height": h, "channels": c, "stride": stride,
              "reverse": int(reverse)}, {"width": w, "height": h, "slices": n * c})
 
 
-def _reorg_name(kernel: str, shape: NCHW, stride: int, reverse: bool, layer: str) -> str:
-    return f"{kernel}-{layer}-{dims(shape)}-s{stride}" + ("-reverse" if reverse else "")
+def _reorg_name(kernel: str, shape: NCHW, stride: int, reverse: bool,
+                layer: type[ReorgOp]) -> str:
+    return f"{kernel}-{layer.kind}-{dims(shape)}-s{stride}" + ("-reverse" if reverse else "")
 
 
-def _reorg(shape: NCHW, stride: int, reverse: bool, layer: str, *,
+def _reorg(shape: NCHW, stride: int, reverse: bool, layer: type[ReorgOp], *,
            half: bool = False) -> KernelCase:
     kernel = "reorg_fwd_f16" if half else "reorg_fwd_f32"
     dtype = np.float16 if half else np.float32
@@ -86,7 +88,7 @@ def _reorg(shape: NCHW, stride: int, reverse: bool, layer: str, *,
     def make(rng: np.random.Generator) -> CaseData:
         x = normal(rng, shape, 3.0).astype(dtype)
         want = np.empty(resample.reorg_output_shape(shape, stride, reverse), np.float32)
-        resample.reorg_forward(x.astype(np.float32), want, stride, reverse, layer)
+        resample.reorg_forward(x.astype(np.float32), want, stride, reverse, layer.kind)
         return CaseData({"x": x, "y": nan_filled(want.shape, dtype)},
                         (Check("y", want.astype(dtype), Exact()),))
 
@@ -94,26 +96,27 @@ def _reorg(shape: NCHW, stride: int, reverse: bool, layer: str, *,
                       (Step(kernel, *reorg_args(shape, stride, reverse, layer)),), make)
 
 
-def _reorg_backward(shape: NCHW, stride: int, reverse: bool, layer: str) -> KernelCase:
+def _reorg_backward(shape: NCHW, stride: int, reverse: bool,
+                    layer: type[ReorgOp]) -> KernelCase:
     def make(rng: np.random.Generator) -> CaseData:
         delta = normal(rng, resample.reorg_output_shape(shape, stride, reverse), 3.0)
         x_grad = normal(rng, shape, 3.0)
         want = x_grad.copy()
-        resample.reorg_backward(delta, want, stride, reverse, layer)
+        resample.reorg_backward(delta, want, stride, reverse, layer.kind)
         return CaseData({"delta": delta, "x_grad": x_grad}, (Check("x_grad", want, Exact()),))
 
     return KernelCase(_reorg_name("reorg_bwd_f32", shape, stride, reverse, layer),
                       (Step("reorg_bwd_f32", *reorg_args(shape, stride, reverse, layer)),), make)
 
 
-REORGS = (  # (shape, stride, reverse, layer)
-    ((1, 4, 6, 6), 2, False, "reorg"),
-    ((2, 9, 6, 3), 3, False, "reorg"),
-    ((1, 8, 3, 5), 2, True, "reorg"),
-    ((2, 4, 1, 1), 2, True, "reorg"),
-    ((1, 3, 6, 10), 2, False, "reorg3d"),
-    ((2, 2, 9, 3), 3, False, "reorg3d"),
-    ((1, 16, 3, 5), 2, True, "reorg3d"),
+REORGS = (  # (shape, stride, reverse, the op whose index map it is)
+    ((1, 4, 6, 6), 2, False, ReorgOp),
+    ((2, 9, 6, 3), 3, False, ReorgOp),
+    ((1, 8, 3, 5), 2, True, ReorgOp),
+    ((2, 4, 1, 1), 2, True, ReorgOp),
+    ((1, 3, 6, 10), 2, False, Reorg3dOp),
+    ((2, 2, 9, 3), 3, False, Reorg3dOp),
+    ((1, 16, 3, 5), 2, True, Reorg3dOp),
 )
 
 CASES: tuple[KernelCase, ...] = (
@@ -135,7 +138,7 @@ CASES: tuple[KernelCase, ...] = (
         ((2, 5, 7, 5), -2, 0.25),  # sizes the stride does not divide: the flat-index reads
         ((1, 3, 9, 9), -3, 2.0),
     )),
-    *(_reorg_backward(*reorg) for reorg in (*REORGS, ((2, 16, 46, 46), 2, False, "reorg"))),
+    *(_reorg_backward(*reorg) for reorg in (*REORGS, ((2, 16, 46, 46), 2, False, ReorgOp))),
     _upsample((2, 5, 9, 11), 2, 1.0, half=True),
-    *(_reorg((2, 8, 4, 6), 2, reverse, "reorg", half=True) for reverse in (False, True)),
+    *(_reorg((2, 8, 4, 6), 2, reverse, ReorgOp, half=True) for reverse in (False, True)),
 )

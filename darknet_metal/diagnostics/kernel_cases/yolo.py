@@ -27,6 +27,7 @@ from darknet_metal.diagnostics.kernel_parity import (
     nan_filled,
     normal,
 )
+from darknet_metal.errors import ArgumentError
 from darknet_metal.model.cfg_schema import IOU_LOSSES
 
 STATS = len(yl.YOLO_STAT_NAMES)
@@ -255,7 +256,7 @@ def yolo_loss_data(output: np.ndarray, truths: np.ndarray, options: Mapping[str,
     ref_delta, ref_stats = yolo_loss_reference(output, truths, options)
     for stat, least in (at_least or {}).items():
         if ref_stats[yl.YOLO_STAT_NAMES.index(stat)] < least:
-            raise ValueError(f"the CPU's {stat} is {ref_stats[yl.YOLO_STAT_NAMES.index(stat)]}"
+            raise ArgumentError(f"the CPU's {stat} is {ref_stats[yl.YOLO_STAT_NAMES.index(stat)]}"
                              f", below {least}")
     return CaseData(yolo_loss_arrays(output, truths, options, delta),
                     yolo_loss_checks(ref_delta, ref_stats, max_ulps))

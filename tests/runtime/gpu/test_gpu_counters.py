@@ -4,7 +4,7 @@ no allocation after the first pass, no CPU fallback; and the outputs agree with 
 
 import numpy as np
 import pytest
-from gpu_paths import CFG_DIR, YOLOV3_TINY
+from shared_paths import CFG_DIR, YOLOV3_TINY
 
 from darknet_metal import load, metal
 from darknet_metal.errors import DeviceError

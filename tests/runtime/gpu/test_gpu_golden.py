@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from gpu_paths import GOLDEN, IMAGES, YOLOV3_TINY
+from shared_paths import GOLDEN, IMAGES, YOLOV3_TINY
 
 import darknet_metal as dm
 

@@ -29,9 +29,11 @@ def _rel(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
-def _pair(model: str, batch: int, subdivisions: int = 1, **net: float) -> list[dm.Network]:
+def _pair(model: str, batch: int, gpu_device: str, subdivisions: int = 1,
+          **net: float) -> list[dm.Network]:
+    """The network on the CPU and on ``gpu_device``, from the same seed."""
     nets = []
-    for device in ("cpu", "emu"):
+    for device in ("cpu", gpu_device):
         n = dm.load(get_spec(model).cfg, seed=0, input_size=(SIZE, SIZE), batch=batch,
                     subdivisions=subdivisions, device=device)
         n.config.net.values.update(burn_in=0, policy="constant", **net)
@@ -57,23 +59,23 @@ def _batch(batch: int) -> tuple[np.ndarray, list[np.ndarray]]:
     ("yolov3-tiny", 4, dict(learning_rate=1e-3, adam=0, subdivisions=2)),
     ("yolov4-tiny", 4, dict(learning_rate=1e-4, adam=1, eps=1e-2, subdivisions=2)),
 ])
-def test_three_steps_on_emu_equal_the_cpus(model, batch, net):
-    cpu, emu = _pair(model, batch, **net)
+def test_three_steps_on_a_gpu_equal_the_cpus(model, batch, net, gpu_device):
+    cpu, gpu = _pair(model, batch, gpu_device, **net)
     x, truths = _batch(batch)
     start = {i: {k: a.copy() for k, a in p.items()} for i, p in cpu.params.items()}
     for step in range(1, 4):
-        want, got = cpu.train_step(x, truths), emu.train_step(x, truths)
+        want, got = cpu.train_step(x, truths), gpu.train_step(x, truths)
         assert got.iteration == want.iteration == step
         assert got.learning_rate == want.learning_rate
         assert abs(got.loss - want.loss) <= 1e-4 * abs(want.loss), (step, got.loss, want.loss)
-    coverage = emu.executor.training_coverage()
+    coverage = gpu.executor.training_coverage()
     assert [p.index for p in coverage if p.where != "kernels"] == []
     for i, params in cpu.params.items():
         for name, value in params.items():
             moved = value.astype(np.float64) - start[i][name]
             size = max(np.linalg.norm(start[i][name]), np.linalg.norm(value))
             assert np.linalg.norm(moved) >= 1e-4 * size, (i, name, "did not move")
-            device = emu.params[i][name]
+            device = gpu.params[i][name]
             # An array that starts at 0 (biases) is nothing but its changes: the second
             # bound checks it (the first layer's bias gradient is a cancelling sum).
             if np.abs(start[i][name]).max() > 0:
@@ -82,13 +84,13 @@ def test_three_steps_on_emu_equal_the_cpus(model, batch, net):
 
 
 @pytest.mark.parametrize("model", ["yolov3-tiny", "yolov4-tiny"])
-def test_one_image_gradients_on_emu_equal_the_cpus(model):
+def test_one_image_gradients_on_a_gpu_equal_the_cpus(model, gpu_device):
     # At 64 px one image leaves the last batch norms 4 values a channel to average: a few
     # steps there amplify rounding far more than any real input size would, so batch 1 is
     # compared on its gradients (every array, and every delta).
-    cpu, emu = _pair(model, 1, learning_rate=1e-3)
+    cpu, gpu = _pair(model, 1, gpu_device, learning_rate=1e-3)
     x, truths = _batch(1)
-    want, got = cpu.gradients(x, truths), emu.gradients(x, truths)
+    want, got = cpu.gradients(x, truths), gpu.gradients(x, truths)
     assert abs(got.loss - want.loss) <= 1e-5 * abs(want.loss)
     for i, grads in want.params.items():
         for name, g in grads.items():
@@ -97,7 +99,7 @@ def test_one_image_gradients_on_emu_equal_the_cpus(model):
         assert _rel(got.deltas[i], delta) <= 1e-4, (i, _rel(got.deltas[i], delta))
 
 
-def test_the_golden_classifier_trains_on_emu_as_on_the_cpu():
+def test_the_golden_classifier_trains_on_a_gpu_as_on_the_cpu(gpu_device):
     # Every layer kind of micro-classifier (batch-norm and grouped convolutions, pooling,
     # [connected] with and without batch norm, [dropout] drawing the CPU's seeded stream,
     # [softmax] cross-entropy and [cost]) on kernels; two steps against the CPU.
@@ -106,17 +108,17 @@ def test_the_golden_classifier_trains_on_emu_as_on_the_cpu():
     folder = TRAIN / "micro-classifier"
     case = read_golden().load_case(folder)
     cfg, weights = folder / case["index"]["cfg"], folder / "init.weights"
-    cpu, emu = dm.load(cfg, weights), dm.load(cfg, weights, device="emu")
+    cpu, gpu = dm.load(cfg, weights), dm.load(cfg, weights, device=gpu_device)
     c, h, w = cpu.input_shape
     x = case["arrays"]["X"].astype(np.float32).reshape(-1, c, h, w)
     truths = list(case["arrays"]["truth"].reshape(x.shape[0], -1))
     for _ in range(2):
-        want, got = cpu.train_step(x, truths), emu.train_step(x, truths)
+        want, got = cpu.train_step(x, truths), gpu.train_step(x, truths)
         assert abs(got.loss - want.loss) <= 1e-6 * abs(want.loss)
-    assert all(p.where == "kernels" for p in emu.executor.training_coverage())
+    assert all(p.where == "kernels" for p in gpu.executor.training_coverage())
     for i, params in cpu.params.items():
         for name, value in params.items():
-            assert _rel(emu.params[i][name], value) <= 1e-5, (i, name)
+            assert _rel(gpu.params[i][name], value) <= 1e-5, (i, name)
 
 
 def _section(kind: str, **keys: object) -> str:
@@ -137,22 +139,22 @@ _SHORTCUT = "\n".join([
 @pytest.mark.parametrize("weights_type", ["per_feature", "per_channel"])
 @pytest.mark.parametrize("normalization", ["none", "relu", "softmax"])
 @pytest.mark.parametrize("filters", [4, 6])
-def test_weighted_shortcut_gradients_on_emu_equal_the_cpus(tmp_path, weights_type,
-                                                           normalization, filters):
+def test_weighted_shortcut_gradients_on_a_gpu_equal_the_cpus(tmp_path, weights_type,
+                                                             normalization, filters, gpu_device):
     # Every weight type and normalisation (the exact derivative of relu and softmax), also
     # where the two inputs' channels differ (6 and 4), and a nonlinear activation after.
     path = tmp_path / "shortcut.cfg"
     path.write_text(_SHORTCUT.format(filters=filters, weights_type=weights_type,
                                      normalization=normalization))
-    cpu, emu = dm.load(path, seed=2), dm.load(path, seed=2, device="emu")
+    cpu, gpu = dm.load(path, seed=2), dm.load(path, seed=2, device=gpu_device)
     weights = np.random.default_rng(5).random(cpu.params[2]["weights"].shape) + 0.2
-    for net in (cpu, emu):
+    for net in (cpu, gpu):
         net.params[2]["weights"][...] = weights
     rng = np.random.default_rng(1)
     x = rng.random((2, 3, 8, 8), dtype=np.float32)
     truths = [rng.random(cpu.layers[-1].out_size).astype(np.float32) for _ in range(2)]
-    want, got = cpu.gradients(x, truths), emu.gradients(x, truths)
-    assert all(p.where == "kernels" for p in emu.executor.training_coverage())
+    want, got = cpu.gradients(x, truths), gpu.gradients(x, truths)
+    assert all(p.where == "kernels" for p in gpu.executor.training_coverage())
     assert want.params[2]["weights"].any()
     for i, grads in want.params.items():
         for name, g in grads.items():
@@ -184,7 +186,7 @@ def test_training_at_several_sizes_in_turn_keeps_device_memory_flat():
             assert np.isfinite(net.train_step(x, truths).loss)
         gc.collect()
         stats = device.stats()
-        plans = net.executor._training_plans
+        plans = net.executor._training_programs
         rounds.append({**{k: stats[k] for k in (*keys, "live_bytes")},
                        "builds": plans.builds, "hits": plans.hits})
     for later in rounds[1:]:
@@ -213,7 +215,7 @@ def test_kept_programs_and_device_parameters_equal_fresh_ones_after_resizing():
             net.resize(size, size)
             if i == 1:
                 trainer = Trainer.of(net)
-                net.executor._training_plans.clear()
+                net.executor._training_programs.clear()
                 trainer.executor_resized()
         losses = [net.train_step(x, truths).loss for net in nets]
         assert losses[0] == losses[1]
