@@ -155,9 +155,15 @@ static int load_libraries(DMMetalDevice *device) {
     // Fast math (Metal's default) assumes no NaN or infinity, reassociates sums and swaps in
     // approximate exp/log: results would leave the CPU reference, and the NaN guards of
     // training would compile away (what drives Darknet's -Ofast CPU training to NaN).
+    // mathMode is declared by the macOS 15 SDK only: an older SDK's compiler must not see it
+    // (@available is a run-time check), and a newer OS run by an older build gets the
+    // deprecated switch, which it still honours.
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
     if (@available(macOS 15.0, *)) {
         options.mathMode = MTLMathModeSafe;
-    } else {
+    } else
+#endif
+    {
 #pragma clang diagnostic push
 #pragma clang diagnostic ignored "-Wdeprecated-declarations"
         options.fastMathEnabled = NO;

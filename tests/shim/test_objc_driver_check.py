@@ -1,6 +1,7 @@
 """The Objective-C Metal driver type-checks under ARC for arm64 macOS against the stub
-headers, and the check catches a wrong selector, a wrong argument type and a missing
-bridged cast (mutated copies of the driver must fail)."""
+headers standing for the macOS 13.3 SDK and for the 15 SDK, and the check catches a wrong
+selector, a wrong argument type, a missing bridged cast and a 15-SDK name used without the
+SDK guard (mutated copies of the driver must fail)."""
 
 import pathlib
 import shutil
@@ -29,6 +30,14 @@ def test_driver_passes():
 
 # (original text, mutated text, expected clang diagnostic)
 MUTATIONS = [
+    pytest.param(
+        # mathMode is a macOS 15 SDK name: @available is a run-time check that does not hide
+        # it from an older SDK's compiler.
+        "#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000\n",
+        "#if 1\n",
+        "property 'mathMode' not found on object of type 'MTLCompileOptions *'",
+        id="math-mode-without-sdk-guard",
+    ),
     pytest.param(
         "    if (@available(macOS 15.0, *)) {\n        options.mathMode = MTLMathModeSafe;",
         "    options.mathMode = MTLMathModeSafe;\n    if (1) {",
@@ -87,3 +96,11 @@ def test_the_library_compiles_without_fast_math():
     assert "options.fastMathEnabled = NO;" in text
     call = text[text.index("newLibraryWithSource:device.sources[i]"):]
     assert call.split("]")[1].split()[0] == "options:options", call[:120]
+
+
+def test_the_stubs_declare_what_each_sdk_declares():
+    stubs = (ROOT / "shim" / "stubs" / "Metal" / "Metal.h").read_text()
+    guarded = stubs[stubs.index("#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000"):]
+    newer, older = guarded.split("#else", 1)
+    assert "MTLMathMode mathMode" in newer and "API_DEPRECATED" in newer
+    assert "fastMathEnabled" in older and "MTLMathMode mathMode" not in older.split("#endif")[0]

@@ -3,6 +3,13 @@
 #ifndef DM_STUB_FOUNDATION_H
 #define DM_STUB_FOUNDATION_H
 
+/* <AvailabilityInternal.h>: the SDK's own version, what `#if` on an API's SDK tests. The
+ * stubs stand for the 13.3 SDK unless DM_STUB_SDK says otherwise (150000: the 15 SDK). */
+#ifndef DM_STUB_SDK
+#define DM_STUB_SDK 130300
+#endif
+#define __MAC_OS_X_VERSION_MAX_ALLOWED DM_STUB_SDK
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,6 +23,12 @@
 /* <os/availability.h>, macOS only: enough for clang's availability checks. */
 #define API_AVAILABLE(macos_version) __attribute__((availability(macos_version)))
 #define macos(v) macos, introduced = v
+/* API_DEPRECATED(message, macos(introduced, deprecated)), macOS only. */
+#define API_DEPRECATED(why, range) DM_STUB_DEPRECATED_(why, DM_STUB_##range)
+#define DM_STUB_DEPRECATED_(why, range) DM_STUB_DEPRECATED__(why, range)
+#define DM_STUB_DEPRECATED__(why, from, to) \
+    __attribute__((availability(macos, introduced = from, deprecated = to, message = why)))
+#define DM_STUB_macos(from, to) from, to
 
 typedef long NSInteger;
 typedef unsigned long NSUInteger;

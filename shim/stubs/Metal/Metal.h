@@ -63,7 +63,8 @@ typedef NS_OPTIONS(NSUInteger, MTLResourceOptions) {
 @property (readonly) NSString *name;
 @end
 
-/* macOS 15 SDK (absent from 13.3): the driver sets it when the OS has it. */
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+/* The 15 SDK: mathMode appears and fastMathEnabled is deprecated. */
 typedef NS_ENUM(NSInteger, MTLMathMode) {
     MTLMathModeSafe = 0,
     MTLMathModeRelaxed = 1,
@@ -71,9 +72,16 @@ typedef NS_ENUM(NSInteger, MTLMathMode) {
 } API_AVAILABLE(macos(15.0));
 
 @interface MTLCompileOptions : NSObject
-@property (readwrite, nonatomic) BOOL fastMathEnabled;
+@property (readwrite, nonatomic) BOOL fastMathEnabled
+    API_DEPRECATED("Use mathMode instead", macos(10.11, 15.0));
 @property (readwrite, nonatomic) MTLMathMode mathMode API_AVAILABLE(macos(15.0));
 @end
+#else
+/* The 13.3 SDK: no MTLMathMode, no mathMode. */
+@interface MTLCompileOptions : NSObject
+@property (readwrite, nonatomic) BOOL fastMathEnabled;
+@end
+#endif
 
 @protocol MTLLibrary <NSObject>
 - (nullable id<MTLFunction>)newFunctionWithName:(NSString *)functionName;
