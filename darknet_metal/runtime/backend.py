@@ -8,6 +8,7 @@ holds a ``PassRing``. Nothing above reads an executor's own members.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -122,28 +123,43 @@ class Backend(Protocol):
 
 class ExecutorEvents:
     """The listeners of an executor: its owner (``Network``) tells them after a resize and
-    before a close."""
+    before a close. A listener is held weakly (a trainer nobody keeps goes away with its
+    memory) unless it was given with ``keep=True`` (the trainer a network's conveniences
+    use, which lives as long as the executor)."""
 
     def __init__(self) -> None:
-        self.listeners: list[ExecutorListener] = []
+        self._listeners: list[weakref.ref[ExecutorListener]] = []
+        self._kept: list[ExecutorListener] = []
 
-    def listen(self, listener: ExecutorListener) -> None:
-        """Tell ``listener`` from now on."""
+    @property
+    def listeners(self) -> list[ExecutorListener]:
+        """The listeners still alive, in the order they were given."""
+        alive = [listener for ref in self._listeners if (listener := ref()) is not None]
+        if len(alive) < len(self._listeners):
+            self._listeners = [weakref.ref(listener) for listener in alive]
+        return alive
+
+    def listen(self, listener: ExecutorListener, *, keep: bool = False) -> None:
+        """Tell ``listener`` from now on; ``keep``: hold it for as long as the executor."""
         if listener not in self.listeners:
-            self.listeners.append(listener)
+            self._listeners.append(weakref.ref(listener))
+        if keep and listener not in self._kept:
+            self._kept.append(listener)
 
     def unlisten(self, listener: ExecutorListener) -> None:
-        """Stop telling ``listener``."""
-        if listener in self.listeners:
-            self.listeners.remove(listener)
+        """Stop telling ``listener`` (and holding it)."""
+        self._listeners = [ref for ref in self._listeners if ref() is not listener]
+        if listener in self._kept:
+            self._kept.remove(listener)
 
     def resized(self) -> None:
         """Each listener rebinds to the executor's new size."""
-        for listener in list(self.listeners):
+        for listener in self.listeners:
             listener.executor_resized()
 
     def closing(self) -> None:
         """Each listener lets go of the executor's memory; none is told again."""
-        for listener in list(self.listeners):
+        for listener in self.listeners:
             listener.executor_closing()
-        self.listeners.clear()
+        self._listeners = []
+        self._kept = []

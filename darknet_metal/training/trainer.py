@@ -131,15 +131,20 @@ class Trainer:
 
     @classmethod
     def of(cls, net: TrainableNetwork) -> Trainer:
-        """The trainer of ``net`` (``Network.train_step`` and the other conveniences use it):
-        the first one listening to its executor, else a new one (seeded by
-        ``load(seed=...)``); after the network moved to another device, a new one. It lives
-        as long as the executor it is bound to."""
+        """The trainer of ``net`` that ``Network.train_step`` and the other conveniences use:
+        made on first use (seeded by ``load(seed=...)``) and held by the network's executor
+        for as long as it lives; after the network moved to another device, a new one.
+        Trainers made with ``Trainer(net)`` are others: each lives while its caller keeps
+        it."""
         with net.exclusive():
-            for listener in net.executor.events.listeners:
-                if isinstance(listener, Trainer):
+            events = net.executor.events
+            for listener in events.listeners:
+                if isinstance(listener, Trainer) and listener.kept:
                     return listener
-            return cls(net, seed=net.training_seed)
+            trainer = cls(net, seed=net.training_seed)
+            trainer.kept = True
+            events.listen(trainer, keep=True)
+            return trainer
 
     def __init__(self, net: TrainableNetwork, *, seed: int = 0) -> None:
         if net.precision != "fp32":
@@ -182,6 +187,8 @@ class Trainer:
         self.program: BoundProgram | None = None
         self._gradient_program: BoundProgram | None = None
         self._bind()
+        #: Whether this is the network's own trainer (``of``), held by its executor.
+        self.kept = False
         backend.events.listen(self)
         # The learning rate and Darknet's batch number of the update, read when it runs.
         zeros = backend.training_zeros or np.zeros

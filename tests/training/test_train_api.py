@@ -433,3 +433,22 @@ def test_the_program_cache_gives_back_what_leaves_and_keeps_what_is_held():
     assert released == ["a", "b"] and (cache.builds, cache.hits) == (4, 1)
     cache.clear()
     assert sorted(released) == ["a", "b", "b2", "c"] and len(cache) == 0
+
+
+def test_the_networks_trainer_lives_with_it_and_others_go_when_let_go(tmp_path):
+    import gc
+    import weakref
+
+    net = _net(tmp_path)
+    x, truths = _batch(net)
+    net.train_step(x, truths)
+    own = Trainer.of(net)
+    assert Trainer.of(net) is own and own.kept  # the conveniences' trainer, kept
+    other = weakref.ref(Trainer(net, seed=2))  # nobody keeps it
+    gc.collect()
+    assert other() is None
+    assert net.executor.events.listeners == [own]
+    net.train_step(x, truths)
+    assert Trainer.of(net) is own and net.iteration == 2
+    net.to("emu")  # the state goes back into net.params; a new trainer on the new device
+    assert own.executor is None and Trainer.of(net) is not own
