@@ -24,7 +24,9 @@ import numpy as np
 from darknet_metal.cpu import update as cpu_update
 from darknet_metal.cpu.yolo_loss import YOLO_STAT_NAMES, check_truths
 from darknet_metal.errors import ArgumentError, MemoryLimitError, NonFiniteError
-from darknet_metal.model.weights import Params
+from darknet_metal.model.cfg import NetConfig
+from darknet_metal.model.weights import Params, WeightsHeader
+from darknet_metal.ops import Op
 from darknet_metal.runtime.backend import Backend, BoundProgram, UpdateSteps
 from darknet_metal.runtime.memory import format_bytes, physical_memory, plan_memory
 from darknet_metal.runtime.program import INPUT, Tensor
@@ -51,10 +53,10 @@ class TrainableNetwork(Protocol):
     seed of training's random streams), its executor, one step at a time (``exclusive``),
     and ``params_changed`` after an update."""
 
-    config: Any
-    layers: list[Any]
+    config: NetConfig
+    layers: list[Op]
     params: dict[int, Params]
-    header: Any
+    header: WeightsHeader
     dtype: np.dtype
     precision: str
     training_seed: int
@@ -590,7 +592,7 @@ class Trainer:
             self.state.restore(saved)
         return NonFiniteError(f"{message}; the step was undone", layer=layer)
 
-    def _first_non_finite(self, loaded: BoundProgram) -> tuple[Any, str] | None:
+    def _first_non_finite(self, loaded: BoundProgram) -> tuple[Op, str] | None:
         """The first layer of the last run whose output is not finite, in forward order, or
         else the first whose delta is not, in the order the backward ran (last layer
         first)."""
