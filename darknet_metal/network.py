@@ -14,7 +14,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -44,9 +44,8 @@ from darknet_metal.runtime.backend import Backend
 from darknet_metal.runtime.memory import format_bytes, pass_bytes, physical_memory
 from darknet_metal.runtime.pass_ring import PassRing
 from darknet_metal.runtime.program import STORAGE, stored_itemsize
-
-if TYPE_CHECKING:
-    from darknet_metal.training.trainer import Gradients, StepReport
+from darknet_metal.training.schedule import learning_rate
+from darknet_metal.training.trainer import Gradients, StepReport, Trainer
 
 #: Devices ``load`` accepts: the CPU reference, the Apple GPU, and the CPU emulator of the
 #: Metal compute model (the same kernels as "metal").
@@ -322,42 +321,30 @@ class Network:
         """One Darknet training iteration: ``Trainer.of(self).step`` (see
         ``darknet_metal.training.Trainer.step`` for ``x``, ``truths``, ``reduce`` and the
         errors)."""
-        from darknet_metal.training.trainer import Trainer
-
         return Trainer.of(self).step(x, truths, reduce)
 
     def accumulate(self, x: np.ndarray, truths: Sequence[Any]) -> float:
         """The forward and backward of ``train_step`` without the update
         (``Trainer.accumulate``). Returns the loss."""
-        from darknet_metal.training.trainer import Trainer
-
         return Trainer.of(self).accumulate(x, truths)
 
     def update(self, images: int | None = None) -> float:
         """Darknet's update for the accumulated gradients (``Trainer.update``); returns the
         learning rate it used."""
-        from darknet_metal.training.trainer import Trainer
-
         return Trainer.of(self).update(images)
 
     def gradient_buffers(self) -> dict[int, Params]:
         """The gradient accumulators per layer and parameter name
         (``Trainer.gradient_buffers``)."""
-        from darknet_metal.training.trainer import Trainer
-
         return Trainer.of(self).gradient_buffers()
 
     def statistic_buffers(self) -> dict[int, Params]:
         """The running statistics training updates (``Trainer.statistic_buffers``)."""
-        from darknet_metal.training.trainer import Trainer
-
         return Trainer.of(self).statistic_buffers()
 
     def gradients(self, x: np.ndarray, truths: Sequence[Any]) -> Gradients:
         """Forward and backward over a batch without changing any state
         (``Trainer.gradients``)."""
-        from darknet_metal.training.trainer import Trainer
-
         return Trainer.of(self).gradients(x, truths)
 
     @property
@@ -421,8 +408,6 @@ class Network:
     def learning_rate(self, iteration: int) -> float:
         """The learning rate of the update that makes ``iteration`` (Darknet's
         get_current_rate)."""
-        from darknet_metal.training.schedule import learning_rate
-
         return learning_rate(self.config.net.values, iteration)
 
     def summary(self) -> str:
