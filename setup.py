@@ -11,7 +11,11 @@ directory (again only when the ``.metal`` or the translator changed), then the s
 and Objective-C sources and those ``.cpp`` files are compiled with their language's flags
 (again only when a source or a header changed). On macOS it also links the Objective-C Metal
 driver and, when ``xcrun metal`` exists, builds ``darknet_metal.metallib`` next to the
-extension. The ``.metal`` sources and their headers are installed as package data
+extension. The CUDA driver (``shim/drivers/cuda_driver.cpp``) is always linked: it loads the
+NVIDIA driver library at run time. Where nvcc is found (PATH, ``CUDA_HOME`` or the
+``nvidia-cuda-nvcc`` wheel) and ``DARKNET_METAL_CUDA`` is not ``0``, ``shim/cuda/build.py``
+translates the kernels to CUDA and writes one fatbin per ``.metal`` file under ``cuda/`` next
+to the extension. The ``.metal`` sources and their headers are installed as package data
 (``darknet_metal/metal/shaders``) so the Metal driver can compile them at run time.
 """
 
@@ -20,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from glob import glob
 
 import numpy
@@ -34,6 +39,9 @@ MACOS = sys.platform == "darwin"
 SHIM_MODULE = "darknet_metal.metal._shim"
 OPT = ["-O0", "-g"] if DEBUG else ["-O2"]
 METAL2CPP = os.path.join("shim", "emu", "metal2cpp.py")
+CUDA_BUILD = os.path.join("shim", "cuda", "build.py")
+#: DARKNET_METAL_CUDA: "auto" (default) builds the CUDA kernels when nvcc is found, "0" never.
+CUDA_SETTING = os.environ.get("DARKNET_METAL_CUDA", "auto").strip().lower()
 #: Flags of the shim's own sources by suffix (the Cython module is C++ too).
 LANGUAGE_FLAGS = {
     ".c": ["-std=c11", "-D_POSIX_C_SOURCE=200809L"],
@@ -83,6 +91,8 @@ def _shim_native_sources() -> list[str]:
     sources = sorted(glob(os.path.join("shim", "core", "*.c")))
     sources += [
         os.path.join("shim", "drivers", "emu_driver.cpp"),
+        os.path.join("shim", "drivers", "bindings.c"),
+        os.path.join("shim", "drivers", "cuda_driver.cpp"),
         os.path.join("shim", "emu", "emu_runtime.cpp"),
         os.path.join("shim", "emu", "fiber.cpp"),
     ]
@@ -102,7 +112,7 @@ def _shim_extension() -> Extension:
     # Only the Cython module is an extension source: BuildExt compiles the native sources and
     # the kernels itself, each language with its own flags, and links their objects in.
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
-    link_args = ["-lpthread"] if not MACOS else []
+    link_args = ["-lpthread", "-ldl"] if not MACOS else []
     if MACOS:
         macros.append(("DM_HAVE_METAL", "1"))
         link_args += ["-framework", "Metal", "-framework", "Foundation"]
@@ -115,17 +125,22 @@ def _shim_extension() -> Extension:
         extra_compile_args=OPT + LANGUAGE_FLAGS[".cpp"],
         extra_link_args=link_args,
         # What the objects are built from: a change here relinks the extension.
-        depends=_shim_headers() + _shim_native_sources() + _kernel_sources() + [METAL2CPP],
+        depends=_shim_headers() + _shim_native_sources() + _kernel_sources() + [METAL2CPP]
+        + sorted(glob(os.path.join("shim", "cuda", "*.py"))),
     )
 
 
-def _load_metal2cpp():
-    path = os.path.join(HERE, METAL2CPP)
-    spec = importlib.util.spec_from_file_location("metal2cpp", path)
+def _load_script(relative: str, name: str):
+    path = os.path.join(HERE, relative)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("metal2cpp", module)
+    sys.modules.setdefault(name, module)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_metal2cpp():
+    return _load_script(METAL2CPP, "metal2cpp")
 
 
 def _stale(target: str, inputs: list[str]) -> bool:
@@ -147,6 +162,36 @@ class BuildExt(build_ext):
         super().build_extension(ext)
         if ext.name == SHIM_MODULE and MACOS:
             self._build_metallib(ext)
+        if ext.name == SHIM_MODULE:
+            self._build_cuda_modules(ext)
+
+    def _build_cuda_modules(self, ext: Extension) -> None:
+        """The kernels as CUDA fatbins under ``cuda/`` next to the extension, when nvcc is
+        found; without nvcc the 'cuda' device reports that its kernels are missing."""
+        if CUDA_SETTING in ("0", "no", "off", "false"):
+            return
+        cuda_build = _load_script(CUDA_BUILD, "dm_cuda_build")
+        nvcc = cuda_build.find_nvcc()
+        if nvcc is None:
+            if CUDA_SETTING not in ("", "auto"):
+                raise RuntimeError("DARKNET_METAL_CUDA is set but no nvcc was found")
+            print("darknet_metal: nvcc not found; the 'cuda' device will have no kernels")
+            return
+        target = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), "cuda")
+        work = os.path.join(self.build_temp, "dm_cuda")
+        print(f"darknet_metal: building the CUDA kernels with {nvcc}")
+        cuda_build.build_modules(target, work, nvcc, force=self.force)
+
+    def copy_extensions_to_source(self) -> None:
+        """In-place builds: the CUDA modules go beside the extension too."""
+        super().copy_extensions_to_source()
+        built = os.path.join(self.build_lib, *SHIM_MODULE.split(".")[:-1], "cuda")
+        if not os.path.isdir(built):
+            return
+        source = os.path.join(HERE, *SHIM_MODULE.split(".")[:-1], "cuda")
+        os.makedirs(source, exist_ok=True)
+        for name in sorted(os.listdir(built)):
+            shutil.copy2(os.path.join(built, name), os.path.join(source, name))
 
     def _translate_kernels(self) -> list[str]:
         """Every kernel source as C++ for the emulator, under the build directory; a .metal
@@ -185,15 +230,22 @@ class BuildExt(build_ext):
             targets = self.compiler.object_filenames(group, output_dir=self.build_temp)
             stale = [src for src, obj in zip(group, targets, strict=True)
                      if self.force or _stale(obj, [src, *headers])]
-            if stale:
+            def compile_some(some: list[str], flags: list[str] = flags) -> None:
                 self.compiler.compile(
-                    stale,
+                    some,
                     output_dir=self.build_temp,
                     macros=ext.define_macros,
                     include_dirs=ext.include_dirs,
                     debug=self.debug,
                     extra_postargs=OPT + flags,
                 )
+
+            jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 1 else 1
+            if len(stale) > 1 and jobs > 1:  # build_ext -j N: one compiler process per source
+                with ThreadPoolExecutor(max_workers=jobs) as pool:
+                    list(pool.map(lambda src: compile_some([src]), stale))
+            elif stale:
+                compile_some(stale)
             objects += targets
         return objects
 

@@ -2,8 +2,9 @@
 
 ``load`` builds a ``Network`` from a cfg and weights, ``load_model`` from a bundled model;
 ``Network.forward`` and ``Network.detect`` run it on the CPU (``device="cpu"``), an Apple GPU
-(``"metal"``) or the Metal emulator (``"emu"``); ``darknet_metal.metal`` reports on and
-manages the GPU devices. Every error raised on purpose is a ``DarknetMetalError``.
+(``"metal"``), the Metal emulator (``"emu"``) or, to verify the kernels, an NVIDIA GPU running
+them translated to CUDA (``"cuda"``); ``darknet_metal.metal`` reports on and manages the GPU
+devices. Every error raised on purpose is a ``DarknetMetalError``.
 """
 
 from darknet_metal import metal

@@ -157,9 +157,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument(
         "--device",
-        choices=("metal", "emu"),
+        choices=("metal", "emu", "cuda"),
         default=None,
-        help="device to check (default: metal when available, else emu)",
+        help="device to check: metal (Apple GPU), emu (CPU emulator) or cuda (the same "
+        "kernels on an NVIDIA GPU, for verification) (default: metal when available, else emu)",
     )
     doctor.add_argument(
         "--size",
@@ -233,8 +234,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--device",
         default="cpu",
         choices=DEVICES,
-        help="cpu, metal (Apple GPU) or emu (Metal kernels in the CPU emulator) "
-        "(default: %(default)s)",
+        help="cpu, metal (Apple GPU), emu (Metal kernels in the CPU emulator) or cuda (the "
+        "same kernels on an NVIDIA GPU, for verification) (default: %(default)s)",
     )
 
 

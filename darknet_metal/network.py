@@ -47,9 +47,10 @@ from darknet_metal.runtime.program import STORAGE, stored_itemsize
 from darknet_metal.training.schedule import learning_rate
 from darknet_metal.training.trainer import Gradients, StepReport, Trainer
 
-#: Devices ``load`` accepts: the CPU reference, the Apple GPU, and the CPU emulator of the
-#: Metal compute model (the same kernels as "metal").
-DEVICES = ("cpu", "metal", "emu")
+#: Devices ``load`` accepts: the CPU reference, the Apple GPU, the CPU emulator of the
+#: Metal compute model (the same kernels as "metal"), and "cuda": the same kernels translated
+#: to CUDA on an NVIDIA GPU (a verification device, not an Apple result).
+DEVICES = ("cpu", "metal", "emu", "cuda")
 
 
 def _read_names(names: str | os.PathLike[str] | Sequence[str] | None) -> list[str] | None:
@@ -90,8 +91,8 @@ class Network:
         self.batch = batch
         self.dtype = _check_dtype(dtype, device)
         _check_device(device)
-        #: "fp32", or "fp16" (metal/emu: activations and parameters held as half, arithmetic
-        #: in float; inference only).
+        #: "fp32", or "fp16" (metal/emu/cuda: activations and parameters held as half,
+        #: arithmetic in float; inference only).
         self.precision = _check_precision(precision, device, self.dtype)
         self._executor: Backend | None = None
         # The executor's inference copies (batch norm folded) are older than ``params``.
@@ -165,7 +166,7 @@ class Network:
         )
 
     def to(self, device: str) -> Network:
-        """Moves the network to ``device`` ("cpu", "metal", "emu") and returns it.
+        """Moves the network to ``device`` ("cpu", "metal", "emu", "cuda") and returns it.
 
         The parameters are the same arrays; the old device's buffers are released, so
         outputs of earlier passes still on that device can no longer be read. Raises
@@ -279,10 +280,10 @@ class Network:
         """Detections of each of ``frames`` (paths or (H, W, 3) uint8 RGB arrays, from any
         iterable: a list, a generator, a video reader), pipelined: ``workers`` threads read
         and resize the next frames, and boxes are decoded in another thread, while passes of
-        ``batch`` frames (default ``self.batch``; the last pass is padded) run; on ``metal``
-        and ``emu`` up to ``depth`` passes are in flight on the device at once (each with its
-        own input and output memory, allocated once). Yields one list of ``Detection`` per
-        frame, in order, equal to ``detect(frame, thresh, nms)``.
+        ``batch`` frames (default ``self.batch``; the last pass is padded) run; on ``metal``,
+        ``emu`` and ``cuda`` up to ``depth`` passes are in flight on the device at once (each
+        with its own input and output memory, allocated once). Yields one list of
+        ``Detection`` per frame, in order, equal to ``detect(frame, thresh, nms)``.
 
         Returns a ``DetectionStream`` (an iterator; ``.timings`` gives each pass's
         ``PassTimings``, ``.close()`` stops it early). While it runs, the network is shared
@@ -294,8 +295,8 @@ class Network:
     def warmup(self, batch: int | None = None, depth: int = 2) -> None:
         """Build now what the first ``detect`` or ``stream`` at ``batch`` images per pass
         (default ``self.batch``) would: the pass's program and memory, the device's pipeline
-        states and parameters, and on ``metal``/``emu`` the ``depth`` pass slots a stream
-        uses — so that the first frame costs what every other does."""
+        states and parameters, and on ``metal``/``emu``/``cuda`` the ``depth`` pass slots a
+        stream uses — so that the first frame costs what every other does."""
         batch = arguments.positive_int("batch", self.batch if batch is None else batch)
         depth = arguments.positive_int("depth", depth)
         c, h, w = self.input_shape
@@ -456,8 +457,8 @@ def _check_precision(precision: object, device: str, dtype: np.dtype) -> str:
         raise ArgumentError(f"precision must be one of {', '.join(map(repr, STORAGE))}, "
                             f"not {precision!r}")
     if precision == "fp16" and device == "cpu":
-        raise ArgumentError("precision='fp16' runs on the Metal devices ('metal', 'emu'); the "
-                            "CPU computes in float32 (or float64)")
+        raise ArgumentError("precision='fp16' runs on the Metal devices ('metal', 'emu', "
+                            "'cuda'); the CPU computes in float32 (or float64)")
     if precision == "fp16" and dtype != np.float32:
         raise ArgumentError(f"precision='fp16' needs dtype float32, not {dtype}")
     return str(precision)
@@ -484,8 +485,9 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
 
     ``cfg``: the ``.cfg`` path. ``weights``: a ``.weights`` path, or None to initialise the
     parameters as Darknet does (reproducibly with ``seed``). ``names``: a ``.names`` path or a
-    list of class names. ``device``: ``"cpu"``, ``"metal"`` (Apple GPU) or ``"emu"`` (the Metal
-    kernels in the CPU emulator; DeviceError when unavailable). ``batch``, ``subdivisions``:
+    list of class names. ``device``: ``"cpu"``, ``"metal"`` (Apple GPU), ``"emu"`` (the Metal
+    kernels in the CPU emulator) or ``"cuda"`` (the same kernels translated to CUDA on an
+    NVIDIA GPU, for verification); DeviceError when unavailable. ``batch``, ``subdivisions``:
     replace ``[net]``'s, as editing the cfg would (the images of one training iteration, and
     the mini-batches it is split into); ``batch`` is also the size inference is prepared and
     memory-checked for (1 when not given; any batch size works in ``forward``).
@@ -495,11 +497,11 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     (convolutional weights do not depend on it). ``partial``: ``weights`` may hold only the
     first layers (a backbone such as ``yolov4-tiny.conv.29``, or the output of ``darknet-metal
     partial``); the others are initialised as without weights, and ``net.weights_coverage``
-    says which came from the file. ``precision``: "fp32", or "fp16" on ``metal``/``emu``:
-    weights and activations held as half (about half the device memory), every sum and
-    activation computed in float and rounded once per stored value; inference only (training
-    raises ``ArgumentError``); every layer must have half-storage kernels (``DeviceError``
-    naming the layers otherwise).
+    says which came from the file. ``precision``: "fp32", or "fp16" on the Metal devices
+    (``metal``/``emu``/``cuda``): weights and activations held as half (about half the device
+    memory), every sum and activation computed in float and rounded once per stored value;
+    inference only (training raises ``ArgumentError``); every layer must have half-storage
+    kernels (``DeviceError`` naming the layers otherwise).
     Raises ``CfgError`` / ``WeightsError`` naming the file and line or layer at fault,
     ``ArgumentError`` / ``ArgumentTypeError`` naming a bad argument, ``DeviceError`` for a
     device this machine lacks (or float64 on a Metal device), ``MemoryLimitError`` when a pass

@@ -1,4 +1,5 @@
-/* C ABI of the host shim between Python and a compute driver (Metal or the CPU emulator).
+/* C ABI of the host shim between Python and a compute driver (Metal, the CPU emulator, or
+ * CUDA on an NVIDIA GPU for verification).
  *
  * Every function that can fail returns DM_OK (0) or a negative DM_ERR_* code and sets a
  * message for the calling thread, read with dm_last_error(). Nothing aborts the process.
@@ -31,6 +32,7 @@ extern "C" {
 
 #define DM_DEVICE_EMU 0
 #define DM_DEVICE_METAL 1
+#define DM_DEVICE_CUDA 2 /* the same kernels translated to CUDA, on an NVIDIA GPU */
 
 #define DM_DISPATCH_THREADS 0      /* grid counts threads (dispatchThreads) */
 #define DM_DISPATCH_THREADGROUPS 1 /* grid counts threadgroups (dispatchThreadgroups) */
@@ -57,6 +59,9 @@ typedef struct dm_device_options {
     const char *const *source_names; /* for messages */
     int n_sources;
     int emu_threads; /* emulator host threads; <= 0: number of cores */
+    /* CUDA: the kernel modules (fatbins) translated from the .metal sources at build time. */
+    const char *const *module_paths;
+    int n_modules;
 } dm_device_options;
 
 typedef struct dm_device_info {
@@ -113,7 +118,8 @@ typedef struct dm_dispatch_desc {
 /* Message of the last failure on this thread ("" if none). */
 const char *dm_last_error(void);
 
-/* 1 if a device of `kind` can be created on this machine (driver compiled in). */
+/* 1 if a device of `kind` can be created on this machine (driver compiled in and, for CUDA,
+ * the driver library and a GPU present); when 0, dm_last_error() says what is missing. */
 int dm_device_available(int kind);
 int dm_device_create(int kind, const dm_device_options *options, dm_device **out);
 /* Waits for committed work, then frees every buffer, pipeline and driver object. */

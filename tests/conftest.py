@@ -9,16 +9,16 @@ from shared_paths import GOLDEN, YOLOV3_TINY
 
 @pytest.fixture(params=DEVICES)
 def device(request):
-    """Each device of devices.DEVICES in turn (test ids ``[cpu]``, ``[emu]``); skipped
-    where that device is not available."""
+    """Each device of devices.DEVICES in turn (test ids ``[cpu]``, ``[emu]``, ``[cuda]``);
+    skipped where that device is not available."""
     require(request.param)
     return request.param
 
 
 @pytest.fixture(params=GPU_DEVICES)
 def gpu_device(request):
-    """Each Metal device of devices.GPU_DEVICES in turn (test id ``[emu]``); skipped where
-    that device is not available."""
+    """Each Metal device of devices.GPU_DEVICES in turn (test ids ``[emu]``, ``[cuda]``);
+    skipped where that device is not available."""
     require(request.param)
     return request.param
 

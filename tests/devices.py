@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-# "cpu": the CPU executor; "emu": the Metal executor on the CPU emulator of Metal (the shim).
-DEVICES = ("cpu", "emu")
+# "cpu": the CPU executor; "emu": the Metal executor on the CPU emulator of Metal (the shim);
+# "cuda": the Metal executor on an NVIDIA GPU through the cuda shim driver, skipped where none
+# is present.
+DEVICES = ("cpu", "emu", "cuda")
 GPU_DEVICES = tuple(d for d in DEVICES if d != "cpu")
+
+# Why a device is skipped, where the generic "no 'kind' device here" says too little.
+_MISSING = {
+    "cuda": "no NVIDIA GPU with the CUDA driver and translated kernels here (device 'cuda')",
+}
 
 
 def require(device: str) -> None:
@@ -21,4 +28,4 @@ def require(device: str) -> None:
     from darknet_metal import metal
 
     if not metal.is_available(device):
-        pytest.skip(f"no {device!r} device here")
+        pytest.skip(_MISSING.get(device, f"no {device!r} device here"))

@@ -1,9 +1,10 @@
 """CPU-versus-GPU parity of a Darknet network, layer by layer.
 
     python tools/parity.py CFG [--weights W | --random-seed S] [--image IMG | --random-input]
-                           [--device emu|metal] [--size WxH] [--gemm auto|simd|tiled] [--json]
+                           [--device emu|metal|cuda] [--size WxH] [--gemm auto|simd|tiled]
+                           [--json]
     python tools/parity.py CFG --train [--batch N] [--weights W | --random-seed S]
-                           [--device emu|metal] [--size WxH] [--json]
+                           [--device emu|metal|cuda] [--size WxH] [--json]
 
 Prints, per layer: index, type, output shape, where it ran (kernels or CPU fallback), max abs
 diff, NMSE and the verdict against the tolerance of ``darknet_metal.diagnostics.parity``;

@@ -281,6 +281,9 @@ def run_doctor(
     out(_section("speed: yolov4-tiny 416x416, batch 1, random weights"))
     if device == "emu":
         out("  skipped: the emulator checks correctness; its speed says nothing of a GPU")
+    elif device == "cuda":
+        out("  skipped: cuda verifies the kernels; an NVIDIA GPU's speed says nothing of an "
+            "Apple GPU's")
     else:
         try:
             measure_speed(device, size=416, out=out)

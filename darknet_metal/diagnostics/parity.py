@@ -1,4 +1,4 @@
-"""Layer-by-layer parity of a network on a Metal device ("metal" or "emu") against the CPU.
+"""Layer-by-layer parity of a network on a Metal device (metal, emu or cuda) against the CPU.
 
 Both backends run the whole network on the same input; the device runs on its own previous
 outputs (as in real use), so differences accumulate with depth. Each layer's output is
@@ -360,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     inp.add_argument(
         "--random-input", action="store_true", help="uniform random input (the default)"
     )
-    parser.add_argument("--device", choices=("emu", "metal"), default="emu")
+    parser.add_argument("--device", choices=("emu", "metal", "cuda"), default="emu")
     parser.add_argument(
         "--size", type=_size_arg, metavar="WxH", help="replace the [net] width and height"
     )

@@ -47,7 +47,7 @@ def add_commands(commands: Any) -> None:
                          help="recall points of AP: 0 area under the curve, 11 VOC2007, 101 "
                          "COCO (default: the .data file's points, else 0)")
     mapping.add_argument("--device", default="cpu", choices=DEVICES,
-                         help="cpu, metal or emu (default: %(default)s)")
+                         help="cpu, metal, emu or cuda (default: %(default)s)")
     mapping.add_argument("--batch", type=positive_int, default=4, metavar="N",
                          help="images per forward pass (default: %(default)s)")
     mapping.add_argument("--json", action="store_true",

@@ -1,9 +1,12 @@
 """The Metal path: device queries, memory statistics and counters (``darknet_metal.metal``).
 
-Every function takes ``device``: ``"metal"`` (the Apple GPU, macOS builds) or ``"emu"`` (the
-CPU emulator of the Metal compute model that runs the same kernels on any OS). One device of
-each kind is shared by the whole process: networks loaded with ``device="emu"`` and these
-functions see the same pool, counters and command stream.
+Every function takes ``device``: ``"metal"`` (the Apple GPU, macOS builds), ``"emu"`` (the
+CPU emulator of the Metal compute model that runs the same kernels on any OS) or ``"cuda"``
+(the same Metal kernels translated to CUDA and run on an NVIDIA GPU: a verification device
+for the kernels' results, whose results and speed are not an Apple GPU's; available only
+where the CUDA driver, an NVIDIA GPU and a build with the translated kernels are present).
+One device of each kind is shared by the whole process: networks loaded with
+``device="emu"`` and these functions see the same pool, counters and command stream.
 
 Memory figures are bytes the driver holds (buffers in use plus buffers kept in the pool for
 reuse), rounded to the pool's size classes.
@@ -35,7 +38,7 @@ __all__ = [
     "synchronize",
 ]
 
-KINDS = ("metal", "emu")
+KINDS = ("metal", "emu", "cuda")
 
 _devices: dict[str, Any] = {}
 _creating = threading.Lock()
@@ -46,6 +49,11 @@ _UNAVAILABLE_METAL = (
     "device 'metal' is not available: {why}. Metal needs macOS on Apple silicon; use "
     "device='emu' to run the same Metal kernels in the CPU emulator, or use 'cpu' for the "
     "CPU reference"
+)
+_UNAVAILABLE_CUDA = (
+    "device 'cuda' is not available: {why}. It needs an NVIDIA GPU with its driver and a "
+    "build made where nvcc was found; use device='emu' to run the same kernels in the CPU "
+    "emulator"
 )
 
 
@@ -90,17 +98,49 @@ def device_lock(device: str) -> threading.RLock:
     return _device_locks[device]
 
 
+def _shim_available(shim: Any, device: str) -> tuple[bool, str | None]:
+    """``(shim.available(device), None)``, or ``(False, why)`` when the shim raises (an
+    extension built before the kind existed does not know it)."""
+    try:
+        return bool(shim.available(device)), None
+    except Exception as e:
+        return False, (f"the shim extension was built without the {device!r} kind ({e}); "
+                       "rebuild it")
+
+
+def _cuda_unavailable(shim: Any) -> DeviceError:
+    """The DeviceError for an unavailable "cuda" device, with the shim's reason: creating
+    the device anyway says what is missing (driver library, GPU or translated kernels)."""
+    why = "the shim reports no usable cuda device"
+    try:
+        created = shim.Device("cuda")
+    except Exception as e:  # the shim's reason, whatever it raised
+        why = str(e).strip() or why
+    else:
+        # Created although reported unavailable: do not keep it.
+        created.close()
+    return DeviceError(_UNAVAILABLE_CUDA.format(why=why))
+
+
 def _create(device: str) -> Any:
     shim = _load_shim()
-    if not shim.available(device):
+    available, unknown = _shim_available(shim, device)
+    if not available:
+        if device == "cuda":
+            if unknown is not None:
+                raise DeviceError(_UNAVAILABLE_CUDA.format(why=unknown))
+            raise _cuda_unavailable(shim)
         if device == "metal":
-            raise DeviceError(_UNAVAILABLE_METAL.format(why="this build has no Metal driver"))
-        raise DeviceError(f"device {device!r} is not compiled into this build")
+            why = unknown or "this build has no Metal driver"
+            raise DeviceError(_UNAVAILABLE_METAL.format(why=why))
+        raise DeviceError(unknown or f"device {device!r} is not compiled into this build")
     try:
         created = shim.Device(device)
     except DeviceError as e:
         if device == "metal":
             raise DeviceError(_UNAVAILABLE_METAL.format(why=str(e))) from None
+        if device == "cuda":
+            raise DeviceError(_UNAVAILABLE_CUDA.format(why=str(e))) from None
         raise
     _devices[device] = created
     return created

@@ -13,6 +13,7 @@ cdef extern from "dm_shim.h" nogil:
     int DM_ERR_COMPILE
     int DM_DEVICE_EMU
     int DM_DEVICE_METAL
+    int DM_DEVICE_CUDA
     int DM_DISPATCH_THREADS
     int DM_DISPATCH_THREADGROUPS
     int DM_ORDER_FORWARD
@@ -37,6 +38,8 @@ cdef extern from "dm_shim.h" nogil:
         const char *const *source_names
         int n_sources
         int emu_threads
+        const char *const *module_paths
+        int n_modules
 
     ctypedef struct dm_device_info:
         char name[128]

@@ -3,7 +3,9 @@
 dispatch lists (``Device.dispatch_list``).
 
 ``Device("emu")`` runs the kernels built into this extension on the CPU emulator of the Metal
-compute model (every OS); ``Device("metal")`` runs them on the Apple GPU (macOS builds only).
+compute model (every OS); ``Device("metal")`` runs them on the Apple GPU (macOS builds only);
+``Device("cuda")`` runs the same kernels, translated to CUDA at build time, on an NVIDIA GPU
+(a verification device: builds made where nvcc was found, machines with the NVIDIA driver).
 Work is encoded into a command buffer and runs asynchronously; reading a buffer (or
 ``synchronize``) waits for the work that uses it. Every failure raises
 ``darknet_metal.errors.DeviceError`` with the shim's message; ``.code`` holds its code.
@@ -21,7 +23,8 @@ from libc.string cimport memset
 from darknet_metal.errors import DeviceError
 from darknet_metal.metal.sources import shader_dirs
 
-_KINDS = {"emu": DM_DEVICE_EMU, "metal": DM_DEVICE_METAL}
+_KINDS = {"emu": DM_DEVICE_EMU, "metal": DM_DEVICE_METAL, "cuda": DM_DEVICE_CUDA}
+_KIND_LIST = "'emu', 'metal' or 'cuda'"
 _ORDERS = {"forward": DM_ORDER_FORWARD, "reverse": DM_ORDER_REVERSE, "random": DM_ORDER_RANDOM}
 _ORDER_NAMES = {v: k for k, v in _ORDERS.items()}
 _MODES = {"threads": DM_DISPATCH_THREADS, "threadgroups": DM_DISPATCH_THREADGROUPS}
@@ -50,10 +53,28 @@ cdef int _raise(int rc) except -1:
 
 
 def available(kind: str) -> bool:
-    """True if a device of ``kind`` ("emu" or "metal") is compiled into this extension."""
+    """True if a device of ``kind`` ("emu", "metal" or "cuda") can be created here: compiled
+    into this extension and, for "cuda", the NVIDIA driver and a GPU present
+    (``unavailable_reason`` says what is missing)."""
     if kind not in _KINDS:
-        raise DeviceError(f"unknown device kind {kind!r}; expected 'emu' or 'metal'")
+        raise DeviceError(f"unknown device kind {kind!r}; expected {_KIND_LIST}")
     return bool(dm_device_available(_KINDS[kind]))
+
+
+def unavailable_reason(kind: str) -> str:
+    """Why ``available(kind)`` is False ("" when it is True)."""
+    if available(kind):
+        return ""
+    return dm_last_error().decode("utf-8", "replace")
+
+
+def cuda_modules() -> list:
+    """The CUDA kernel modules (``cuda/*.fatbin`` next to this extension) built from the
+    .metal sources, sorted; empty when the build had no nvcc."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda")
+    if not os.path.isdir(folder):
+        return []
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".fatbin"))
 
 
 def size_class(nbytes: int) -> int:
@@ -117,7 +138,8 @@ def _dim3(value, what: str):
 
 
 cdef class Device:
-    """A compute device: ``Device("emu")`` (CPU emulator) or ``Device("metal")`` (Apple GPU).
+    """A compute device: ``Device("emu")`` (CPU emulator), ``Device("metal")`` (Apple GPU) or
+    ``Device("cuda")`` (the same kernels on an NVIDIA GPU, for verification).
 
     ``emu_threads`` sets the emulator's host threads (<= 0: all cores). The emulator's thread
     order inside threadgroups starts from ``DARKNET_METAL_EMU_ORDER`` (forward, reverse,
@@ -127,7 +149,7 @@ cdef class Device:
     def __cinit__(self, str kind="emu", *, int emu_threads=0):
         self._ptr = NULL
         if kind not in _KINDS:
-            raise DeviceError(f"unknown device kind {kind!r}; expected 'emu' or 'metal'")
+            raise DeviceError(f"unknown device kind {kind!r}; expected {_KIND_LIST}")
         self.kind = kind
         cdef dm_device_options options
         memset(&options, 0, sizeof(options))
@@ -135,6 +157,18 @@ cdef class Device:
         keep = []
         cdef const char **srcs = NULL
         cdef const char **names = NULL
+        cdef const char **modules = NULL
+        if kind == "cuda":
+            paths = [os.fsencode(p) for p in cuda_modules()]
+            if paths:
+                modules = <const char **>malloc(len(paths) * sizeof(char *))
+                if modules == NULL:
+                    raise MemoryError()
+                for i, path_bytes in enumerate(paths):
+                    keep.append(path_bytes)
+                    modules[i] = <const char *>path_bytes
+                options.module_paths = modules
+                options.n_modules = len(paths)
         if kind == "metal" and dm_device_available(DM_DEVICE_METAL):
             lib = metallib_path()
             if lib is not None:
@@ -164,6 +198,7 @@ cdef class Device:
         finally:
             free(srcs)
             free(names)
+            free(modules)
 
     def __dealloc__(self):
         if self._ptr != NULL:

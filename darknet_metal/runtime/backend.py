@@ -65,7 +65,7 @@ class ExecutorListener(Protocol):
 class Backend(Protocol):
     """Runs a network's layers on one device.
 
-    ``name``: the device ("cpu", "metal", "emu"); ``dtype``: the compute dtype. One backend
+    ``name``: the device ("cpu", "metal", "emu", "cuda"); ``dtype``: the compute dtype. One backend
     serves one caller at a time: its buffers are reused from pass to pass.
     """
 

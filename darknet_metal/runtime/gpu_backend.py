@@ -1,4 +1,4 @@
-"""The GPU executor: runs a network's programs as Metal kernels on ``device="metal"`` or ``"emu"``.
+"""The GPU executor: runs a network's programs as Metal kernels on "metal", "emu" or "cuda".
 
 At load it places each layer: its op's kernel steps (``emit_device_forward``), an alias (an
 identity layer), or a CPU fallback with the reason (the op raised ``Unsupported``, a kernel's
@@ -63,7 +63,7 @@ MAX_PLACEMENTS = 32
 
 
 class GpuBackend(GpuTraining):
-    """Executes a network's layers with Metal kernels on ``device`` ("metal" or "emu").
+    """Executes a network's layers with Metal kernels on ``device`` ("metal", "emu" or "cuda").
 
     Same interface as ``CpuBackend`` (``load_params``, ``forward``, ``close``) plus
     ``coverage()``. ``gemm``: "auto" (``simdgroup_matrix`` GEMMs when the device has them, else

@@ -10,8 +10,8 @@ Triton's names (counters, durations in microseconds, summed over requests):
 ``nv_inference_compute_input_duration_us``, ``nv_inference_compute_infer_duration_us``,
 ``nv_inference_compute_output_duration_us``; gauge ``nv_inference_pending_request_count``.
 The package's own: ``darknet_metal_batch_size`` (histogram of images per execution),
-``darknet_metal_batch_requests`` (histogram of requests per execution) and, on ``metal``
-and ``emu``, the device's memory and buffer-pool counters as ``darknet_metal_device_*``.
+``darknet_metal_batch_requests`` (histogram of requests per execution) and, on ``metal``,
+``emu`` and ``cuda``, the device's memory and buffer-pool counters as ``darknet_metal_device_*``.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def add_commands(commands: Any) -> None:
     serve_cmd.add_argument("--port", type=_port, default=8000,
                            help="TCP port (default: %(default)s; 0 picks a free one)")
     serve_cmd.add_argument("--device", default="cpu", choices=DEVICES,
-                           help="cpu, metal or emu (default: %(default)s)")
+                           help="cpu, metal, emu or cuda (default: %(default)s)")
     serve_cmd.add_argument("--max-body-mb", type=positive_int, default=64, metavar="MB",
                            help="largest request body accepted, after decompression; larger "
                            "ones get 413 (default: %(default)s)")

@@ -46,7 +46,7 @@ def add_commands(commands: Any) -> None:
     train.add_argument("weights", metavar="WEIGHTS", type=Path, nargs="?",
                        help="weights to start from (default: Darknet's random initialisation)")
     train.add_argument("--device", default="cpu", choices=DEVICES,
-                       help="cpu, metal or emu (default: %(default)s)")
+                       help="cpu, metal, emu or cuda (default: %(default)s)")
     train.add_argument("--seed", type=seed, default=0,
                        help="seeds the initialisation, the batches, the augmentation and "
                        "dropout: two runs with the same seed give the same weights "

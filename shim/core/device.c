@@ -6,6 +6,7 @@
 
 static const dm_driver *driver_of(int kind) {
     if (kind == DM_DEVICE_EMU) return dm_emu_driver();
+    if (kind == DM_DEVICE_CUDA) return dm_cuda_driver();
 #if defined(DM_HAVE_METAL)
     if (kind == DM_DEVICE_METAL) return dm_metal_driver();
 #endif
@@ -43,12 +44,19 @@ static int apply_order_from_environment(dm_device *device) {
     return dm_device_set_thread_order(device, order, seed);
 }
 
-int dm_device_available(int kind) { return driver_of(kind) != NULL; }
+int dm_device_available(int kind) {
+    const dm_driver *driver = driver_of(kind);
+    if (driver == NULL) {
+        dm_set_error(DM_ERR_UNAVAILABLE, "device kind %d is not compiled into this build", kind);
+        return 0;
+    }
+    return driver->probe == NULL || driver->probe() == DM_OK;
+}
 
 int dm_device_create(int kind, const dm_device_options *options, dm_device **out) {
     if (out == NULL) return dm_set_error(DM_ERR_INVALID, "dm_device_create: out is NULL");
     *out = NULL;
-    if (kind != DM_DEVICE_EMU && kind != DM_DEVICE_METAL)
+    if (kind != DM_DEVICE_EMU && kind != DM_DEVICE_METAL && kind != DM_DEVICE_CUDA)
         return dm_set_error(DM_ERR_INVALID, "unknown device kind %d", kind);
     const dm_driver *driver = driver_of(kind);
     if (driver == NULL)

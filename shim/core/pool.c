@@ -202,11 +202,21 @@ static int check_range(const dm_buffer *b, size_t offset, size_t nbytes, const c
     return DM_OK;
 }
 
+/* The driver's part of a host read or write of the contents (after the core's wait). */
+static int host_access(dm_buffer *b, int will_write) {
+    const dm_driver *driver = b->device->driver;
+    if (driver->host_access == NULL) return DM_OK;
+    return driver->host_access(b->device->handle, b->handle, will_write);
+}
+
 int dm_buffer_sync(dm_buffer *b) {
     int rc = check_range(b, 0, 0, "dm_buffer_sync");
     if (rc != DM_OK) return rc;
-    if (b->last_use > b->device->completed_seq) return dm_stream_wait_for(b->device, b->last_use);
-    return DM_OK;
+    if (b->last_use > b->device->completed_seq) {
+        rc = dm_stream_wait_for(b->device, b->last_use);
+        if (rc != DM_OK) return rc;
+    }
+    return host_access(b, 0);
 }
 
 int dm_buffer_write(dm_buffer *b, size_t offset, const void *src, size_t nbytes) {
@@ -218,6 +228,8 @@ int dm_buffer_write(dm_buffer *b, size_t offset, const void *src, size_t nbytes)
         rc = dm_stream_wait_for(b->device, b->last_use);
         if (rc != DM_OK) return rc;
     }
+    rc = host_access(b, 1);
+    if (rc != DM_OK) return rc;
     if (nbytes) memcpy((char *)b->contents + offset, src, nbytes);
     b->device->stats.bytes_uploaded += nbytes;
     return DM_OK;
@@ -231,6 +243,8 @@ int dm_buffer_read(dm_buffer *b, size_t offset, void *dst, size_t nbytes) {
         rc = dm_stream_wait_for(b->device, b->last_use);
         if (rc != DM_OK) return rc;
     }
+    rc = host_access(b, 0);
+    if (rc != DM_OK) return rc;
     if (nbytes) memcpy(dst, (const char *)b->contents + offset, nbytes);
     b->device->stats.bytes_downloaded += nbytes;
     return DM_OK;

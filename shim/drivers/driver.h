@@ -1,4 +1,4 @@
-/* Interface between the portable core and one compute driver (Metal or the emulator).
+/* Interface between the portable core and one compute driver (Metal, the emulator or CUDA).
  *
  * The core validates arguments and keeps pools, caches, counters and the command stream;
  * a driver only talks to its device. Handles are opaque `void *` owned by the driver.
@@ -90,12 +90,22 @@ typedef struct dm_driver {
 
     /* NULL when unsupported. */
     int (*set_thread_order)(void *device, int order, uint64_t seed);
+
+    /* Called by the core after it waited for the work that uses `buffer` and before it reads
+     * (will_write 0) or writes (1) the contents: a driver whose device memory is not the host
+     * copy makes the contents current, and learns that the host changed them. NULL: the
+     * contents are the device's memory. */
+    int (*host_access)(void *device, void *buffer, int will_write);
+    /* DM_OK when a device can be created on this machine, else an error saying what is
+     * missing. NULL: always (the driver is compiled in). */
+    int (*probe)(void);
 } dm_driver;
 
 /* Sets the calling thread's message (printf format) and returns `code`. */
 int dm_set_error(int code, const char *format, ...) __attribute__((format(printf, 2, 3)));
 
 const dm_driver *dm_emu_driver(void);
+const dm_driver *dm_cuda_driver(void);
 #if defined(DM_HAVE_METAL)
 const dm_driver *dm_metal_driver(void);
 #endif

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../emu/emu.h"
+#include "bindings.h"
 #include "driver.h"
 
 namespace {
@@ -141,23 +142,7 @@ int command_begin(void *, void **out) {
 // Refused when the dispatch is checked, where the host can still be told which call was wrong
 // (Metal would run the kernel on whatever is bound).
 int check(void *, void *pipeline, const dm_driver_dispatch *d) {
-    const emu_kernel_info *kernel = static_cast<const emu_kernel_info *>(pipeline);
-    for (int i = 0; i < EMU_MAX_BUFFERS; i++) {
-        bool bound = (i == 0 && d->args_size > 0) || (i < d->n_indices && d->buffers[i]);
-        if ((kernel->buffer_mask >> i & 1u) && !bound)
-            return dm_set_error(DM_ERR_INVALID,
-                                "kernel '%s' (%s:%d) reads [[buffer(%d)]] but nothing is bound "
-                                "at index %d",
-                                kernel->name, kernel->file, kernel->line, i, i);
-    }
-    for (int i = 0; i < EMU_MAX_TG_ARGS; i++) {
-        if ((kernel->tg_arg_mask >> i & 1u) && (i >= d->n_tg_memory || d->tg_memory[i] == 0))
-            return dm_set_error(DM_ERR_INVALID,
-                                "kernel '%s' (%s:%d) takes [[threadgroup(%d)]] memory but no "
-                                "length was set",
-                                kernel->name, kernel->file, kernel->line, i);
-    }
-    return DM_OK;
+    return dm_check_kernel_bindings(static_cast<const emu_kernel_info *>(pipeline), d);
 }
 
 int encode(void *, void *command, void *pipeline, const dm_driver_dispatch *d) {

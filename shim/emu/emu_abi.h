@@ -67,6 +67,7 @@ typedef struct emu_kernel_info {
     emu_group_fn group;    /* runs a whole group as a loop (kernels without barriers/simd) */
     uint32_t flags;        /* EMU_KERNEL_* */
     uint32_t buffer_mask;  /* bit i set: the kernel reads [[buffer(i)]] */
+    uint32_t written_mask; /* bit i set: [[buffer(i)]] is device memory it may write */
     uint32_t tg_arg_mask;  /* bit i set: the kernel takes [[threadgroup(i)]] */
     int32_t tg_static_bytes; /* static threadgroup memory if the rewriter could size it, else -1 */
     int32_t max_threads;   /* [[max_total_threads_per_threadgroup(n)]], 0 if absent */

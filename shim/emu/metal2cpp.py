@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 __all__ = [
     "MetalSourceError",
     "KernelInfo",
+    "MslRewriter",
     "Translation",
     "translate",
     "translate_file",
@@ -144,6 +145,7 @@ class KernelInfo:
     function: str
     line: int
     buffers: list[int] = field(default_factory=list)
+    written_buffers: list[int] = field(default_factory=list)
     threadgroup_args: list[int] = field(default_factory=list)
     threadgroup_bytes: int | None = 0
     uses_barrier: bool = False
@@ -165,6 +167,7 @@ class _Param:
     attr: str
     arg: str
     line: int
+    written: bool = False  # a buffer the kernel may write: device memory, not const
 
 
 @dataclass
@@ -248,7 +251,12 @@ def _split_top(text: str, sep: str = ",") -> list[tuple[int, str]]:
     return parts
 
 
-class _Rewriter:
+class MslRewriter:
+    """Reads one MSL source (kernels, their parameters and attributes, threadgroup memory,
+    what MSL forbids) and collects edits of it; ``apply`` gives the edited text. The
+    emulator's translation is this class; the CUDA translator (shim/cuda/metal2cuda.py)
+    subclasses it and changes only the target-specific edits."""
+
     def __init__(self, src: str, path: str) -> None:
         self.src = src
         self.path = path
@@ -377,8 +385,10 @@ class _Rewriter:
         values: dict[str, int] = {}
         pattern = re.compile(
             r"#\s*define\s+(\w+)\s+\(?\s*(\d+)[uU]?\s*\)?\s*$"
-            r"|(?:constexpr|constant|static|const|\s)+\s*(?:int|uint|short|ushort|int32_t|"
-            r"uint32_t|size_t)\s+(\w+)\s*=\s*([\w\s+*/()-]+?)\s*;",
+            # Qualifiers, then the type after whitespace (a loop's "(uint i = 0;" is no
+            # constant); written without nested repetition, which backtracks for seconds.
+            r"|(?<![\w.])(?:(?:constexpr|constant|static|const)\s+)*(?<=\s)(?:int|uint|short|"
+            r"ushort|int32_t|uint32_t|size_t)\s+(\w+)\s*=\s*([\w\s+*/()-]+?)\s*;",
             re.M,
         )
         for match in pattern.finditer(self.masked):
@@ -425,10 +435,7 @@ class _Rewriter:
             pieces = []
             for name, dims_raw in decls:
                 dims = "".join(dims_raw.split())
-                pieces.append(
-                    f"{type_text} (&{name}){dims} = "
-                    f"*::emu::tg_decl<{type_text}{dims}>(__FILE__, __LINE__);"
-                )
+                pieces.append(self.threadgroup_decl(type_text, name, dims))
                 size = _sizeof(type_text, dims, consts)
                 if size is None or total is None:
                     total = None
@@ -438,6 +445,12 @@ class _Rewriter:
             newlines = self.src.count("\n", start, end + 1)
             self.edits.append((start, end + 1, " ".join(pieces) + "\n" * newlines))
         return total
+
+    def threadgroup_decl(self, type_text: str, name: str, dims: str) -> str:
+        """The target's form of ``threadgroup <type_text> <name><dims>;`` inside a kernel
+        (here: storage the emulator shares between the threads of a group)."""
+        return (f"{type_text} (&{name}){dims} = "
+                f"*::emu::tg_decl<{type_text}{dims}>(__FILE__, __LINE__);")
 
     def parse_params(self, open_pos: int, close_pos: int) -> list[_Param]:
         text = self.masked[open_pos + 1 : close_pos - 1]
@@ -499,7 +512,9 @@ class _Rewriter:
                         path=self.path,
                         line=line,
                     )
-            params.append(_Param(name, kind[0], kind[1], line))
+            decl_words = set(_IDENT.findall(decl))
+            written = kind[0] == "buffer" and "device" in decl_words and "const" not in decl_words
+            params.append(_Param(name, kind[0], kind[1], line, written))
         return params
 
     # ---- kernels ----
@@ -607,6 +622,8 @@ class _Rewriter:
                 function=fname + targs,
                 line=line,
                 buffers=sorted(int(p.arg) for p in params if p.attr == "buffer"),
+                written_buffers=sorted(int(p.arg) for p in params
+                                       if p.attr == "buffer" and p.written),
                 threadgroup_args=sorted(int(p.arg) for p in params if p.attr == "threadgroup"),
                 threadgroup_bytes=tg_bytes.get(fname, 0),
                 uses_barrier=fname in barrier_funcs,
@@ -665,7 +682,8 @@ class _Rewriter:
             self.edits.append((start, end, replacement))
 
     def apply(self) -> str:
-        edits = sorted(self.edits, key=lambda e: (e[0], -(e[1] - e[0])))
+        # At one position an insertion (an empty range) goes before a replacement.
+        edits = sorted(self.edits, key=lambda e: (e[0], e[1] > e[0], -(e[1] - e[0])))
         out, pos = [], 0
         for start, end, text in edits:
             if start < pos:
@@ -752,7 +770,7 @@ def translate(
 
     Raises MetalSourceError naming ``path`` and the line at fault.
     """
-    rw = _Rewriter(source, path)
+    rw = MslRewriter(source, path)
     rw.check_and_fix_tokens()
     kernels = rw.kernels()
     rw.strip()
@@ -775,12 +793,13 @@ def translate(
     for i, (info, _, _) in enumerate(kernels):
         fn = f"__emu_call_{i}_{_c_ident(info.name)}"
         bmask = sum(1 << b for b in info.buffers)
+        wmask = sum(1 << b for b in info.written_buffers)
         tmask = sum(1 << t for t in info.threadgroup_args)
         tg_bytes = -1 if info.threadgroup_bytes is None else info.threadgroup_bytes
         entries.append(
             f"    {{{_c_string(info.name)}, &{fn}, &::emu::run_group<&{fn}>, {_flags(info)}, "
-            f"0x{bmask:x}u, 0x{tmask:x}u, {tg_bytes}, {info.max_threads}, {_c_string(path)}, "
-            f"{info.line}}},"
+            f"0x{bmask:x}u, 0x{wmask:x}u, 0x{tmask:x}u, {tg_bytes}, {info.max_threads}, "
+            f"{_c_string(path)}, {info.line}}},"
         )
     count = len(kernels)
     if count:

@@ -1058,46 +1058,9 @@ inline void simdgroup_multiply(simdgroup_matrix<T, N, M> &d, const simdgroup_mat
 
 namespace emu {
 
-template <class F>
-struct fn_args;
-template <class R, class... A>
-struct fn_args<R (*)(A...)> {
-    template <int I>
-    using arg = std::tuple_element_t<I, std::tuple<A...>>;
-};
-
-/* A buffer binding as the kernel declared it: pointer, reference, or (rarely) by value. */
-template <class P>
-inline P bind(void *p) {
-    if constexpr (std::is_pointer_v<P>) {
-        return reinterpret_cast<P>(p);
-    } else if constexpr (std::is_reference_v<P>) {
-        return *reinterpret_cast<std::remove_reference_t<P> *>(p);
-    } else {
-        return *reinterpret_cast<const std::remove_cv_t<P> *>(p);
-    }
-}
-
-/* A built-in converted to the type the kernel declared (uint, ushort2, uint3...). */
-template <class P>
-inline P builtin(const emu_uint3 &v) {
-    using Q = std::remove_cv_t<std::remove_reference_t<P>>;
-    if constexpr (is_vec<Q>) {
-        using T = typename vtraits<Q>::elem;
-        constexpr int N = vtraits<Q>::n;
-        Q q;
-        q.v[0] = T(v.x);
-        if constexpr (N > 1) q.v[1] = T(v.y);
-        if constexpr (N > 2) q.v[2] = T(v.z);
-        return q;
-    } else {
-        return Q(v.x);
-    }
-}
-template <class P>
-inline P builtin(uint32_t v) {
-    return std::remove_cv_t<std::remove_reference_t<P>>(v);
-}
+#define MSL_GLUE_FN inline
+#include "../msl_glue.h"
+#undef MSL_GLUE_FN
 
 /* Storage of a `threadgroup T x[N];` declaration: the same bytes for every thread of the
  * group, because each thread's declarations run in the same order. */

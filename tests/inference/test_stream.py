@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+from devices import GPU_DEVICES, require
 from PIL import Image
 from shared_paths import IMAGES, YOLOV3_TINY
 from training_golden import TRAIN
@@ -149,19 +150,27 @@ def test_a_stream_on_emu_equals_detecting_one_by_one(micro_emu, batch, depth):
         _same(g, w, exact=False, where=f"image {i}")
 
 
-def test_stream_counters_on_emu(micro_emu):
+@pytest.fixture(scope="module", params=GPU_DEVICES)
+def micro_gpu(request):
+    """micro-v4-sgd as micro_emu, on each Metal device."""
+    require(request.param)
+    return dm.load(MICRO / "micro-v4-sgd.cfg", seed=1, device=request.param, batch=2)
+
+
+def test_stream_counters_on_a_gpu(micro_gpu):
     # 20 frames, one per pass, two passes in flight: one wait per frame read, never more
     # than two command buffers in flight, no allocation after the first frame.
     frames = _frames(20)
-    micro_emu.warmup(batch=1, depth=2)
-    device = metal.get_device("emu")
+    micro_gpu.warmup(batch=1, depth=2)
+    kind = micro_gpu.device
+    device = metal.get_device(kind)
     device.reset_counters()
-    before = metal.stats("emu")
-    stream = micro_emu.stream(frames, thresh=0.005, batch=1, depth=2)
+    before = metal.stats(kind)
+    stream = micro_gpu.stream(frames, thresh=0.005, batch=1, depth=2)
     got = [next(stream)]
-    after_first = metal.stats("emu")
+    after_first = metal.stats(kind)
     got += list(stream)
-    after = metal.stats("emu")
+    after = metal.stats(kind)
     assert len(got) == 20
     assert after["waits"] - before["waits"] == 20
     assert after["command_buffers_committed"] - before["command_buffers_committed"] == 20
@@ -171,8 +180,8 @@ def test_stream_counters_on_emu(micro_emu):
     assert after["bytes_uploaded"] == before["bytes_uploaded"]  # inputs are read in place
     # One pass in flight at a time when asked.
     device.reset_counters()
-    list(micro_emu.stream(frames[:4], thresh=0.005, batch=1, depth=1))
-    assert metal.stats("emu")["peak_in_flight"] == 1
+    list(micro_gpu.stream(frames[:4], thresh=0.005, batch=1, depth=1))
+    assert metal.stats(kind)["peak_in_flight"] == 1
 
 
 def test_streams_and_detections_from_threads_on_one_network(micro_emu):

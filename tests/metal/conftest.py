@@ -18,6 +18,20 @@ def emu_device():
     dev.close()
 
 
+@pytest.fixture(scope="module")
+def cuda_device():
+    """The process-wide 'cuda' device (the kernels translated to CUDA, on an NVIDIA GPU),
+    its group order reset to forward afterwards; skipped where there is none."""
+    from devices import require
+
+    require("cuda")
+    from darknet_metal import metal
+
+    dev = metal.get_device("cuda")
+    yield dev
+    dev.set_thread_order("forward")
+
+
 @pytest.fixture(scope="session")
 def emu_runner():
     emu = emu_harness.Emu(build_library(), threads=2)

@@ -42,6 +42,24 @@ def test_case_matches_the_reference_in_every_thread_order(emu_device, kernel_cas
             assert got.tobytes() == first[name].tobytes(), (order, name)
 
 
+@pytest.mark.parametrize("kernel_case", CASES, ids=[c.name for c in CASES])
+def test_case_matches_the_reference_on_cuda_in_every_group_order(cuda_device, kernel_case):
+    """The same case on an NVIDIA GPU (real warps, shared memory and barriers): within its
+    tolerance, and the same bits whichever order the threadgroups are given (no result may
+    depend on which group runs first)."""
+    data = kernel_case.build()
+    results = []
+    for order in ORDERS:
+        cuda_device.set_thread_order(order, seed=7)
+        result = run_case(cuda_device, kernel_case, data)
+        assert result.ok, (order, result.failures)
+        results.append(result)
+    first = results[0].outputs
+    for order, result in zip(ORDERS[1:], results[1:], strict=True):
+        for name, got in result.outputs.items():
+            assert got.tobytes() == first[name].tobytes(), (order, name)
+
+
 def test_every_registry_kernel_is_checked():
     covered = {k for c in CASES for k in c.kernels}
     assert set(registry.KERNELS) - covered == set(CHECKED_ELSEWHERE)

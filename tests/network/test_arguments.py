@@ -68,7 +68,7 @@ def test_forward_outputs(net, x, outputs, error, words):
         ({"batch": 2.0}, ArgumentTypeError, ["batch", "2.0 (float)"]),
         ({"dtype": np.float16}, ArgumentError, ["dtype", "float32 or float64", "float16"]),
         ({"dtype": "nonsense"}, ArgumentTypeError, ["dtype", "nonsense"]),
-        ({"device": "tpu"}, ArgumentError, ["unknown device 'tpu'", "cpu, metal, emu"]),
+        ({"device": "tpu"}, ArgumentError, ["unknown device 'tpu'", "cpu, metal, emu, cuda"]),
         ({"device": None}, ArgumentTypeError, ["device", "None"]),
     ],
 )

@@ -131,7 +131,18 @@ def test_metal_unavailable_here_is_a_clear_error():
         _shim.Device("metal")
     assert e.value.kind == "unavailable"
     with pytest.raises(DeviceError, match="unknown device kind"):
+        _shim.Device("vulkan")
+
+
+def test_cuda_unavailable_here_says_what_is_missing():
+    if _shim.available("cuda"):
+        pytest.skip("this machine has an NVIDIA GPU and the CUDA kernels")
+    reason = _shim.unavailable_reason("cuda")
+    assert reason
+    with pytest.raises(DeviceError) as e:
         _shim.Device("cuda")
+    assert e.value.kind == "unavailable"
+    assert any(word in str(e.value) for word in ("NVIDIA", "nvcc", "CUDA kernels")), str(e.value)
 
 
 def test_bad_thread_order(device):

@@ -42,10 +42,10 @@ def networks():
     return _networks()
 
 
-def _on_emu(cpu_net):
+def _on_emu(cpu_net, device="emu"):
     return Network(
         cpu_net.config, cpu_net.layers, cpu_net.params, header=cpu_net.header, names=None,
-        device="emu", batch=1,
+        device=device, batch=1,
     )
 
 
@@ -54,18 +54,18 @@ def _delta(before, after):
 
 
 @pytest.mark.parametrize("name", ["yolov3-tiny", "yolov4-tiny"])
-def test_counters_per_pass(networks, name):
+def test_counters_per_pass(networks, name, gpu_device):
     cpu_net = networks[name]
-    net = _on_emu(cpu_net)
+    net = _on_emu(cpu_net, gpu_device)
     rng = np.random.default_rng(1)
     x = rng.random((1, 3, SIZE[1], SIZE[0]), dtype=np.float32)
     wanted = cpu_net.yolo_layers
     net.forward(x)  # first pass: plans and allocates
     for _ in range(2):
         x = rng.random(x.shape, dtype=np.float32)
-        before = metal.stats("emu")
+        before = metal.stats(gpu_device)
         outs = net.forward(x)
-        d = _delta(before, metal.stats("emu"))
+        d = _delta(before, metal.stats(gpu_device))
         assert d["command_buffers_committed"] == 1
         assert d["waits"] == 1
         assert d["cpu_fallbacks"] == 0

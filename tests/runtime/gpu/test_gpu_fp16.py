@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+from devices import GPU_DEVICES, require
 from shared_paths import CFG_DIR, GOLDEN, IMAGES, YOLOV3_TINY
 
 import darknet_metal as dm
@@ -19,10 +20,11 @@ from darknet_metal.errors import ArgumentError, DeviceError
 from darknet_metal.inference.image import load_image, resize_image
 
 
-@pytest.fixture(scope="module")
-def tiny_fp16():
+@pytest.fixture(scope="module", params=GPU_DEVICES)
+def tiny_fp16(request):
+    require(request.param)
     return dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights",
-                   names=YOLOV3_TINY / "coco.names", device="emu", precision="fp16")
+                   names=YOLOV3_TINY / "coco.names", device=request.param, precision="fp16")
 
 
 def test_fp16_detections_are_the_golden_darknet_detections(tiny_fp16):

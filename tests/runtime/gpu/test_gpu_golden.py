@@ -1,37 +1,40 @@
-"""yolov3-tiny on the emulator device against the real Darknet's outputs (golden files), at
-the full 416x416 size. One forward pass takes about 15 s in the emulator on 2 cores."""
+"""yolov3-tiny on each Metal device (the emulator, and 'cuda' where there is one) against the
+real Darknet's outputs (golden files), at the full 416x416 size. One forward pass takes about
+15 s in the emulator on 2 cores."""
 
 import json
 
 import numpy as np
 import pytest
+from devices import GPU_DEVICES, require
 from shared_paths import GOLDEN, IMAGES, YOLOV3_TINY
 
 import darknet_metal as dm
 
 
-@pytest.fixture(scope="module")
-def emu_net():
+@pytest.fixture(scope="module", params=GPU_DEVICES)
+def gpu_net(request):
+    require(request.param)
     return dm.load(
         YOLOV3_TINY / "yolov3-tiny.cfg",
         YOLOV3_TINY / "yolov3-tiny.weights",
         names=YOLOV3_TINY / "coco.names",
-        device="emu",
+        device=request.param,
     )
 
 
-def test_golden_layers_on_emu(emu_net):
+def test_golden_layers_on_a_gpu(gpu_net):
     x = np.fromfile(GOLDEN / "dog_input.bin", np.float32).reshape(1, 3, 416, 416)
-    outs = emu_net.forward(x, outputs=[15, 16, 22, 23])
+    outs = gpu_net.forward(x, outputs=[15, 16, 22, 23])
     for index, out, tol in zip((15, 16, 22, 23), outs, (2e-3, 1e-4, 2e-3, 1e-4), strict=True):
         ref = np.fromfile(GOLDEN / f"dog_layer{index}.bin", np.float32).reshape(out.shape)
         assert np.abs(out - ref).max() <= tol, index
 
 
-def test_golden_detections_on_emu(emu_net):
+def test_golden_detections_on_a_gpu(gpu_net):
     with open(GOLDEN / "detections.json") as f:
         expected = json.load(f)["dog"]["detections"]
-    found = emu_net.detect(IMAGES / "dog.jpg", thresh=0.25, nms=0.45)
+    found = gpu_net.detect(IMAGES / "dog.jpg", thresh=0.25, nms=0.45)
 
     def key(d):
         return (d["cls"], round(d["left"]), round(d["top"]))

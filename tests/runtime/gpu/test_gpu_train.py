@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import darknet_metal as dm
+from darknet_metal.diagnostics.kernel_parity import GPU_MATH_DEVICES
 from darknet_metal.model.bundled import get_spec
 from darknet_metal.training.trainer import Trainer
 
@@ -27,6 +28,16 @@ SIZE = 64
 def _rel(got: np.ndarray, want: np.ndarray) -> float:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+#: How far an array's change may be from the CPU's, relative, and the array itself: over three
+#: free-running steps on the emulator; over each step from the CPU's weights on a GPU, whose
+#: exp and log round their last bits otherwise than the C library's that the CPU and the
+#: emulator share (free-running, those bits reach discrete [yolo] decisions, a box's IoU
+#: across ignore_thresh, and the steps part: measured on 'cuda', an H200, up to 1.3% for
+#: layer 14's change after three steps at 64 px and 6% for layer 0's biases at 160 px).
+MOVED = {"emu": 1e-3, "metal": 3e-3, "cuda": 3e-3}
+PARAMS = {"emu": 1e-4, "metal": 3e-4, "cuda": 3e-4}
 
 
 def _pair(model: str, batch: int, gpu_device: str, subdivisions: int = 1,
@@ -62,12 +73,20 @@ def _batch(batch: int) -> tuple[np.ndarray, list[np.ndarray]]:
 def test_three_steps_on_a_gpu_equal_the_cpus(model, batch, net, gpu_device):
     cpu, gpu = _pair(model, batch, gpu_device, **net)
     x, truths = _batch(batch)
-    start = {i: {k: a.copy() for k, a in p.items()} for i, p in cpu.params.items()}
+    from_cpu = gpu_device in GPU_MATH_DEVICES  # each step from the CPU's weights: see MOVED
+    start = _weights(cpu)
     for step in range(1, 4):
+        before = _weights(cpu)
+        if from_cpu:
+            for i, params in before.items():
+                for name, value in params.items():
+                    gpu.params[i][name][...] = value
         want, got = cpu.train_step(x, truths), gpu.train_step(x, truths)
         assert got.iteration == want.iteration == step
         assert got.learning_rate == want.learning_rate
         assert abs(got.loss - want.loss) <= 1e-4 * abs(want.loss), (step, got.loss, want.loss)
+        if from_cpu:
+            _same_update(cpu, gpu, before, gpu_device, step)
     coverage = gpu.executor.training_coverage()
     assert [p.index for p in coverage if p.where != "kernels"] == []
     for i, params in cpu.params.items():
@@ -75,12 +94,26 @@ def test_three_steps_on_a_gpu_equal_the_cpus(model, batch, net, gpu_device):
             moved = value.astype(np.float64) - start[i][name]
             size = max(np.linalg.norm(start[i][name]), np.linalg.norm(value))
             assert np.linalg.norm(moved) >= 1e-4 * size, (i, name, "did not move")
-            device = gpu.params[i][name]
+    if not from_cpu:
+        _same_update(cpu, gpu, start, gpu_device, 3)
+
+
+def _weights(net: dm.Network) -> dict[int, dict[str, np.ndarray]]:
+    return {i: {k: a.copy() for k, a in p.items()} for i, p in net.params.items()}
+
+
+def _same_update(cpu: dm.Network, gpu: dm.Network, start: dict, device: str, step: int) -> None:
+    """The GPU's arrays, and their change since ``start``, against the CPU's."""
+    for i, params in cpu.params.items():
+        for name, value in params.items():
+            moved = value.astype(np.float64) - start[i][name]
+            got = gpu.params[i][name]
             # An array that starts at 0 (biases) is nothing but its changes: the second
             # bound checks it (the first layer's bias gradient is a cancelling sum).
             if np.abs(start[i][name]).max() > 0:
-                assert _rel(device, value) <= 1e-4, (i, name, _rel(device, value))
-            assert _rel(device - start[i][name], moved) <= 1e-3, (i, name)
+                assert _rel(got, value) <= PARAMS[device], (step, i, name, _rel(got, value))
+            assert _rel(got - start[i][name], moved) <= MOVED[device], (
+                step, i, name, _rel(got - start[i][name], moved))
 
 
 @pytest.mark.parametrize("model", ["yolov3-tiny", "yolov4-tiny"])
@@ -228,16 +261,16 @@ def test_kept_programs_and_device_parameters_equal_fresh_ones_after_resizing():
 
 
 @pytest.mark.parametrize("model", ["yolov3-tiny", "yolov4-tiny"])
-def test_a_training_step_is_one_command_buffer_and_one_wait(model):
+def test_a_training_step_is_one_command_buffer_and_one_wait(model, gpu_device):
     # Two mini-batches and the update: one commit, one wait, no CPU fallback, nothing
     # allocated or transferred after the first step (the batch, truths, parameters and
     # statistics are host memory the device shares). accumulate and update: a wait each.
     from darknet_metal.metal import get_device
 
     net = dm.load(get_spec(model).cfg, seed=0, input_size=(SIZE, SIZE), batch=4,
-                  subdivisions=2, device="emu")
+                  subdivisions=2, device=gpu_device)
     net.config.net.values.update(burn_in=0, learning_rate=1e-4)
-    device = get_device("emu")
+    device = get_device(gpu_device)
     x, truths = _batch(4)
     net.train_step(x, truths)
     keys = ("command_buffers_committed", "waits", "cpu_fallbacks", "pool_misses",

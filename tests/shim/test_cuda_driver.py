@@ -1,0 +1,86 @@
+"""The 'cuda' driver's own rules, on an NVIDIA GPU (skipped without one): host memory wrapped
+in overlapping pieces stays one device copy, host writes and reads see the device's work,
+and what a Mac would refuse is refused here too."""
+
+import struct
+
+import numpy as np
+import pytest
+from devices import require
+
+from darknet_metal.errors import DeviceError
+from darknet_metal.metal import _shim
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    require("cuda")
+    from darknet_metal import metal
+
+    return metal.get_device("cuda")
+
+
+def _axpy(device, n, alpha, x, y, out):
+    device.dispatch("selftest_axpy_f32", struct.pack("<If", n, alpha), [x, y, out], n, 64)
+
+
+def test_overlapping_wraps_are_one_device_copy(cuda):
+    page = cuda.info["page_size"]
+    a = _shim.aligned_empty((4096,), np.float32, page)
+    a[:] = 0.0
+    zeros = cuda.upload(np.zeros(4096, np.float32))
+    ones = cuda.upload(np.ones(4096, np.float32))
+    small = _shim.Buffer.wrap(cuda, a[:1024])
+    _axpy(cuda, 1024, 0.0, zeros, ones, small)  # small = 1
+    cuda.synchronize()
+    np.testing.assert_array_equal(a[:1024], 1.0)
+    whole = _shim.Buffer.wrap(cuda, a)  # covers small: small moves onto whole's copy
+    a[1024:] = 2.0  # the host writes the rest while nothing uses it
+    out = cuda.buffer(4 * 4096)
+    _axpy(cuda, 1024, 0.0, zeros, ones, small)
+    _axpy(cuda, 1024, 3.0, ones, zeros, small)  # small = 3, then read through whole, one
+    _axpy(cuda, 4096, 1.0, whole, zeros, out)   # command buffer, no wait between
+    got = out.read(np.float32)
+    np.testing.assert_array_equal(got[:1024], 3.0)
+    np.testing.assert_array_equal(got[1024:], 2.0)
+    inner = _shim.Buffer.wrap(cuda, a[2048:3072])  # inside whole: an alias
+    _axpy(cuda, 1024, 0.0, zeros, ones, inner)
+    cuda.synchronize()
+    np.testing.assert_array_equal(a[2048:3072], 1.0)
+    for b in (inner, small, whole, out, zeros, ones):
+        b.release()
+
+
+def test_a_host_write_between_passes_reaches_the_device(cuda):
+    x = cuda.buffer(4 * 300)
+    out = cuda.buffer(4 * 300)
+    zeros = cuda.upload(np.zeros(300, np.float32))
+    for k in range(3):
+        x.write(np.full(300, float(k), np.float32))
+        x.write(np.float32([9.0]), offset=4 * 299)  # a partial write keeps the rest
+        _axpy(cuda, 300, 2.0, x, zeros, out)
+        want = np.full(300, 2.0 * k, np.float32)
+        want[299] = 18.0
+        np.testing.assert_array_equal(out.read(np.float32), want)
+
+
+def test_barrier_kernels_need_whole_threadgroups(cuda):
+    x = cuda.upload(np.ones(100, np.float32))
+    sums = cuda.buffer(4 * 2)
+    with pytest.raises(DeviceError, match="whole threadgroups"):
+        cuda.dispatch("selftest_group_sum_f32", struct.pack("<I", 100), [x, sums], 100, 64,
+                      threadgroup_mem=(256,))
+    cuda.dispatch("selftest_group_sum_f32", struct.pack("<I", 100), [x, sums], 128, 64,
+                  threadgroup_mem=(256,))
+    np.testing.assert_array_equal(sums.read(np.float32), [64.0, 36.0])
+
+
+def test_apple_limits_are_reported_and_kept(cuda):
+    info = cuda.info
+    assert info["max_threadgroup_memory"] == 32768 and info["max_threads_per_threadgroup"] == 1024
+    assert "CUDA" in info["name"] and info["kind"] == "cuda"
+    x = cuda.upload(np.ones(64, np.float32))
+    sums = cuda.buffer(4)
+    with pytest.raises(DeviceError, match="threadgroup memory"):
+        cuda.dispatch("selftest_group_sum_f32", struct.pack("<I", 64), [x, sums], 64, 64,
+                      threadgroup_mem=(32768 + 16,))
