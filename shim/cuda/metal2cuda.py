@@ -82,14 +82,14 @@ class CudaRewriter(_msl.MslRewriter):
         for func in self.find_functions():
             start = max(m.rfind(";", 0, func.start), m.rfind("{", 0, func.start),
                         m.rfind("}", 0, func.start)) + 1
-            pos = _msl._skip_ws(m, start)
+            pos = _msl.skip_ws(m, start)
             while m.startswith("#", pos):  # preprocessor lines between statements
                 end = m.find("\n", pos)
-                pos = _msl._skip_ws(m, len(m) if end < 0 else end)
+                pos = _msl.skip_ws(m, len(m) if end < 0 else end)
             if re.match(r"template\b", m[pos:]):
-                open_at = _msl._skip_ws(m, pos + len("template"))
+                open_at = _msl.skip_ws(m, pos + len("template"))
                 if m.startswith("<", open_at):
-                    pos = _msl._skip_ws(m, _msl._match_close(m, open_at, "<", ">"))
+                    pos = _msl.skip_ws(m, _msl.match_close(m, open_at, "<", ">"))
             if pos > func.start:
                 continue
             self.edits.append((pos, pos, "__device__ "))
@@ -99,9 +99,9 @@ class CudaRewriter(_msl.MslRewriter):
         m = self.masked
         for match in _USING_METAL.finditer(m):
             self.blank(match.start(), match.end())
-        for im in _msl._METAL_INCLUDE.finditer(self.src):
+        for im in _msl.METAL_INCLUDE.finditer(self.src):
             self.blank(im.start(), im.end())
-        for am in _msl._ATTR.finditer(m):
+        for am in _msl.ATTR.finditer(m):
             self.blank(am.start(), am.end())
         depth = _brace_depths(m)
         for match in re.finditer(r"\b(device|thread|threadgroup|constant)\b", m):
@@ -114,7 +114,7 @@ class CudaRewriter(_msl.MslRewriter):
             replacement = ""
             if word == "constant":
                 before = m[:start].rstrip()
-                after = m[_msl._skip_ws(m, end):]
+                after = m[_msl.skip_ws(m, end):]
                 if depth[start] == 0 and (not before or before[-1] in ";{}"
                                           or before.endswith("static")):
                     stmt = m[end:m.find(";", end)]
@@ -151,7 +151,7 @@ def device_memory_hazards(source: str, path: str) -> list[tuple[str, int, str]]:
                 store = re.search(rf"\b{name}\s*\[[^\]]*\]\s*[-+*/|&^]?=(?!=)", before)
                 load = re.search(rf"\b{name}\s*\[", after)
                 if store and load:
-                    found.append((info.name, _msl._line_of(source, barrier.start()), name))
+                    found.append((info.name, _msl.line_of(source, barrier.start()), name))
     return found
 
 
@@ -233,10 +233,10 @@ def translate_file(path: str, out_cu: str | None = None, out_table: str | None =
     result = translate(source, path,
                        output_name=os.path.abspath(out_cu) if out_cu else "<generated>")
     if out_cu:
-        _msl._write_atomic(out_cu, result.cpp)
+        _msl.write_atomic(out_cu, result.cpp)
     if out_table:
         table = [asdict(k) for k in result.kernels]
-        _msl._write_atomic(out_table, json.dumps(table, indent=2) + "\n")
+        _msl.write_atomic(out_table, json.dumps(table, indent=2) + "\n")
     return result
 
 

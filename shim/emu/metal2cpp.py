@@ -36,6 +36,12 @@ __all__ = [
     "MetalSourceError",
     "KernelInfo",
     "MslRewriter",
+    "ATTR",
+    "METAL_INCLUDE",
+    "line_of",
+    "match_close",
+    "skip_ws",
+    "write_atomic",
     "Translation",
     "translate",
     "translate_file",
@@ -133,8 +139,8 @@ for _name, _n in list(_SCALARS.items())[:11]:
 
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _PPNUMBER = re.compile(r"(?<![\w.])\.?\d(?:[eEpP][+-]|[\w.'])*")
-_ATTR = re.compile(r"\[\[(.*?)\]\]", re.S)
-_METAL_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<metal_\w+>[ \t]*$", re.M)
+ATTR = re.compile(r"\[\[(.*?)\]\]", re.S)
+METAL_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*<metal_\w+>[ \t]*$", re.M)
 
 
 @dataclass
@@ -212,11 +218,11 @@ def _mask(src: str) -> str:
     return "".join(out)
 
 
-def _line_of(text: str, pos: int) -> int:
+def line_of(text: str, pos: int) -> int:
     return text.count("\n", 0, pos) + 1
 
 
-def _match_close(masked: str, pos: int, open_c: str, close_c: str) -> int:
+def match_close(masked: str, pos: int, open_c: str, close_c: str) -> int:
     """Index just past the bracket closing the one at ``pos``."""
     depth = 0
     for i in range(pos, len(masked)):
@@ -230,7 +236,7 @@ def _match_close(masked: str, pos: int, open_c: str, close_c: str) -> int:
     return -1
 
 
-def _skip_ws(masked: str, pos: int) -> int:
+def skip_ws(masked: str, pos: int) -> int:
     while pos < len(masked) and masked[pos].isspace():
         pos += 1
     return pos
@@ -264,7 +270,7 @@ class MslRewriter:
         self.edits: list[tuple[int, int, str]] = []
 
     def error(self, pos: int, message: str) -> MetalSourceError:
-        return MetalSourceError(message, path=self.path, line=_line_of(self.src, pos))
+        return MetalSourceError(message, path=self.path, line=line_of(self.src, pos))
 
     def blank(self, start: int, end: int) -> None:
         text = self.src[start:end]
@@ -281,7 +287,7 @@ class MslRewriter:
                 continue
             if self._in_directive(start):
                 continue
-            after = _skip_ws(m, match.end())
+            after = skip_ws(m, match.end())
             if word in POISONED:
                 raise self.error(start, POISONED[word])
             if word in POISONED_CALLS and m.startswith("(", after):
@@ -341,10 +347,10 @@ class MslRewriter:
             name = match.group(1)
             if name in CONTROL_KEYWORDS:
                 continue
-            close = _match_close(m, match.end() - 1, "(", ")")
+            close = match_close(m, match.end() - 1, "(", ")")
             if close < 0:
                 continue
-            pos = _skip_ws(m, close)
+            pos = skip_ws(m, close)
             while True:
                 qual = re.match(r"(const|thread|device|constant|noexcept|override)\b|\[\[", m[pos:])
                 if not qual:
@@ -353,9 +359,9 @@ class MslRewriter:
                     pos = m.find("]]", pos) + 2
                 else:
                     pos += qual.end()
-                pos = _skip_ws(m, pos)
+                pos = skip_ws(m, pos)
             if pos < len(m) and m[pos] == "{":
-                end = _match_close(m, pos, "{", "}")
+                end = match_close(m, pos, "{", "}")
                 if end > 0:
                     funcs.append(_Function(name, match.start(), pos, end))
         return funcs
@@ -459,9 +465,9 @@ class MslRewriter:
             if not part.strip() or part.strip() == "void":
                 continue
             abs_pos = open_pos + 1 + offset
-            line = _line_of(self.src, abs_pos)
-            attrs = _ATTR.findall(self.src[abs_pos : abs_pos + len(part)])
-            decl = _ATTR.sub(" ", part)
+            line = line_of(self.src, abs_pos)
+            attrs = ATTR.findall(self.src[abs_pos : abs_pos + len(part)])
+            decl = ATTR.sub(" ", part)
             name_match = re.search(r"([A-Za-z_]\w*)\s*$", decl)
             if not name_match:
                 raise MetalSourceError("kernel parameter without a name", path=self.path, line=line)
@@ -537,30 +543,30 @@ class MslRewriter:
             prefix = m[stmt_start:kpos]
             host = re.search(r"host_name\s*\(\s*\"([^\"]*)\"\s*\)", prefix_src)
             is_instantiation = bool(re.match(r"\s*template\s*(\[\[|$)", prefix)) and "<" not in (
-                _ATTR.sub("", prefix)
+                ATTR.sub("", prefix)
             )
             is_template_def = bool(re.search(r"\btemplate\s*<", prefix))
-            for am in _ATTR.finditer(m, stmt_start, kpos):
+            for am in ATTR.finditer(m, stmt_start, kpos):
                 self.blank(am.start(), am.end())
             self.blank(kpos, match.end())
-            pos = _skip_ws(m, match.end())
+            pos = skip_ws(m, match.end())
             while m.startswith("[[", pos):
                 attr_end = m.find("]]", pos) + 2
                 self.blank(pos, attr_end)
-                pos = _skip_ws(m, attr_end)
+                pos = skip_ws(m, attr_end)
             ret = _IDENT.match(m, pos)
             if not ret:
                 raise self.error(kpos, "expected 'void' after 'kernel'")
-            name_m = _IDENT.match(m, _skip_ws(m, ret.end()))
+            name_m = _IDENT.match(m, skip_ws(m, ret.end()))
             if not name_m:
                 raise self.error(kpos, "expected a kernel name")
             name = name_m.group()
-            pos = _skip_ws(m, name_m.end())
+            pos = skip_ws(m, name_m.end())
             targs = ""
             if m.startswith("<", pos):
-                close = _match_close(m, pos, "<", ">")
+                close = match_close(m, pos, "<", ">")
                 targs = " ".join(m[pos:close].split())
-                pos = _skip_ws(m, close)
+                pos = skip_ws(m, close)
             if ret.group() != "void":
                 # `template [[host_name("x")]] kernel kernel_t fn<float>;`: the signature
                 # (and the attributes) are those of the template definition.
@@ -573,11 +579,11 @@ class MslRewriter:
                 continue
             if not m.startswith("(", pos):
                 raise self.error(kpos, f"expected '(' after kernel name '{name}'")
-            close = _match_close(m, pos, "(", ")")
+            close = match_close(m, pos, "(", ")")
             params = self.parse_params(pos, close)
-            for am in _ATTR.finditer(m, pos, close):
+            for am in ATTR.finditer(m, pos, close):
                 self.blank(am.start(), am.end())
-            after = _skip_ws(m, close)
+            after = skip_ws(m, close)
             if m.startswith("{", after):
                 func = by_start.get(name_m.start())
                 if func is None:
@@ -610,7 +616,7 @@ class MslRewriter:
             def_params, func = definitions[fname]
             if params is None:
                 params = def_params
-            line = _line_of(self.src, kpos)
+            line = line_of(self.src, kpos)
             if kname in names_seen:
                 raise self.error(
                     kpos, f"kernel name '{kname}' already used at line {names_seen[kname]}"
@@ -658,9 +664,9 @@ class MslRewriter:
     def strip(self) -> None:
         """Remove remaining attributes and address spaces; drop <metal_*> includes."""
         m = self.masked
-        for im in _METAL_INCLUDE.finditer(self.src):
+        for im in METAL_INCLUDE.finditer(self.src):
             self.blank(im.start(), im.end())
-        for am in _ATTR.finditer(m):
+        for am in ATTR.finditer(m):
             self.blank(am.start(), am.end())
         for match in re.finditer(
             r"\b(device|thread|threadgroup|constant|threadgroup_imageblock)"
@@ -676,7 +682,7 @@ class MslRewriter:
             replacement = ""
             if word == "constant":
                 before = m[:start].rstrip()
-                after = m[_skip_ws(m, end) :]
+                after = m[skip_ws(m, end) :]
                 if not (before.endswith("const") or re.match(r"const\b", after)):
                     replacement = "const"
             self.edits.append((start, end, replacement))
@@ -821,7 +827,7 @@ def translate(
     return Translation(cpp=head + body + tail, kernels=[k for k, _, _ in kernels])
 
 
-def _write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
     try:
@@ -852,10 +858,10 @@ def translate_file(
         output_name=os.path.abspath(out_cpp) if out_cpp else "<generated>",
     )
     if out_cpp:
-        _write_atomic(out_cpp, result.cpp)
+        write_atomic(out_cpp, result.cpp)
     if out_table:
         table = [asdict(k) for k in result.kernels]
-        _write_atomic(out_table, json.dumps(table, indent=2) + "\n")
+        write_atomic(out_table, json.dumps(table, indent=2) + "\n")
     return result
 
 
