@@ -27,37 +27,31 @@ from darknet_metal.metal import registry
 CHECKED_ELSEWHERE: dict[str, str] = {}
 
 
-@pytest.mark.parametrize("kernel_case", CASES, ids=[c.name for c in CASES])
-def test_case_matches_the_reference_in_every_thread_order(emu_device, kernel_case):
+def _agrees_in_every_order(device, kernel_case: KernelCase) -> None:
+    """Within its tolerance in each order of ORDERS, and the same bits in all of them."""
     data = kernel_case.build()
     results = []
     for order in ORDERS:
-        emu_device.set_thread_order(order, seed=7)
-        result = run_case(emu_device, kernel_case, data)
+        device.set_thread_order(order, seed=7)
+        result = run_case(device, kernel_case, data)
         assert result.ok, (order, result.failures)
         results.append(result)
     first = results[0].outputs
     for order, result in zip(ORDERS[1:], results[1:], strict=True):
         for name, got in result.outputs.items():
             assert got.tobytes() == first[name].tobytes(), (order, name)
+
+
+@pytest.mark.parametrize("kernel_case", CASES, ids=[c.name for c in CASES])
+def test_case_matches_the_reference_in_every_thread_order(emu_device, kernel_case):
+    _agrees_in_every_order(emu_device, kernel_case)
 
 
 @pytest.mark.parametrize("kernel_case", CASES, ids=[c.name for c in CASES])
 def test_case_matches_the_reference_on_cuda_in_every_group_order(cuda_device, kernel_case):
-    """The same case on an NVIDIA GPU (real warps, shared memory and barriers): within its
-    tolerance, and the same bits whichever order the threadgroups are given (no result may
-    depend on which group runs first)."""
-    data = kernel_case.build()
-    results = []
-    for order in ORDERS:
-        cuda_device.set_thread_order(order, seed=7)
-        result = run_case(cuda_device, kernel_case, data)
-        assert result.ok, (order, result.failures)
-        results.append(result)
-    first = results[0].outputs
-    for order, result in zip(ORDERS[1:], results[1:], strict=True):
-        for name, got in result.outputs.items():
-            assert got.tobytes() == first[name].tobytes(), (order, name)
+    """The same case on an NVIDIA GPU (real warps, shared memory and barriers): the order is
+    that of the threadgroups there (no result may depend on which group runs first)."""
+    _agrees_in_every_order(cuda_device, kernel_case)
 
 
 def test_every_registry_kernel_is_checked():
