@@ -32,7 +32,8 @@ def add_commands(commands: Any) -> None:
             "0.005 after NMS 0.45) and print Darknet's report: per class AP, TP, FP, FN and "
             "GT; precision, recall, F1 and average IoU at --thresh; mAP@0.50 (or at "
             "--iou-thresh) by Darknet's rule for --points; then COCO's mAP@[.5:.95] and "
-            "mAP@0.50 of the same detections (faster-coco-eval)."
+            "mAP@0.50 of the same detections when faster-coco-eval is installed (the "
+            "'eval' extra), else a line saying they were not computed."
         ),
     )
     mapping.add_argument("data", metavar="DATA", type=Path, help=".data or .yaml dataset file")

@@ -72,6 +72,20 @@ def _pixel_boxes(boxes: np.ndarray, width: int, height: int) -> np.ndarray:
     return out
 
 
+#: What is missing when COCO's figures cannot be computed, and how to get it.
+MISSING = "COCO mAP needs faster-coco-eval: pip install 'darknet-metal[eval]'"
+
+
+def coco_missing() -> str | None:
+    """None when faster-coco-eval can be imported, else why COCO's figures cannot be
+    computed (:data:`MISSING`)."""
+    try:
+        import faster_coco_eval  # noqa: F401
+    except ImportError:
+        return MISSING
+    return None
+
+
 def coco_map(
     truths: Sequence[tuple[np.ndarray, np.ndarray]],
     detections: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
@@ -90,8 +104,7 @@ def coco_map(
         import faster_coco_eval
         from faster_coco_eval import COCO, COCOeval_faster
     except ImportError:
-        raise DependencyError("COCO mAP needs faster-coco-eval: pip install "
-                              "'darknet-metal[eval]' (or evaluate(..., coco=False))") from None
+        raise DependencyError(f"{MISSING} (or evaluate(..., coco=False))") from None
 
     def quiet(*_args: object, **_kwargs: object) -> None:
         return None

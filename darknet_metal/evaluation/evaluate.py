@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from darknet_metal import arguments
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
-from darknet_metal.evaluation.coco import coco_map
+from darknet_metal.evaluation.coco import coco_map, coco_missing
 from darknet_metal.evaluation.darknet_map import darknet_map
 from darknet_metal.evaluation.dataset_detect import detect_dataset
 from darknet_metal.evaluation.detections import (
@@ -42,7 +42,7 @@ def evaluate(
     thresh: float = 0.25,
     points: int = 0,
     image_sizes: Sequence[tuple[int, int]] | None = None,
-    coco: bool = True,
+    coco: bool | None = None,
 ) -> MapReport:
     """Darknet's ``detector map`` figures, and COCO's, for a set of images.
 
@@ -57,7 +57,9 @@ def evaluate(
     COCO). ``image_sizes``: (width, height) in pixels per image; with them COCO's area
     ranges are in pixels (without, COCO's overall figures are computed, those IoU-based
     figures not depending on the scale, and the small/medium/large ones are left out).
-    ``coco``: False to skip COCO's evaluation.
+    ``coco``: None (default) for COCO's figures when faster-coco-eval is installed and
+    Darknet's alone otherwise (the report's ``coco_note`` says why), True to require them
+    (``DependencyError`` without the library), False to skip them.
 
     Raises ``ArgumentError`` / ``ArgumentTypeError`` naming the argument, image, row and
     value at fault.
@@ -80,7 +82,11 @@ def evaluate(
     checked_dets = check_detections(detections, classes, sizes)
     figures = darknet_map(checked_truths, checked_dets, classes, iou_thresh=iou_thresh,
                           thresh=thresh, points=points)
-    coco_result = None
+    coco_result, note = None, ""
+    if coco is None:
+        missing = coco_missing()
+        coco = missing is None
+        note = missing or ""
     if coco:
         coco_sizes = sizes if sizes is not None else [(1000, 1000)] * len(checked_truths)
         coco_result = coco_map(checked_truths, checked_dets, classes, coco_sizes)
@@ -89,12 +95,13 @@ def evaluate(
                         "ar_large"):
                 coco_result.stats[key] = None
     return build_report(figures, class_names, iou_thresh=iou_thresh, thresh=thresh,
-                        points=points, images=len(checked_truths), coco=coco_result)
+                        points=points, images=len(checked_truths), coco=coco_result,
+                        coco_note=note)
 
 
 def evaluate_dataset(net: Network, dataset: Any, *, thresh: float = 0.25,
                      iou_thresh: float = 0.5, points: int = 0, batch: int = 4,
-                     progress: bool = True, coco: bool = True) -> MapReport:
+                     progress: bool = True, coco: bool | None = None) -> MapReport:
     """``darknet detector map``: ``net`` over the valid set of ``dataset`` (a
     ``darknet_metal.datasets.Dataset``), its detections (``detect_dataset``, Darknet's
     threshold 0.005 and NMS 0.45) against the set's labels (``evaluate``). Raises

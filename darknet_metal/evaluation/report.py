@@ -49,7 +49,8 @@ class MapReport:
     mean over all classes; ``thresh``: the confidence threshold of the TP/FP/FN figures;
     ``tp``, ``fp``, ``fn`` (= unique_truth_count - tp), ``precision``, ``recall``, ``f1``,
     ``average_iou`` (Darknet's: sum of the TPs' IoUs / (TP + FP)) and ``tp_mean_iou``
-    (over the TPs), all fractions in [0, 1]; ``coco``: None when not computed.
+    (over the TPs), all fractions in [0, 1]; ``coco``: None when not computed, and then
+    ``coco_note`` says why when COCO's figures were wanted but cannot be computed ("" else).
     """
 
     classes: list[ClassStats]
@@ -69,6 +70,7 @@ class MapReport:
     average_iou: float
     tp_mean_iou: float
     coco: CocoResult | None
+    coco_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain data (lists, dicts, numbers, strings, None)."""
@@ -104,6 +106,10 @@ def format_darknet_report(report: MapReport) -> str:
     lines.append(f" IoU threshold = {report.iou_thresh * 100:2.0f} %, {how} ")
     lines.append(f" mean average precision (mAP@{report.iou_thresh:0.2f}) = {report.map:f}, or "
                  f"{report.map * 100:2.2f} % ")
+    if report.coco is None and report.coco_note:
+        lines.append("")
+        lines.append(f" COCO's mAP@[.50:.95] not computed ({report.coco_note}); Darknet's "
+                     "figures above need no COCO library.")
     if report.coco is not None:
         lines.append("")
         lines.append(f" COCO ({report.coco.library}, at most 100 detections per image and "
@@ -126,6 +132,7 @@ def build_report(
     points: int,
     images: int,
     coco: CocoResult | None,
+    coco_note: str = "",
 ) -> MapReport:
     """A :class:`MapReport` from ``darknet_map``'s figures (``darknet_map.DarknetMap``)."""
     classes = []
@@ -146,5 +153,5 @@ def build_report(
         unique_truth_count=darknet.unique_truth_count, tp=darknet.tp, fp=darknet.fp,
         fn=darknet.unique_truth_count - darknet.tp, precision=precision, recall=recall,
         f1=_f1(precision, recall), average_iou=_ratio(darknet.iou_sum, darknet.tp + darknet.fp),
-        tp_mean_iou=_ratio(darknet.iou_sum, darknet.tp), coco=coco,
+        tp_mean_iou=_ratio(darknet.iou_sum, darknet.tp), coco=coco, coco_note=coco_note,
     )

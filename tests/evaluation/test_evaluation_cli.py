@@ -85,6 +85,22 @@ def test_map_command_prints_darknets_report_and_refuses_a_class_mismatch(shapes,
     assert "detects 2 classes" in capsys.readouterr().err
 
 
+def test_map_without_the_coco_library_prints_darknets_figures(shapes, network, capsys,
+                                                               monkeypatch):
+    # As with the 'train' extra alone: no faster-coco-eval.
+    import sys
+
+    cfg, weights = network
+    monkeypatch.setitem(sys.modules, "faster_coco_eval", None)
+    assert main(["map", str(shapes), str(cfg), str(weights), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "mean average precision (mAP@0.50)" in out
+    assert "COCO's mAP@[.50:.95] not computed" in out and "darknet-metal[eval]" in out
+    assert main(["map", str(shapes), str(cfg), str(weights), "-q", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["coco"] is None and "faster-coco-eval" in report["coco_note"]
+
+
 def test_anchors_command_clusters_the_training_boxes(shapes, capsys):
     assert main(["anchors", str(shapes), "--clusters", "4", "--width", "96", "--height", "96",
                  "--seed", "2"]) == 0

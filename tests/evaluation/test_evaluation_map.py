@@ -254,5 +254,22 @@ def test_missing_coco_library_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "faster_coco_eval", None)  # import now fails
     truths, dets = _case_three_ranks()
     with pytest.raises(DependencyError, match=r"faster-coco-eval.*darknet-metal\[eval\]"):
-        evaluate(truths, dets, ["a"], image_sizes=[(10, 10)])
+        evaluate(truths, dets, ["a"], image_sizes=[(10, 10)], coco=True)
     assert evaluate(truths, dets, ["a"], coco=False).coco is None
+
+
+def test_darknets_figures_need_no_coco_library(monkeypatch):
+    import sys
+
+    truths, dets = _case_three_ranks()
+    with_coco = evaluate(truths, dets, ["a"], image_sizes=[(10, 10)])
+    assert with_coco.coco is not None and with_coco.coco_note == ""
+    monkeypatch.setitem(sys.modules, "faster_coco_eval", None)  # import now fails
+    alone = evaluate(truths, dets, ["a"], image_sizes=[(10, 10)])
+    assert alone.coco is None and "pip install 'darknet-metal[eval]'" in alone.coco_note
+    assert (alone.map, alone.tp, alone.fp, alone.fn) == (with_coco.map, with_coco.tp,
+                                                        with_coco.fp, with_coco.fn)
+    text = format_darknet_report(alone)
+    assert "mean average precision (mAP@0.50)" in text
+    assert "COCO's mAP@[.50:.95] not computed (COCO mAP needs faster-coco-eval" in text
+    assert "not computed" not in format_darknet_report(with_coco)
