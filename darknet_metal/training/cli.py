@@ -21,7 +21,7 @@ __all__ = ["add_commands"]
 
 
 def add_commands(commands: Any) -> None:
-    """Add ``train`` to ``commands`` (an argparse subparsers object)."""
+    """Add ``train`` and ``cfg`` to ``commands`` (an argparse subparsers object)."""
     from darknet_metal.network import DEVICES
 
     train = commands.add_parser(
@@ -70,6 +70,9 @@ def add_commands(commands: Any) -> None:
                        help="under mpirun: compare the ranks' parameters every N iterations "
                        "(0: never; default: %(default)s)")
     train.set_defaults(run=run_train)
+    from darknet_metal.training import cfg_command
+
+    cfg_command.add_command(commands)
 
 
 def run_train(args: argparse.Namespace) -> int:
