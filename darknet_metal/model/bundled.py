@@ -61,6 +61,8 @@ class ModelSpec:
 
     ``size`` is the exact length of the weights file in bytes; ``sha256`` its hex digest,
     or None when no trusted digest is recorded (the size is then the only check).
+    ``backbone_layers``: how many first layers make the backbone Darknet's README trains the
+    model from (``darknet partial ... yolov4-tiny.conv.29 29``).
     """
 
     name: str
@@ -69,6 +71,7 @@ class ModelSpec:
     url: str
     size: int
     sha256: str | None
+    backbone_layers: int
 
 
 class ModelFiles(NamedTuple):
@@ -79,7 +82,7 @@ class ModelFiles(NamedTuple):
     names: Path
 
 
-def _spec(name: str, url: str, size: int, sha256: str | None) -> ModelSpec:
+def _spec(name: str, url: str, size: int, sha256: str | None, backbone: int) -> ModelSpec:
     return ModelSpec(
         name=name,
         cfg=_DATA_DIR / "cfg" / f"{name}.cfg",
@@ -87,6 +90,7 @@ def _spec(name: str, url: str, size: int, sha256: str | None) -> ModelSpec:
         url=url,
         size=size,
         sha256=sha256,
+        backbone_layers=backbone,
     )
 
 
@@ -103,19 +107,24 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType(
                 f"{_PJREDDIE}/yolov3-tiny.weights",
                 35_434_956,
                 "dccea06f59b781ec1234ddf8d1e94b9519a97f4245748a7d4db75d5b7080a42c",
+                15,  # yolov3-tiny.conv.15
             ),
             _spec(
                 "yolov4-tiny",
                 f"{_ALEXEYAB}/darknet_yolo_v4_pre/yolov4-tiny.weights",
                 24_251_276,
                 None,
+                29,  # yolov4-tiny.conv.29
             ),
-            _spec("yolov3", f"{_PJREDDIE}/yolov3.weights", 248_007_048, None),
+            # darknet53.conv.74: Darknet's README takes it from ImageNet's darknet53.weights;
+            # the first 74 layers of the COCO weights are that backbone trained further.
+            _spec("yolov3", f"{_PJREDDIE}/yolov3.weights", 248_007_048, None, 74),
             _spec(
                 "yolov4",
                 f"{_ALEXEYAB}/darknet_yolo_v3_optimal/yolov4.weights",
                 257_717_640,
                 None,
+                137,  # yolov4.conv.137
             ),
         )
     }

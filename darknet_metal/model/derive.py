@@ -60,16 +60,18 @@ def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
                batch: int = 64, subdivisions: int | None = None,
                max_batches: int | None = None, train_images: int = 0,
                anchors: Sequence[float] | None = None,
-               anchors_source: str = "given") -> DerivedCfg:
+               anchors_source: str = "given",
+               subdivisions_source: str = "given") -> DerivedCfg:
     """The bundled ``model``'s cfg for ``classes`` classes.
 
     ``size``: (width, height) in pixels, multiples of 32 (default: the model's);
     ``batch`` / ``subdivisions``: images per iteration and mini-batches per iteration
-    (default subdivisions: the model's); ``max_batches``: iterations (default:
+    (default subdivisions: the model's; given ones said to come from
+    ``subdivisions_source``); ``max_batches``: iterations (default:
     :func:`darknet_max_batches` of ``classes`` and ``train_images``); ``anchors``: 2 x N
-    numbers, N the model's anchor count, in pixels at ``size`` (default: the model's), said to
-    come from ``anchors_source``. Raises ``ModelNotFoundError`` for a model not bundled and
-    ``ArgumentError`` naming the argument for a value Darknet would refuse."""
+    numbers, N the model's anchor count, in pixels at ``size`` (default: the model's), said
+    to come from ``anchors_source``. Raises ``ModelNotFoundError`` for a model not bundled
+    and ``ArgumentError`` naming the argument for a value Darknet would refuse."""
     spec = get_spec(model)
     if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
         raise ArgumentError(f"classes must be a positive integer, not {classes!r}")
@@ -92,8 +94,6 @@ def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
         while batch % subdivisions:
             subdivisions -= 1
         subdivisions_source = f"{model}'s, dividing the batch"
-    else:
-        subdivisions_source = "given"
     if not isinstance(subdivisions, int) or subdivisions < 1 or batch % subdivisions:
         raise ArgumentError(f"subdivisions must divide the batch ({batch}), not "
                             f"{subdivisions!r}")
@@ -104,9 +104,8 @@ def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
         max_source = f"Darknet's rule: {rule}"
     else:
         max_source = "given"
-    if not isinstance(max_batches, int) or max_batches < 10:
-        raise ArgumentError(f"max_batches must be an integer of at least 10, not "
-                            f"{max_batches!r}")
+    if not isinstance(max_batches, int) or isinstance(max_batches, bool) or max_batches < 1:
+        raise ArgumentError(f"max_batches must be a positive integer, not {max_batches!r}")
     heads = [s for s in bundled.layers if s.kind == "yolo"]
     total = len(heads[0].values["anchors"]) // 2 if heads else 0
     anchor_text = None

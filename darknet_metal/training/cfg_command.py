@@ -41,9 +41,11 @@ def add_command(commands: Any) -> None:
     cfg.set_defaults(run=run_cfg)
 
 
-def add_cfg_arguments(parser: argparse.ArgumentParser, *, data: bool = True) -> None:
+def add_cfg_arguments(parser: Any, *, data: bool = True, model_required: bool = True,
+                      batch_default: int | None = 64, planner: bool = False) -> None:
     """The options that derive a cfg (``cfg`` and ``train --model`` share them)."""
-    parser.add_argument("--model", metavar="NAME", required=True, choices=model_names(),
+    parser.add_argument("--model", metavar="NAME", required=model_required,
+                        choices=model_names(),
                         help=f"bundled model: {', '.join(model_names())}")
     parser.add_argument("--classes", type=positive_int, metavar="N",
                         help="number of classes (with --data: must equal the dataset's)")
@@ -53,11 +55,12 @@ def add_cfg_arguments(parser: argparse.ArgumentParser, *, data: bool = True) -> 
                             "boxes")
     parser.add_argument("--size", type=size, metavar="WxH",
                         help="network size, multiples of 32 (default: the model's)")
-    parser.add_argument("--batch", type=positive_int, default=64, metavar="N",
-                        help="images per iteration (default: %(default)s, Darknet's README)")
+    parser.add_argument("--batch", type=positive_int, default=batch_default, metavar="N",
+                        help="images per iteration (default: 64, Darknet's README)")
     parser.add_argument("--subdivisions", type=positive_int, metavar="N",
-                        help="mini-batches per iteration (default: the model's, dividing the "
-                        "batch)")
+                        help="mini-batches per iteration (default: " + (
+                            "the fewest whose pass fits this machine's memory)" if planner
+                            else "the model's, dividing the batch)"))
     parser.add_argument("--max-batches", type=positive_int, metavar="N",
                         help="iterations (default: Darknet's rule, max(2000 x classes, 6000, "
                         "training images / batch))")
@@ -66,8 +69,10 @@ def add_cfg_arguments(parser: argparse.ArgumentParser, *, data: bool = True) -> 
                         "DATA's boxes at the size (default: %(default)s)")
 
 
-def derive_from_args(args: argparse.Namespace, dataset: Any = None) -> DerivedCfg:
-    """The cfg the arguments ask for; ``dataset``: the loaded ``--data`` (or None)."""
+def derive_from_args(args: argparse.Namespace, dataset: Any = None,
+                     subdivisions_source: str = "given") -> DerivedCfg:
+    """The cfg the arguments ask for; ``dataset``: the loaded ``--data`` (or None);
+    ``subdivisions_source``: where ``args.subdivisions`` came from, when set."""
     classes = args.classes
     if dataset is not None:
         if classes is not None and classes != dataset.classes:
@@ -79,7 +84,8 @@ def derive_from_args(args: argparse.Namespace, dataset: Any = None) -> DerivedCf
     anchors, source = None, "given"
     derived = derive_cfg(args.model, classes, size=args.size, batch=args.batch,
                          subdivisions=args.subdivisions, max_batches=args.max_batches,
-                         train_images=len(dataset.train) if dataset is not None else 0)
+                         train_images=len(dataset.train) if dataset is not None else 0,
+                         subdivisions_source=subdivisions_source)
     if args.anchors == "auto":
         if dataset is None:
             raise ArgumentError("--anchors auto needs --data (the boxes to cluster)")
@@ -98,7 +104,7 @@ def derive_from_args(args: argparse.Namespace, dataset: Any = None) -> DerivedCf
         derived = derive_cfg(args.model, classes, size=args.size, batch=args.batch,
                              subdivisions=args.subdivisions, max_batches=args.max_batches,
                              train_images=len(dataset.train), anchors=anchors,
-                             anchors_source=source)
+                             anchors_source=source, subdivisions_source=subdivisions_source)
     return derived
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from darknet_metal.cli_args import non_negative_int, positive_int, seed
+from darknet_metal.training import cfg_command
 
 __all__ = ["add_commands"]
 
@@ -42,9 +43,20 @@ def add_commands(commands: Any) -> None:
         ),
     )
     train.add_argument("data", metavar="DATA", type=Path, help=".data or .yaml dataset file")
-    train.add_argument("cfg", metavar="CFG", type=Path, help="network .cfg file")
+    train.add_argument("cfg", metavar="CFG", type=Path, nargs="?",
+                       help="network .cfg file (or --model NAME)")
     train.add_argument("weights", metavar="WEIGHTS", type=Path, nargs="?",
                        help="weights to start from (default: Darknet's random initialisation)")
+    model = train.add_argument_group(
+        "from a bundled model, instead of CFG and WEIGHTS",
+        "--model NAME writes NAME's cfg for DATA's classes into the backup folder as "
+        "<model>-<data>.cfg (as `darknet-metal cfg` does), makes the backbone Darknet's README "
+        "names for NAME from its COCO weights (the model cache, downloaded once, or --weights) "
+        "and trains from it; every derived value is printed once with where it came from.")
+    cfg_command.add_cfg_arguments(model, data=False, model_required=False, batch_default=None,
+                                  planner=True)
+    model.add_argument("--weights", dest="coco_weights", type=Path, metavar="FILE",
+                       help="the model's COCO weights (default: the model cache)")
     train.add_argument("--device", default="cpu", choices=DEVICES,
                        help="cpu, metal, emu or cuda (default: %(default)s)")
     train.add_argument("--seed", type=seed, default=0,
@@ -70,8 +82,6 @@ def add_commands(commands: Any) -> None:
                        help="under mpirun: compare the ranks' parameters every N iterations "
                        "(0: never; default: %(default)s)")
     train.set_defaults(run=run_train)
-    from darknet_metal.training import cfg_command
-
     cfg_command.add_command(commands)
 
 
@@ -90,6 +100,7 @@ def run_train(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, quiet: bool = False) -> int:
     from darknet_metal.training.run import TrainingSetup
 
+    _from_model(args, quiet)
     setup = TrainingSetup.from_args(args)
     if quiet:
         return 130 if setup.run(progress=False).interrupted else 0
@@ -106,6 +117,35 @@ def _train(args: argparse.Namespace, quiet: bool = False) -> int:
                     f"{100 * result.best_map:.2f}%")
     _note(summary)
     return 0
+
+
+#: The options that only --model takes, by destination.
+_MODEL_OPTIONS = ("classes", "size", "batch", "subdivisions", "max_batches", "coco_weights")
+
+
+def _from_model(args: argparse.Namespace, quiet: bool) -> None:
+    """With --model: derive the cfg and make the backbone, then train from them."""
+    from darknet_metal.errors import ArgumentError
+
+    if args.model is None:
+        given = [name for name in _MODEL_OPTIONS if getattr(args, name) is not None]
+        if args.anchors != "model":
+            given.append("anchors")
+        if given:
+            raise ArgumentError(f"--{given[0].replace('_', '-')} needs --model NAME")
+        if args.cfg is None:
+            raise ArgumentError("give CFG (and WEIGHTS) or --model NAME")
+        return
+    if args.cfg is not None:
+        raise ArgumentError(f"give CFG or --model, not both (got {args.cfg} and --model "
+                            f"{args.model})")
+    from darknet_metal.training.from_model import prepare
+
+    if args.batch is None:
+        args.batch = 64
+    say = (lambda line: None) if quiet or args.quiet else (lambda line: _note(line))
+    prepared = prepare(args, say)
+    args.cfg, args.weights = prepared.cfg, prepared.backbone
 
 
 def _note(message: str) -> None:
