@@ -19,7 +19,8 @@ from darknet_metal.errors import ArgumentError
 from darknet_metal.model.bundled import get_spec
 from darknet_metal.model.cfg import NetConfig, parse_cfg_text
 
-__all__ = ["DerivedCfg", "DerivedValue", "TRAINING_KEYS", "darknet_max_batches", "derive_cfg"]
+__all__ = ["DerivedCfg", "DerivedValue", "TRAINING_KEYS", "anchor_count", "darknet_max_batches",
+           "derive_cfg"]
 
 #: The [net] keys a derived cfg sets for training whatever the bundled cfg says: the
 #: schedule, and the batch (bundled cfgs hold the testing batch of 1 in some cases).
@@ -48,6 +49,12 @@ class DerivedCfg:
     text: str
     values: tuple[DerivedValue, ...]
     config: NetConfig
+
+
+def anchor_count(config: NetConfig) -> int:
+    """How many anchors the [yolo] heads of ``config`` share (0 without a head)."""
+    heads = [s for s in config.layers if s.kind == "yolo"]
+    return len(heads[0].values["anchors"]) // 2 if heads else 0
 
 
 def darknet_max_batches(classes: int, train_images: int = 0, batch: int = 64) -> int:
@@ -107,7 +114,7 @@ def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
     if not isinstance(max_batches, int) or isinstance(max_batches, bool) or max_batches < 1:
         raise ArgumentError(f"max_batches must be a positive integer, not {max_batches!r}")
     heads = [s for s in bundled.layers if s.kind == "yolo"]
-    total = len(heads[0].values["anchors"]) // 2 if heads else 0
+    total = anchor_count(bundled)
     anchor_text = None
     if anchors is not None:
         values = [float(a) for a in anchors]

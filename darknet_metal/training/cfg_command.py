@@ -17,7 +17,7 @@ import numpy as np
 from darknet_metal.cli_args import positive_int, size
 from darknet_metal.errors import ArgumentError
 from darknet_metal.model.bundled import model_names
-from darknet_metal.model.derive import DerivedCfg, derive_cfg
+from darknet_metal.model.derive import DerivedCfg, anchor_count, derive_cfg
 
 __all__ = ["add_cfg_arguments", "add_command", "derive_from_args", "print_derived", "run_cfg"]
 
@@ -93,8 +93,7 @@ def derive_from_args(args: argparse.Namespace, dataset: Any = None,
 
         net = derived.config.net.values
         width, height = int(net["width"]), int(net["height"])
-        total = len(next(s for s in derived.config.layers if s.kind == "yolo")
-                    .values["anchors"]) // 2
+        total = anchor_count(derived.config)
         boxes = [dataset.read_boxes(sample) for sample in dataset.train]
         wh = np.concatenate([b[:, 3:5] for b in boxes if len(b)] or [np.zeros((0, 2))])
         report = calc_anchors(wh.astype(np.float32), total, width, height)

@@ -24,8 +24,10 @@ from darknet_metal.ops import LAYER_KINDS, build_layers
 from darknet_metal.runtime.program import Tensor, build_program
 
 PACKAGE = pathlib.Path(darknet_metal.__file__).parent
-#: Where layer kinds may be named: the ops, and the cfg parser and schema.
-ALLOWED = {PACKAGE / "ops", PACKAGE / "model" / "cfg.py", PACKAGE / "model" / "cfg_schema.py"}
+#: Where layer kinds may be named: the ops, the cfg parser and schema, and the cfg edit of
+#: Darknet's README (classes in each [yolo], filters in the convolution before it).
+ALLOWED = {PACKAGE / "ops", PACKAGE / "model" / "cfg.py", PACKAGE / "model" / "cfg_schema.py",
+           PACKAGE / "model" / "derive.py"}
 OP_CLASSES = {cls.__name__ for cls in ops.OPS.values()} | {"Op"}
 
 
