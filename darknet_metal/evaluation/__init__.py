@@ -10,7 +10,12 @@ Owns: scoring detections against truths. May import: ``errors``, ``files``, ``ar
 ``inference``, ``datasets``; a network only to run it over a dataset (``dataset_detect``).
 """
 
-from darknet_metal.evaluation.anchors import AnchorsReport, calc_anchors, format_anchors
+from darknet_metal.evaluation.anchors import (
+    AnchorsReport,
+    calc_anchors,
+    dataset_anchors,
+    format_anchors,
+)
 from darknet_metal.evaluation.coco import COCO_STAT_NAMES, CocoResult, coco_map
 from darknet_metal.evaluation.darknet_map import average_precision, darknet_map
 from darknet_metal.evaluation.dataset_detect import DatasetDetections, detect_dataset
@@ -27,6 +32,7 @@ __all__ = [
     "MapReport",
     "average_precision",
     "calc_anchors",
+    "dataset_anchors",
     "coco_map",
     "darknet_map",
     "detect_dataset",

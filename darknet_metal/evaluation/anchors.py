@@ -20,13 +20,15 @@ Darknet's ``calc_anchors`` (``src-lib/detector.cpp``) with ``do_kmeans``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from darknet_metal import arguments
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["MAX_ITERATIONS", "AnchorsReport", "calc_anchors", "format_anchors"]
+__all__ = ["MAX_ITERATIONS", "AnchorsReport", "calc_anchors", "dataset_anchors",
+           "format_anchors"]
 
 #: Darknet's cap on k-means rounds.
 MAX_ITERATIONS = 1000
@@ -156,6 +158,16 @@ def calc_anchors(
     centres.setflags(write=False)
     return AnchorsReport(anchors=centres, avg_iou=float(avg_iou), iterations=iterations,
                          counts=counts, width=int(width), height=int(height), boxes=n)
+
+
+def dataset_anchors(dataset: Any, clusters: int, width: int, height: int, *,
+                    seed: int = 0) -> AnchorsReport:
+    """:func:`calc_anchors` of the boxes of ``dataset``'s training set (a
+    ``darknet_metal.datasets.Dataset``), as ``darknet detector calc_anchors DATA`` reads
+    them."""
+    boxes = [dataset.read_boxes(sample) for sample in dataset.train]
+    sizes = np.concatenate([b[:, 3:5] for b in boxes if len(b)] or [np.zeros((0, 2))])
+    return calc_anchors(sizes, clusters, width, height, seed=seed)
 
 
 def format_anchors(report: AnchorsReport) -> str:

@@ -12,8 +12,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from darknet_metal.cli_args import multiple_of_32, positive_int, unit_float
 
 __all__ = ["add_commands"]
@@ -95,11 +93,9 @@ def run_map(args: argparse.Namespace) -> int:
 
 def run_anchors(args: argparse.Namespace) -> int:
     from darknet_metal.datasets import load_dataset
-    from darknet_metal.evaluation import calc_anchors, format_anchors
+    from darknet_metal.evaluation import dataset_anchors, format_anchors
 
     dataset = load_dataset(args.data)
-    boxes = [dataset.read_boxes(sample) for sample in dataset.train]
-    sizes = np.concatenate([b[:, 3:5] for b in boxes if len(b)] or [np.zeros((0, 2))])
-    report = calc_anchors(sizes, args.clusters, args.width, args.height, seed=args.seed)
+    report = dataset_anchors(dataset, args.clusters, args.width, args.height, seed=args.seed)
     print(format_anchors(report))
     return 0

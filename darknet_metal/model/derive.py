@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from darknet_metal.errors import ArgumentError
 from darknet_metal.model.bundled import get_spec
@@ -43,12 +44,18 @@ class DerivedValue:
 @dataclass(frozen=True)
 class DerivedCfg:
     """The cfg text (``text``), what it sets (``values``, in file order) and the parsed
-    network (``config``), checked by the same parser rules as every cfg."""
+    network (``config``), checked by the same parser rules as every cfg; ``arguments``:
+    the keyword arguments of :func:`derive_cfg` it was made with."""
 
     model: str
     text: str
     values: tuple[DerivedValue, ...]
     config: NetConfig
+    arguments: dict[str, Any]
+
+    def rederive(self, **changes: Any) -> DerivedCfg:
+        """The same derivation with some arguments changed (``subdivisions=4``...)."""
+        return derive_cfg(self.model, **{**self.arguments, **changes})
 
 
 def anchor_count(config: NetConfig) -> int:
@@ -79,6 +86,9 @@ def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
     numbers, N the model's anchor count, in pixels at ``size`` (default: the model's), said
     to come from ``anchors_source``. Raises ``ModelNotFoundError`` for a model not bundled
     and ``ArgumentError`` naming the argument for a value Darknet would refuse."""
+    arguments = dict(classes=classes, size=size, batch=batch, subdivisions=subdivisions,
+                     max_batches=max_batches, train_images=train_images, anchors=anchors,
+                     anchors_source=anchors_source, subdivisions_source=subdivisions_source)
     spec = get_spec(model)
     if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
         raise ArgumentError(f"classes must be a positive integer, not {classes!r}")
@@ -136,10 +146,8 @@ def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
     values: list[DerivedValue] = []
     sections = _sections(lines)
     edits: dict[int, dict[str, tuple[str, str]]] = {0: net_keys}
-    for k, (kind, _start, _end) in enumerate(sections):
-        if kind != "yolo":
-            continue
-        head = heads[[i for i, (kd, _, _) in enumerate(sections) if kd == "yolo"].index(k)]
+    yolo_sections = [k for k, (kind, _, _) in enumerate(sections) if kind == "yolo"]
+    for k, head in zip(yolo_sections, heads, strict=True):
         masks = len(head.values["mask"]) if head.values.get("mask") else total
         head_keys = {"classes": (str(classes), "given")}
         if anchor_text is not None:
@@ -172,7 +180,7 @@ def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
         out.insert(at, line)
     derived_text = "\n".join(out) + "\n"
     config = parse_cfg_text(derived_text, f"<{model} for {classes} classes>")
-    return DerivedCfg(model, derived_text, tuple(values), config)
+    return DerivedCfg(model, derived_text, tuple(values), config, arguments)
 
 
 def _sections(lines: list[str]) -> list[tuple[str, int, int]]:

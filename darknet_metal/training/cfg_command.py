@@ -12,8 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from darknet_metal.cli_args import positive_int, size
 from darknet_metal.errors import ArgumentError
 from darknet_metal.model.bundled import model_names
@@ -69,10 +67,8 @@ def add_cfg_arguments(parser: Any, *, data: bool = True, model_required: bool = 
                         "DATA's boxes at the size (default: %(default)s)")
 
 
-def derive_from_args(args: argparse.Namespace, dataset: Any = None,
-                     subdivisions_source: str = "given") -> DerivedCfg:
-    """The cfg the arguments ask for; ``dataset``: the loaded ``--data`` (or None);
-    ``subdivisions_source``: where ``args.subdivisions`` came from, when set."""
+def derive_from_args(args: argparse.Namespace, dataset: Any = None) -> DerivedCfg:
+    """The cfg the arguments ask for; ``dataset``: the loaded ``--data`` (or None)."""
     classes = args.classes
     if dataset is not None:
         if classes is not None and classes != dataset.classes:
@@ -81,29 +77,21 @@ def derive_from_args(args: argparse.Namespace, dataset: Any = None,
         classes = dataset.classes
     if classes is None:
         raise ArgumentError("give --classes N or --data DATA")
-    anchors, source = None, "given"
     derived = derive_cfg(args.model, classes, size=args.size, batch=args.batch,
                          subdivisions=args.subdivisions, max_batches=args.max_batches,
-                         train_images=len(dataset.train) if dataset is not None else 0,
-                         subdivisions_source=subdivisions_source)
+                         train_images=len(dataset.train) if dataset is not None else 0)
     if args.anchors == "auto":
         if dataset is None:
             raise ArgumentError("--anchors auto needs --data (the boxes to cluster)")
-        from darknet_metal.evaluation import calc_anchors
+        from darknet_metal.evaluation import dataset_anchors
 
         net = derived.config.net.values
         width, height = int(net["width"]), int(net["height"])
-        total = anchor_count(derived.config)
-        boxes = [dataset.read_boxes(sample) for sample in dataset.train]
-        wh = np.concatenate([b[:, 3:5] for b in boxes if len(b)] or [np.zeros((0, 2))])
-        report = calc_anchors(wh.astype(np.float32), total, width, height)
+        report = dataset_anchors(dataset, anchor_count(derived.config), width, height)
         anchors = [round(float(v)) for v in report.anchors.reshape(-1)]
-        source = (f"calc_anchors on {len(wh)} boxes of {dataset.path} at {width}x{height} "
-                  f"(average IoU {report.avg_iou:.2f}%)")
-        derived = derive_cfg(args.model, classes, size=args.size, batch=args.batch,
-                             subdivisions=args.subdivisions, max_batches=args.max_batches,
-                             train_images=len(dataset.train), anchors=anchors,
-                             anchors_source=source, subdivisions_source=subdivisions_source)
+        source = (f"calc_anchors on {report.boxes} boxes of {dataset.path} at "
+                  f"{width}x{height} (average IoU {report.avg_iou:.2f}%)")
+        derived = derived.rederive(anchors=anchors, anchors_source=source)
     return derived
 
 

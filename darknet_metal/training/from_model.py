@@ -43,7 +43,7 @@ def prepare(args: argparse.Namespace, say: Any) -> Prepared:
     dataset = load_dataset(args.data)
     derived = derive_from_args(args, dataset)
     if args.subdivisions is None:
-        derived = _fitting(args, dataset, derived, say)
+        derived = _fitting(args, derived, say)
     if args.coco_weights is not None:
         coco, where = Path(args.coco_weights), "given"
     else:
@@ -70,7 +70,7 @@ def prepare(args: argparse.Namespace, say: Any) -> Prepared:
     return Prepared(cfg, backbone, lines)
 
 
-def _fitting(args: argparse.Namespace, dataset: Any, derived: Any, say: Any) -> Any:
+def _fitting(args: argparse.Namespace, derived: Any, say: Any) -> Any:
     """The derived cfg with the fewest subdivisions whose training pass fits this machine's
     memory (the trainer's own check, on the device the run uses)."""
     from darknet_metal.training.trainer import Trainer
@@ -78,8 +78,9 @@ def _fitting(args: argparse.Namespace, dataset: Any, derived: Any, say: Any) -> 
     batch = args.batch
     tried = []
     for subdivisions in (s for s in range(1, batch + 1) if batch % s == 0):
-        candidate = _with(args, dataset, subdivisions,
-                          f"the fewest that fit this machine's memory on {args.device}")
+        candidate = derived.rederive(
+            subdivisions=subdivisions,
+            subdivisions_source=f"the fewest that fit this machine's memory on {args.device}")
         try:
             Trainer.of(_load_text(candidate.text, args.device))
         except MemoryLimitError:
@@ -91,15 +92,6 @@ def _fitting(args: argparse.Namespace, dataset: Any, derived: Any, say: Any) -> 
         return candidate
     raise ArgumentError(f"even one image per pass of {args.model} does not fit this machine's "
                         "memory: give a smaller --size")
-
-
-def _with(args: argparse.Namespace, dataset: Any, subdivisions: int, source: str) -> Any:
-    saved = args.subdivisions
-    args.subdivisions = subdivisions
-    try:
-        return derive_from_args(args, dataset, source)
-    finally:
-        args.subdivisions = saved
 
 
 def _load_text(text: str, device: str) -> Any:

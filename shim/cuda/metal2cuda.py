@@ -59,8 +59,6 @@ __all__ = ["MetalSourceError", "KernelInfo", "Translation", "device_memory_hazar
            "entry_point", "main", "translate", "translate_file"]
 
 PRELUDE = "metal_cuda.h"
-#: Fields of dmc_thread (metal_cuda.h) holding each position built-in.
-BUILTINS = dict(_msl.BUILTINS)
 _USING_METAL = re.compile(r"^[ \t]*using[ \t]+namespace[ \t]+metal[ \t]*;", re.M)
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
@@ -167,28 +165,19 @@ def _brace_depths(masked: str) -> list[int]:
     return depths
 
 
+_BINDING = _msl.Binding("::msl", "L.buffers[{i}]", "dmc_tg_dynamic + L.tg_offset[{i}]", "T.",
+                        "uint3(0u, 0u, 0u)")
+
+
 def _entry(info, params, index: int) -> str:
     if not _IDENTIFIER.fullmatch(info.name):
         raise MetalSourceError(
             f"kernel name '{info.name}' is not an identifier (CUDA entry points need one)",
             path="<kernel table>", line=info.line)
-    args = []
-    for i, p in enumerate(params):
-        arg_t = f"__A::arg<{i}>"
-        if p.attr == "buffer":
-            args.append(f"::msl::bind<{arg_t}>(L.buffers[{p.arg}])")
-        elif p.attr == "threadgroup":
-            args.append(f"::msl::bind<{arg_t}>(dmc_tg_dynamic + L.tg_offset[{p.arg}])")
-        elif p.attr in BUILTINS:
-            args.append(f"::msl::builtin<{arg_t}>(T.{BUILTINS[p.attr]})")
-        elif p.attr == "grid_origin":
-            args.append(f"::msl::builtin<{arg_t}>(uint3(0u, 0u, 0u))")
-        else:  # thread_execution_width
-            args.append(f"::msl::builtin<{arg_t}>(32u)")
+    joined = _msl.bound_arguments(params, _BINDING)
     # Without [[max_total_threads_per_threadgroup]], registers decide the most threads a
     # group may have, as on Apple GPUs (the driver reports it as the pipeline's limit).
     bound = f"__launch_bounds__({info.max_threads}) " if info.max_threads > 0 else ""
-    joined = ",\n        ".join(args)
     return (
         f'extern "C" __global__ void {bound}'
         f"{entry_point(info.name)}(const dmc_launch L) {{\n"

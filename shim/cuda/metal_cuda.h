@@ -106,7 +106,6 @@ struct msl_half {
 #endif
     }
 };
-typedef msl_half half;
 
 #define DMC_HALF_ARITH(OP)                                                             \
     DMC_FN msl_half operator OP(msl_half a, msl_half b) {                              \

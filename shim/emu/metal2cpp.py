@@ -36,6 +36,8 @@ __all__ = [
     "MetalSourceError",
     "KernelInfo",
     "MslRewriter",
+    "Binding",
+    "bound_arguments",
     "ATTR",
     "METAL_INCLUDE",
     "line_of",
@@ -730,22 +732,46 @@ def _c_ident(name: str) -> str:
     return re.sub(r"\W", "_", name)
 
 
-def _launcher(info: KernelInfo, params: list[_Param], index: int) -> str:
-    fn = f"__emu_call_{index}_{_c_ident(info.name)}"
-    args = []
+@dataclass(frozen=True)
+class Binding:
+    """How a target's entry point reaches a kernel's arguments: the namespace of its
+    ``bind``/``builtin`` glue (msl_glue.h), the expression of ``[[buffer(i)]]`` and of
+    ``[[threadgroup(i)]]`` (``{i}`` the index), the thread's built-ins (a field name is
+    appended) and the grid origin."""
+
+    namespace: str
+    buffer: str
+    threadgroup: str
+    thread: str
+    origin: str
+
+
+def bound_arguments(params: list[_Param], binding: Binding) -> str:
+    """The argument list of a kernel's call, each bound by its attribute (``__A`` is the
+    kernel's ``fn_args``)."""
+    ns, args = binding.namespace, []
     for i, p in enumerate(params):
         arg_t = f"__A::arg<{i}>"
         if p.attr == "buffer":
-            args.append(f"::emu::bind<{arg_t}>(L->buffers[{p.arg}])")
+            args.append(f"{ns}::bind<{arg_t}>({binding.buffer.format(i=p.arg)})")
         elif p.attr == "threadgroup":
-            args.append(f"::emu::bind<{arg_t}>(L->tg_args[{p.arg}])")
+            args.append(f"{ns}::bind<{arg_t}>({binding.threadgroup.format(i=p.arg)})")
         elif p.attr in BUILTINS:
-            args.append(f"::emu::builtin<{arg_t}>(T->{BUILTINS[p.attr]})")
+            args.append(f"{ns}::builtin<{arg_t}>({binding.thread}{BUILTINS[p.attr]})")
         elif p.attr == "grid_origin":
-            args.append(f"::emu::builtin<{arg_t}>(emu_uint3{{0u, 0u, 0u}})")
+            args.append(f"{ns}::builtin<{arg_t}>({binding.origin})")
         else:
-            args.append(f"::emu::builtin<{arg_t}>({CONSTANT_BUILTINS[p.attr]})")
-    joined = ",\n        ".join(args)
+            args.append(f"{ns}::builtin<{arg_t}>({CONSTANT_BUILTINS[p.attr]})")
+    return ",\n        ".join(args)
+
+
+_EMU_BINDING = Binding("::emu", "L->buffers[{i}]", "L->tg_args[{i}]", "T->",
+                       "emu_uint3{0u, 0u, 0u}")
+
+
+def _launcher(info: KernelInfo, params: list[_Param], index: int) -> str:
+    fn = f"__emu_call_{index}_{_c_ident(info.name)}"
+    joined = bound_arguments(params, _EMU_BINDING)
     return (
         f"static void {fn}(const emu_launch *L, const emu_thread *T) {{\n"
         f"    (void)L;\n    (void)T;\n"
