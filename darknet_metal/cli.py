@@ -27,6 +27,7 @@ import numpy as np
 
 from darknet_metal.cli_args import multiple_of_32, positive_int, unit_float
 from darknet_metal.datasets import cli as datasets_cli
+from darknet_metal.diagnostics import profile_command as profile_cli
 from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, WeightsError
 from darknet_metal.evaluation import cli as evaluation_cli
 from darknet_metal.inference.boxes import shown
@@ -50,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.run in (_run_detect, _run_video):
             _check_detect_args(args)
+        # A command's own checks of argument combinations: usage errors (status 2).
+        check = getattr(args, "check", None)
+        if check is not None:
+            check(args)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
     try:
@@ -192,6 +197,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluation_cli.add_commands(commands)
     training_cli.add_commands(commands)
     serving_cli.add_commands(commands)
+    profile_cli.add_commands(commands)
     return parser
 
 

@@ -11,6 +11,7 @@ the other training calls here are conveniences that hold no state of their own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -43,6 +44,14 @@ from darknet_metal.ops import Op, build_layers, init_params
 from darknet_metal.runtime.backend import Backend
 from darknet_metal.runtime.memory import format_bytes, pass_bytes, physical_memory
 from darknet_metal.runtime.pass_ring import PassRing
+from darknet_metal.runtime.profile import (
+    CLOCKS,
+    DevicePeaks,
+    Profile,
+    cpu_profile,
+    measure_peaks,
+    profile_passes,
+)
 from darknet_metal.runtime.program import STORAGE, stored_itemsize
 from darknet_metal.training.schedule import learning_rate
 from darknet_metal.training.trainer import Gradients, StepReport, Trainer
@@ -246,7 +255,75 @@ class Network:
             outs = self.inference_executor().forward(x, outputs=wanted)
             return [np.array(outs[i]) for i in wanted]
 
-    def profile(self, x: np.ndarray, repeats: int = 5) -> list[float]:
+    def profile(self, x: np.ndarray | None = None, *, train: bool = False,
+                truths: Sequence[Any] | None = None, repeats: int = 3,
+                peaks: DevicePeaks | bool = True) -> Profile:
+        """Where the time of a forward pass (or, with ``train``, of a training step) goes:
+        per kernel dispatch its time, floating-point operations and bytes moved, summed per
+        layer and per kernel, with fractions of the device's peaks (``runtime.profile``).
+
+        ``x``: the input (N, C, H, W) float32; default: seeded uniform noise at the
+        network's size, ``batch`` images (a training step: the cfg's batch). ``truths``:
+        a training step's targets (``Trainer.step``); default: three seeded boxes per image
+        (a class id per image for a classifier). ``repeats``: profiled runs, each dispatch's
+        time the median over them (after one unprofiled warm-up run). ``peaks``: True to
+        measure the device's copy bandwidth and GEMM rate (``measure_peaks``), a
+        ``DevicePeaks`` to use those, False for none.
+
+        Times are the device's on ``cuda`` and ``metal``, host times on ``emu`` (labelled:
+        the emulator is the CPU) and per layer on ``cpu``. A training profile runs real steps
+        on a copy of this network: its own weights are left as they were. Raises
+        ArgumentError for a training profile on ``cpu`` (whose steps are not timed one by
+        one) or a bad input."""
+        repeats = arguments.positive_int("repeats", repeats)
+        c, h, w = self.input_shape
+        rng = np.random.default_rng(0)
+        if train:
+            if self.device == "cpu":
+                raise ArgumentError("profile(train=True) needs a Metal device (metal, emu or "
+                                    "cuda): the CPU path's training steps are not timed one "
+                                    "by one")
+            batch = int(self.config.net.values["batch"])
+        else:
+            batch = self.batch
+        if x is None:
+            x = rng.random((batch, c, h, w), dtype=np.float32)
+        x = np.ascontiguousarray(x, np.float32)
+        kinds = {op.index: op.kind for op in self.layers}
+        size = f"{w}x{h} batch {x.shape[0]}"
+        if self.device == "cpu":
+            ms = self._layer_milliseconds(x, repeats)
+            return cpu_profile(f"inference {size}", ms, self.layers, repeats)
+        if not train:
+            self.forward(x)  # warm-up: programs, buffers, pipelines
+            with self.exclusive():
+                executor = self.inference_executor()
+                device = executor.device  # type: ignore[attr-defined]
+                dispatches, copies, wall = profile_passes(
+                    device, lambda: executor.forward(x, outputs=[]), repeats, kinds)
+            what = f"inference {size}"
+        else:
+            if truths is None:
+                truths = self._synthetic_truths(x.shape[0], rng)
+            twin = self._twin()
+            try:
+                twin.train_step(x, truths)  # warm-up
+                with twin.exclusive():
+                    device = twin.executor.device  # type: ignore[attr-defined]
+                    dispatches, copies, wall = profile_passes(
+                        device, lambda: twin.train_step(x, truths), repeats, kinds)
+            finally:
+                twin.to("cpu")
+            subdivisions = int(self.config.net.values["subdivisions"])
+            what = f"training step {size} (subdivisions {subdivisions})"
+        with self.exclusive():
+            if peaks is True:
+                peaks = measure_peaks(device)
+        return Profile(what=what, device=self.device, device_name=str(device.name),
+                       clock=CLOCKS[self.device], dispatches=dispatches, host_copies=copies,
+                       wall_seconds=wall, peaks=peaks or None, repeats=repeats)
+
+    def _layer_milliseconds(self, x: np.ndarray, repeats: int) -> list[float]:
         """Median wall time in milliseconds of each layer over ``repeats`` forward passes."""
         self.forward(x)  # warm up buffers and caches
         runs: list[list[float]] = []
@@ -256,6 +333,32 @@ class Network:
                 self.inference_executor().forward(np.asarray(x), timings=times)
                 runs.append(times)
         return [1e3 * float(t) for t in np.median(np.array(runs), axis=0)]
+
+    def _synthetic_truths(self, batch: int, rng: np.random.Generator) -> list[Any]:
+        """Three boxes per image for a detector, a class id per image for a classifier."""
+        if not self.yolo_layers:
+            classes = int(np.prod(self.layers[-1].out_shape))
+            return [int(rng.integers(classes)) for _ in range(batch)]
+        classes = self.yolo_heads()[0].classes
+        out = []
+        for _ in range(batch):
+            boxes = np.empty((3, 5), np.float32)
+            boxes[:, 0] = rng.integers(classes, size=3)
+            boxes[:, 1:3] = rng.uniform(0.2, 0.8, (3, 2))
+            boxes[:, 3:5] = rng.uniform(0.05, 0.4, (3, 2))
+            out.append(boxes)
+        return out
+
+    def _twin(self) -> Network:
+        """A network with this one's cfg, layers and a copy of its parameters, on its
+        device, to train without changing this one."""
+        params = {i: {k: a.copy() for k, a in p.items()} for i, p in self.params.items()}
+        twin = Network(self.config, self.layers, params,
+                       header=dataclasses.replace(self.header), names=self.names,
+                       device=self.device, batch=self.batch, dtype=self.dtype,
+                       precision=self.precision)
+        twin.training_seed = self.training_seed
+        return twin
 
     def yolo_heads(self) -> list[YoloHead]:
         """What the box decoder needs of each ``[yolo]`` layer."""

@@ -113,6 +113,7 @@ typedef struct dm_dispatch_desc {
     int mode;          /* DM_DISPATCH_* */
     uint32_t tg_memory[DM_MAX_TG_MEMORY_ARGS]; /* [[threadgroup(i)]] lengths in bytes */
     int n_tg_memory;
+    uint64_t tag; /* the caller's label of the dispatch, given back by profile records */
 } dm_dispatch_desc;
 
 /* Message of the last failure on this thread ("" if none). */
@@ -176,6 +177,35 @@ const char *dm_pipeline_name(const dm_pipeline *pipeline);
 /* Checks the dispatch (threadgroup size against the pipeline's max total threads, indices,
  * sizes) and encodes it into the current command buffer. */
 int dm_dispatch(dm_device *device, dm_pipeline *pipeline, const dm_dispatch_desc *desc);
+
+/* Profiling: the device time of every dispatch.
+ *
+ * dm_profile_begin waits for the work already committed, then has the driver time each
+ * dispatch encoded from then on (emulator: host time of its execution; CUDA: events around
+ * its launch; Metal: timestamps sampled at its own compute encoder's boundaries, so a
+ * profiled pass has one encoder per dispatch). dm_profile_end commits and waits, stops
+ * timing, and gives one record per dispatch since dm_profile_begin in encode order, and the
+ * driver's own copies between host copies and device memory in the window (CUDA's host
+ * synchronisation; 0 elsewhere). The records belong to the device and stay valid until the
+ * next dm_profile_begin or the device's destruction. DM_ERR_UNSUPPORTED when the driver
+ * cannot time dispatches (a Mac GPU without stage-boundary counter sampling). */
+typedef struct dm_profile_record {
+    const char *kernel; /* the pipeline's name */
+    uint64_t tag;       /* the dispatch's dm_dispatch_desc.tag */
+    uint64_t device_ns;
+} dm_profile_record;
+
+typedef struct dm_profile_copies {
+    uint64_t bytes; /* host -> device and device -> host, by the driver */
+    uint64_t ns;    /* their time (device time of uploads, host time of downloads) */
+    uint64_t count;
+} dm_profile_copies;
+
+int dm_profile_begin(dm_device *device);
+int dm_profile_end(dm_device *device, const dm_profile_record **records, size_t *n,
+                   dm_profile_copies *copies);
+/* 1 while a profile is being taken. */
+int dm_profile_active(const dm_device *device);
 
 /* Prepared dispatch lists: dispatches checked and copied once, then encoded together as often
  * as needed (a forward pass replays the same list every time).

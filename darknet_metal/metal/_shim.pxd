@@ -83,6 +83,22 @@ cdef extern from "dm_shim.h" nogil:
         int mode
         uint32_t tg_memory[8]
         int n_tg_memory
+        uint64_t tag
+
+    ctypedef struct dm_profile_record:
+        const char *kernel
+        uint64_t tag
+        uint64_t device_ns
+
+    ctypedef struct dm_profile_copies:
+        uint64_t bytes
+        uint64_t ns
+        uint64_t count
+
+    int dm_profile_begin(dm_device *device)
+    int dm_profile_end(dm_device *device, const dm_profile_record **records, size_t *n,
+                       dm_profile_copies *copies)
+    int dm_profile_active(const dm_device *device)
 
     const char *dm_last_error()
     int dm_device_available(int kind)

@@ -270,6 +270,41 @@ cdef class Device:
             "peak_in_flight": s.peak_in_flight,
         }
 
+    def profile_begin(self) -> None:
+        """Starts timing every dispatch (after waiting for the work already committed);
+        ``profile_end`` gives the times. DeviceError where the driver cannot time dispatches
+        or a profile is already being taken."""
+        self._check()
+        cdef dm_device *ptr = self._ptr
+        cdef int rc
+        with nogil:
+            rc = dm_profile_begin(ptr)
+        _raise(rc)
+
+    def profile_end(self) -> tuple:
+        """Commits, waits and stops timing: ``(records, copies)``, ``records`` a list of
+        ``(kernel name, tag, device ns)`` per dispatch since ``profile_begin`` in encode order,
+        ``copies`` a dict of the driver's own host copies in the window (``bytes``, ``ns``,
+        ``count``; CUDA's host synchronisation, zero on the other devices)."""
+        self._check()
+        cdef dm_device *ptr = self._ptr
+        cdef const dm_profile_record *records = NULL
+        cdef size_t n = 0
+        cdef dm_profile_copies copies
+        cdef int rc
+        with nogil:
+            rc = dm_profile_end(ptr, &records, &n, &copies)
+        _raise(rc)
+        out = [(records[i].kernel.decode(), records[i].tag, records[i].device_ns)
+               for i in range(n)]
+        return out, {"bytes": copies.bytes, "ns": copies.ns, "count": copies.count}
+
+    @property
+    def profiling(self) -> bool:
+        """Whether a profile is being taken."""
+        self._check()
+        return bool(dm_profile_active(self._ptr))
+
     def reset_peak(self) -> None:
         """Restarts ``peak_allocated_bytes`` from the current allocation."""
         self._check()
@@ -371,6 +406,7 @@ cdef class Device:
         *,
         mode: str = "threads",
         offsets=None,
+        tag: int = 0,
     ) -> None:
         """Encodes kernel ``kernel_name`` into the current command buffer.
 
@@ -379,11 +415,12 @@ cdef class Device:
         no argument bytes), with ``offsets[i]`` bytes. ``grid`` counts threads
         (``mode="threads"``, dispatchThreads) or threadgroups (``mode="threadgroups"``);
         ``threadgroup`` is threads per group (1-3 dims); ``threadgroup_mem[i]`` is the byte
-        length of ``[[threadgroup(i)]]`` memory. Nothing runs until a commit and a wait.
+        length of ``[[threadgroup(i)]]`` memory. ``tag`` (0 to 2**64 - 1) labels the
+        dispatch in profiles (``profile_end``). Nothing runs until a commit and a wait.
         """
         self._check()
         _submit(self, NULL, kernel_name, args_bytes, buffers, grid, threadgroup,
-                threadgroup_mem, mode, offsets)
+                threadgroup_mem, mode, offsets, _tag(tag))
 
     def dispatch_list(self, capacity: int = 0) -> DispatchList:
         """An empty prepared dispatch list for this device (``capacity``: dispatches to make
@@ -396,8 +433,14 @@ cdef class Device:
         return f"<Device {self.kind}: {self.name}>"
 
 
+def _tag(tag) -> int:
+    if not isinstance(tag, int) or not 0 <= tag < 2**64:
+        raise DeviceError(f"a dispatch tag is an integer in [0, 2**64), got {tag!r}")
+    return tag
+
+
 cdef int _submit(Device dev, dm_dispatch_list *dlist, kernel_name, args_bytes, buffers, grid,
-                 threadgroup, threadgroup_mem, mode, offsets) except -1:
+                 threadgroup, threadgroup_mem, mode, offsets, uint64_t tag) except -1:
     """Checks one dispatch's Python arguments, builds its descriptor and encodes it
     (``dlist`` NULL) or adds it to the dispatch list ``dlist``."""
     if mode not in _MODES:
@@ -456,6 +499,7 @@ cdef int _submit(Device dev, dm_dispatch_list *dlist, kernel_name, args_bytes, b
         for i, v in enumerate(tgm):
             desc.tg_memory[i] = v
         desc.n_tg_memory = len(tgm)
+        desc.tag = tag
         if dlist == NULL:
             _raise(dm_dispatch(dev._ptr, p, &desc))
         else:
@@ -510,13 +554,14 @@ cdef class DispatchList:
         *,
         mode: str = "threads",
         offsets=None,
+        tag: int = 0,
     ) -> None:
         """Appends one dispatch; the arguments are those of ``Device.dispatch`` and are
         checked the same way, now. The argument bytes are copied."""
         self._ok()
         bufs = list(buffers)
         _submit(self.device, self._ptr, kernel_name, args_bytes, bufs, grid, threadgroup,
-                threadgroup_mem, mode, offsets)
+                threadgroup_mem, mode, offsets, _tag(tag))
         for b in bufs:
             if b is not None and id(b) not in self._buffer_ids:
                 self._buffer_ids.add(id(b))

@@ -288,7 +288,10 @@ class Binding:
 @dataclass(frozen=True)
 class Kernel:
     """One kernel function: see the module docstring. ``requires`` names a GPU feature the
-    kernel needs beyond Metal 2.4 ("simdgroup_matrix": Apple7 family and later)."""
+    kernel needs beyond Metal 2.4 ("simdgroup_matrix": Apple7 family and later).
+    ``flops``: an expression (the extents' grammar) of the floating-point operations of a
+    dispatch, for profiles; empty for kernels that only move data or whose arithmetic is
+    negligible beside their memory traffic (profiles judge those by bandwidth)."""
 
     name: str
     source: str
@@ -296,11 +299,14 @@ class Kernel:
     bindings: tuple[Binding, ...]
     grid: Grid
     requires: str = ""
+    flops: str = ""
 
     def __post_init__(self) -> None:
         roles = self.roles
         if len(set(roles)) != len(roles):
             raise ValueError(f"{self.name}: duplicate roles in {roles}")
+        if self.flops:
+            _expr(self.flops)
 
     @property
     def buffers(self) -> tuple[str, ...]:
@@ -372,6 +378,19 @@ class Kernel:
             b.role: max(0, self._value(b, b.extent, values)) if self._used(b, values) else 0
             for b in self.bindings
         }
+
+    def work(self, args: Mapping[str, int | float], sizes: Mapping[str, int]) -> tuple[int, int]:
+        """(floating-point operations, bytes moved) of a dispatch with these argument values
+        and grid sizes: ``flops`` evaluated, and every role's extent in bytes, counted once
+        for a role read and once more for a role written (the least traffic the dispatch
+        can have: each element it may touch, moved once each way)."""
+        values = {**sizes, **args}
+        extents = self.extents(args, sizes)
+        read, written = self.accesses(args, sizes)
+        moved = sum(self.binding(r).itemsize * extents[r] for r in read)
+        moved += sum(self.binding(r).itemsize * extents[r] for r in written)
+        flops = max(0, _expr(self.flops)(values)) if self.flops else 0
+        return flops, moved
 
     def bind(
         self,

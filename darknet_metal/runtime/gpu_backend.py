@@ -35,6 +35,7 @@ import numpy as np
 from darknet_metal.errors import ArgumentError, DeviceError, Unsupported
 from darknet_metal.metal import get_device, registry
 from darknet_metal.metal.dispatch import pack
+from darknet_metal.metal.work import dispatch_tag
 from darknet_metal.model.cfg import Shape
 from darknet_metal.model.weights import Params
 from darknet_metal.runtime.backend import ExecutorEvents
@@ -249,7 +250,8 @@ class GpuBackend(GpuTraining):
         for step in setup.steps:
             buffers = {role: None if ref is None else self._params[ref]
                        for role, ref in step.buffers.items()}
-            self.device.dispatch(*pack(step.kernel, buffers, step.args, step.sizes))
+            self.device.dispatch(*pack(step.kernel, buffers, step.args, step.sizes),
+                                 tag=dispatch_tag(step.kernel, step.args, step.sizes, step.layer))
         self.device.commit()
 
     def param_buffer(self, ref: Param) -> Any:
@@ -345,7 +347,7 @@ class GpuBackend(GpuTraining):
                     if isinstance(step, HostCall):
                         step()
                     else:
-                        dispatch(*step, offsets=bound.offsets.get(i))
+                        dispatch(*step, offsets=bound.offsets.get(i), tag=bound.tags[i])
                 self.device.synchronize()
                 timings.append(time.perf_counter() - t0)
                 first = end

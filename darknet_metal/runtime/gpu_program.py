@@ -15,6 +15,7 @@ from darknet_metal.cpu.executor import StepList
 from darknet_metal.errors import DeviceError
 from darknet_metal.metal import registry
 from darknet_metal.metal.dispatch import Dispatch, pack
+from darknet_metal.metal.work import NO_LAYER, dispatch_tag
 from darknet_metal.runtime.memory import MemoryPlan, plan_memory
 from darknet_metal.runtime.program import (
     INPUT,
@@ -137,6 +138,11 @@ class GpuBoundProgram:
                 else self._host(device, step)
                 for step in program.steps
             ]
+            #: Per kernel step: its profile tag (``metal.work``).
+            self.tags: dict[int, int] = {
+                i: dispatch_tag(step.kernel, step.args, step.sizes, step.layer)
+                for i, step in enumerate(program.steps) if isinstance(step, KernelStep)
+            }
             #: Per step with offsets: the byte offset of each bound buffer, in index order.
             self.offsets: dict[int, tuple[int, ...]] = {
                 i: tuple(b.itemsize * step.offsets.get(b.role, 0)
@@ -156,7 +162,7 @@ class GpuBoundProgram:
                     current = device.dispatch_list(len(self.steps))
                     self.lists.append(current)
                     self.segments.append(current.encode)
-                current.add(*step, offsets=self.offsets.get(i))
+                current.add(*step, offsets=self.offsets.get(i), tag=self.tags[i])
         except BaseException:
             self.release()
             raise
@@ -261,7 +267,8 @@ class GpuBoundProgram:
         name, args, bound, grid, group = pack(f"copy_buf_{storage}", buffers, {"n": n},
                                               {"n": n})
         self.device.dispatch(name, args, bound, grid, group,
-                             offsets=(itemsize * src_at, itemsize * dst_at))
+                             offsets=(itemsize * src_at, itemsize * dst_at),
+                             tag=dispatch_tag(name, {"n": n}, {"n": n}))
 
     def read(self, t: Tensor) -> np.ndarray:
         """A new host array with tensor ``t`` (downloaded after the last ``run``)."""
@@ -298,7 +305,10 @@ class DeviceSteps:
         roles = registry.kernel(kernel).roles
         buffers = {role: self.scalars[role] if role in self.scalars
                    else backend.param_buffer(refs[role]) for role in roles}
-        self.list.add(*pack(kernel, buffers, args, {"n": int(args["n"])}))
+        sizes = {"n": int(args["n"])}
+        layer = next(iter(refs.values())).layer if refs else NO_LAYER
+        self.list.add(*pack(kernel, buffers, args, sizes),
+                      tag=dispatch_tag(kernel, args, sizes, layer))
 
     def run(self) -> None:
         self.list.encode()

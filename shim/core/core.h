@@ -68,6 +68,12 @@ struct dm_device {
     dm_dispatch_list *dispatch_lists;
 
     dm_stats stats;
+
+    /* Profiling (profile.c): the kernel of each dispatch encoded since dm_profile_begin. */
+    int profiling;
+    dm_profile_record *profile;
+    uint64_t *profile_ns;
+    size_t n_profile, cap_profile;
 };
 
 /* pool.c */
@@ -96,10 +102,16 @@ int dm_stream_commit(dm_device *device);
 int dm_stream_wait_for(dm_device *device, uint64_t seq);
 /* Opens a command buffer if none is open. */
 int dm_stream_open(dm_device *device);
+/* Notes `n` dispatches just encoded while profiling: their pipelines and tags. */
+int dm_profile_note(dm_device *device, dm_pipeline *const *pipelines, const uint64_t *tags,
+                    int n);
 
 /* dispatch_list.c */
 /* Detaches every dispatch list of a device being destroyed (they can then only be
  * destroyed). */
 void dm_dispatch_lists_detach(dm_device *device);
+
+/* profile.c */
+void dm_profile_free(dm_device *device);
 
 #endif

@@ -99,6 +99,7 @@ void dm_device_destroy(dm_device *device) {
     dm_dispatch_lists_detach(device);
     dm_buffers_free_all(device);
     dm_pipelines_free(device);
+    dm_profile_free(device);
     device->driver->device_destroy(device->handle);
     free(device);
 }

@@ -11,6 +11,7 @@ struct dm_dispatch_list {
 
     dm_driver_item *items;
     dm_pipeline **pipelines; /* per item, for messages */
+    uint64_t *tags;          /* per item, for profiles */
     void **args;             /* per item: owned copy of the argument bytes (or NULL) */
     int *ref_end;            /* per item: end of its buffers in `refs` */
     int n, cap;
@@ -45,6 +46,9 @@ static int grow_items(dm_dispatch_list *list, int need) {
     p = realloc(list->pipelines, (size_t)cap * sizeof *list->pipelines);
     if (p == NULL) goto fail;
     list->pipelines = p;
+    p = realloc(list->tags, (size_t)cap * sizeof *list->tags);
+    if (p == NULL) goto fail;
+    list->tags = p;
     p = realloc(list->args, (size_t)cap * sizeof *list->args);
     if (p == NULL) goto fail;
     list->args = p;
@@ -136,6 +140,7 @@ int dm_dispatch_list_add(dm_dispatch_list *list, dm_pipeline *pipeline,
     list->items[list->n].pipeline = pipeline->handle;
     list->items[list->n].dispatch = d;
     list->pipelines[list->n] = pipeline;
+    list->tags[list->n] = desc->tag;
     list->args[list->n] = args;
     list->ref_end[list->n] = n_refs;
     list->n++;
@@ -212,6 +217,8 @@ int dm_dispatch_list_encode(dm_device *device, dm_dispatch_list *list) {
         int r1 = done > 0 ? list->ref_end[i + done - 1] : r0;
         for (int r = r0; r < r1; r++) list->refs[r]->last_use = device->open_seq;
         device->open_dispatches += (uint32_t)done;
+        int prc = dm_profile_note(device, list->pipelines + i, list->tags + i, done);
+        if (rc == DM_OK) rc = prc;
         device->stats.kernels_dispatched += (uint64_t)done;
         i += done;
         if (rc == DM_OK && device->commit_every &&
@@ -237,6 +244,7 @@ void dm_dispatch_list_destroy(dm_dispatch_list *list) {
     for (int i = 0; i < list->n; i++) free(list->args[i]);
     free(list->items);
     free(list->pipelines);
+    free(list->tags);
     free(list->args);
     free(list->ref_end);
     free(list->refs);

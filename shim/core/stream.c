@@ -1,4 +1,6 @@
-/* The command stream: encode into the open command buffer, commit, wait. */
+/* The command stream: encode into the open command buffer, commit, wait; and what a profile
+ * notes of each dispatch encoded (profile.c reads it back). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "clock.h"
@@ -103,8 +105,33 @@ int dm_dispatch(dm_device *device, dm_pipeline *pipeline, const dm_dispatch_desc
         if (desc->buffers[i]) desc->buffers[i]->last_use = device->open_seq;
     device->open_dispatches++;
     device->stats.kernels_dispatched++;
-    if (device->commit_every && device->open_dispatches >= device->commit_every)
+    rc = dm_profile_note(device, &pipeline, &desc->tag, 1);
+    if (rc == DM_OK && device->commit_every && device->open_dispatches >= device->commit_every)
         rc = dm_stream_commit(device);
     device->stats.encode_ns += dm_now_ns() - start;
     return rc;
+}
+
+int dm_profile_note(dm_device *device, dm_pipeline *const *pipelines, const uint64_t *tags,
+                    int n) {
+    if (!device->profiling || n <= 0) return DM_OK;
+    size_t need = device->n_profile + (size_t)n;
+    if (need > device->cap_profile) {
+        size_t cap = device->cap_profile ? device->cap_profile : 256;
+        while (cap < need) cap *= 2;
+        dm_profile_record *records = realloc(device->profile, cap * sizeof *records);
+        if (records == NULL) return dm_set_error(DM_ERR_RESOURCE, "out of memory profiling");
+        device->profile = records;
+        uint64_t *ns = realloc(device->profile_ns, cap * sizeof *ns);
+        if (ns == NULL) return dm_set_error(DM_ERR_RESOURCE, "out of memory profiling");
+        device->profile_ns = ns;
+        device->cap_profile = cap;
+    }
+    for (int i = 0; i < n; i++) {
+        dm_profile_record *r = &device->profile[device->n_profile++];
+        r->kernel = pipelines[i]->name;
+        r->tag = tags[i];
+        r->device_ns = 0;
+    }
+    return DM_OK;
 }

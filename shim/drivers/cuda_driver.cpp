@@ -11,6 +11,7 @@
 // into the shim's error with the kernels' names, and copies wrapped memory back. Other host
 // copies are brought up to date when the host reads them (host_access).
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -65,6 +66,7 @@ struct Api {
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*EventDestroy)(CUevent);
+    CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
     CUresult (*ModuleLoad)(CUmodule *, const char *);
     CUresult (*ModuleUnload)(CUmodule);
     CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
@@ -118,6 +120,7 @@ void load_api() {
               resolve(lib, "cuEventRecord", api.EventRecord) &&
               resolve(lib, "cuEventSynchronize", api.EventSynchronize) &&
               resolve(lib, "cuEventDestroy_v2", api.EventDestroy) &&
+              resolve(lib, "cuEventElapsedTime", api.EventElapsedTime) &&
               resolve(lib, "cuModuleLoad", api.ModuleLoad) &&
               resolve(lib, "cuModuleUnload", api.ModuleUnload) &&
               resolve(lib, "cuModuleGetFunction", api.ModuleGetFunction) &&
@@ -202,6 +205,7 @@ struct Recorded {
     uint32_t groups;  // blocks of the launch
     uint32_t block[3];
     uint32_t dynamic_tg;
+    bool timed;  // encoded while profiling
 };
 
 struct CudaCommand {
@@ -234,7 +238,46 @@ struct CudaDevice {
     std::string lost;        // set once a kernel fault has made the context unusable
     std::vector<std::pair<CUdeviceptr, size_t>> free_arenas;
     std::vector<CudaBuffer *> wrapped_roots;
+    // Profiling: a pair of timing events around each timed launch (null: not launched), in
+    // launch order, the driver's own copies, and spare events for the next profile.
+    bool profiling = false;
+    std::vector<std::pair<CUevent, CUevent>> timed;
+    std::vector<std::pair<CUevent, CUevent>> upload_times;
+    std::vector<CUevent> spare_events;
+    dm_profile_copies copies{};
 };
+
+/* A timing event from the spares, else a new one. */
+CUevent timing_event(CudaDevice *d) {
+    if (!d->spare_events.empty()) {
+        CUevent e = d->spare_events.back();
+        d->spare_events.pop_back();
+        return e;
+    }
+    CUevent e = nullptr;
+    if (api.EventCreate(&e, 0) != CUDA_SUCCESS) return nullptr;
+    return e;
+}
+
+/* Host nanoseconds, for the copies the host waits for. */
+uint64_t host_ns() {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+}
+
+/* Copies device -> host and waits: the host synchronisation a profile reports apart. */
+CUresult download(CudaDevice *d, void *host, CUdeviceptr memory, size_t size) {
+    uint64_t start = d->profiling ? host_ns() : 0;
+    CUresult cr = api.MemcpyDtoHAsync(host, memory, size, d->stream);
+    if (cr == CUDA_SUCCESS) cr = api.StreamSynchronize(d->stream);
+    if (d->profiling) {
+        d->copies.bytes += size;
+        d->copies.ns += host_ns() - start;
+        d->copies.count++;
+    }
+    return cr;
+}
 
 int make_current(CudaDevice *d) {
     CUresult rc = api.CtxSetCurrent(d->context);
@@ -335,6 +378,12 @@ void device_destroy(void *handle) {
         if (d->stream) api.StreamSynchronize(d->stream);
         for (auto &arena : d->free_arenas) api.MemFree(arena.first);
         for (CUmodule m : d->modules) api.ModuleUnload(m);
+        for (CUevent e : d->spare_events) api.EventDestroy(e);
+        for (auto *pairs : {&d->timed, &d->upload_times})
+            for (auto &pair : *pairs) {
+                if (pair.first) api.EventDestroy(pair.first);
+                if (pair.second) api.EventDestroy(pair.second);
+            }
         if (d->stream) api.StreamDestroy(d->stream);
     }
     api.DevicePrimaryCtxRelease(d->device);
@@ -500,8 +549,7 @@ int host_access(void *handle, void *buffer, int will_write) {
     if (r->device_newer) {
         int rc = check_usable(d);
         if (rc != DM_OK) return rc;
-        CUresult cr = api.MemcpyDtoHAsync(r->host, r->memory, r->size, d->stream);
-        if (cr == CUDA_SUCCESS) cr = api.StreamSynchronize(d->stream);
+        CUresult cr = download(d, r->host, r->memory, r->size);
         if (cr != CUDA_SUCCESS) return cuda_error(DM_ERR_EXECUTION, cr, "copying a buffer to the host");
         r->device_newer = false;
     }
@@ -619,6 +667,7 @@ int encode(void *handle, void *command, void *pipeline, const dm_driver_dispatch
         Recorded r;
         std::memset(&r, 0, sizeof r);
         r.pipeline = p;
+        r.timed = dev->profiling;
         r.args_at = SIZE_MAX;
         if (d->args_size > 0) {
             size_t at = (c->args.size() + ARG_ALIGN - 1) / ARG_ALIGN * ARG_ALIGN;
@@ -741,14 +790,30 @@ int commit(void *handle, void *command) {
     } catch (const std::bad_alloc &) {
         return dm_set_error(DM_ERR_RESOURCE, "out of host memory committing");
     }
+    CUevent upload_start = nullptr;
     for (CudaBuffer *b : c->used) {
         // A buffer that earlier committed work still uses is newer on the device: the core
         // waits for that work before the host may write it. Wrapped memory may have been
         // written by the host at any time it was not in use.
         if ((b->wrapped || b->host_newer) && b->in_flight == 0) {
+            if (d->profiling && !upload_start && (upload_start = timing_event(d)))
+                api.EventRecord(upload_start, d->stream);
             CUresult cr = api.MemcpyHtoDAsync(b->memory, b->host, b->size, d->stream);
             if (cr != CUDA_SUCCESS) return cuda_error(DM_ERR_EXECUTION, cr, "copying a buffer to the GPU");
             b->host_newer = false;
+            if (d->profiling) {
+                d->copies.bytes += b->size;
+                d->copies.count++;
+            }
+        }
+    }
+    if (upload_start) {
+        CUevent upload_end = timing_event(d);
+        if (upload_end) api.EventRecord(upload_end, d->stream);
+        try {
+            d->upload_times.emplace_back(upload_start, upload_end);
+        } catch (const std::bad_alloc &) {
+            return dm_set_error(DM_ERR_RESOURCE, "out of host memory profiling");
         }
     }
     if ((rc = take_arena(d, c)) != DM_OK) return rc;
@@ -763,8 +828,19 @@ int commit(void *handle, void *command) {
         if (c->written.count(b)) b->device_newer = true;
     }
     c->committed = true;
+    try {
+        size_t timed = 0;
+        for (const Recorded &r : c->items) timed += r.timed;
+        d->timed.reserve(d->timed.size() + timed);
+    } catch (const std::bad_alloc &) {
+        return dm_set_error(DM_ERR_RESOURCE, "out of host memory profiling");
+    }
     for (size_t i = 0; i < c->items.size(); i++) {
         Recorded &r = c->items[i];
+        CUevent start = nullptr, end = nullptr;
+        if (r.timed && r.groups > 0 && (start = timing_event(d)) && (end = timing_event(d)))
+            api.EventRecord(start, d->stream);
+        if (r.timed) d->timed.emplace_back(start, end);  // reserved above
         if (r.groups == 0) continue;
         if (r.args_at != SIZE_MAX)
             r.launch.buffers[0] = reinterpret_cast<void *>(c->args_device + r.args_at);
@@ -777,6 +853,7 @@ int commit(void *handle, void *command) {
         void *params[] = {&r.launch};
         cr = api.LaunchKernel(r.pipeline->function, r.groups, 1, 1, r.block[0], r.block[1],
                               r.block[2], r.dynamic_tg, d->stream, params, nullptr);
+        if (end) api.EventRecord(end, d->stream);
         if (cr == CUDA_SUCCESS && d->sync_each) cr = api.StreamSynchronize(d->stream);
         if (cr != CUDA_SUCCESS) {
             const char *name = "?", *text = "";
@@ -820,8 +897,7 @@ int wait(void *handle, void *command) {
         b->in_flight--;
         if (rc == DM_OK && b->wrapped && b->device_newer && b->in_flight == 0) {
             // Wrapped memory is read by the host directly once the work is done.
-            cr = api.MemcpyDtoHAsync(b->host, b->memory, b->size, d->stream);
-            if (cr == CUDA_SUCCESS) cr = api.StreamSynchronize(d->stream);
+            cr = download(d, b->host, b->memory, b->size);
             if (cr != CUDA_SUCCESS) rc = cuda_error(DM_ERR_EXECUTION, cr, "copying wrapped memory back");
             b->device_newer = false;
         }
@@ -852,6 +928,54 @@ int set_thread_order(void *handle, int order, uint64_t seed) {
     return DM_OK;
 }
 
+/* Milliseconds between two recorded events as nanoseconds (0 when either is missing). */
+uint64_t elapsed_ns(CUevent start, CUevent end) {
+    float ms = 0.0f;
+    if (!start || !end || api.EventElapsedTime(&ms, start, end) != CUDA_SUCCESS) return 0;
+    return static_cast<uint64_t>(static_cast<double>(ms) * 1e6 + 0.5);
+}
+
+void spare(CudaDevice *d, CUevent e) {
+    if (!e) return;
+    try {
+        d->spare_events.push_back(e);
+    } catch (const std::bad_alloc &) {
+        api.EventDestroy(e);
+    }
+}
+
+int profile_start(void *handle) {
+    CudaDevice *d = static_cast<CudaDevice *>(handle);
+    int rc = check_usable(d);
+    if (rc != DM_OK) return rc;
+    d->timed.clear();
+    d->upload_times.clear();
+    d->copies = dm_profile_copies{};
+    d->profiling = true;
+    return DM_OK;
+}
+
+// Called after every timed launch completed (the core waited), so every event has fired.
+int profile_stop(void *handle, uint64_t *ns, size_t capacity, size_t *n, dm_profile_copies *copies) {
+    CudaDevice *d = static_cast<CudaDevice *>(handle);
+    d->profiling = false;
+    for (auto &pair : d->upload_times) {
+        d->copies.ns += elapsed_ns(pair.first, pair.second);
+        spare(d, pair.first);
+        spare(d, pair.second);
+    }
+    *copies = d->copies;
+    *n = d->timed.size();
+    for (size_t i = 0; i < d->timed.size(); i++) {
+        if (i < capacity) ns[i] = elapsed_ns(d->timed[i].first, d->timed[i].second);
+        spare(d, d->timed[i].first);
+        spare(d, d->timed[i].second);
+    }
+    d->timed.clear();
+    d->upload_times.clear();
+    return DM_OK;
+}
+
 constexpr dm_driver make_cuda_driver() {
     dm_driver d{};
     d.name = "cuda";
@@ -872,6 +996,8 @@ constexpr dm_driver make_cuda_driver() {
     d.set_thread_order = set_thread_order;
     d.host_access = host_access;
     d.probe = probe;
+    d.profile_start = profile_start;
+    d.profile_stop = profile_stop;
     return d;
 }
 

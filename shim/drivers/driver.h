@@ -96,6 +96,14 @@ typedef struct dm_driver {
      * copy makes the contents current, and learns that the host changed them. NULL: the
      * contents are the device's memory. */
     int (*host_access)(void *device, void *buffer, int will_write);
+    /* Dispatch timing (dm_profile_begin/end). profile_start: time every dispatch encoded
+     * from now on. profile_stop, called once all encoded work completed: the device time of
+     * each timed dispatch in encode order into ns[0..*n) (*n must come out as the number of
+     * dispatches encoded since profile_start, at most `capacity`), the driver's own host
+     * copies in the window into *copies; timing stops. NULL: the driver cannot time. */
+    int (*profile_start)(void *device);
+    int (*profile_stop)(void *device, uint64_t *ns, size_t capacity, size_t *n,
+                        dm_profile_copies *copies);
     /* DM_OK when a device can be created on this machine, else an error saying what is
      * missing. NULL: always (the driver is compiled in). */
     int (*probe)(void);

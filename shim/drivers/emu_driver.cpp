@@ -4,6 +4,8 @@
 // (argument bytes copied, buffer addresses resolved at encode time); it runs, in order, when
 // the core waits for it, as the GPU would have finished it by then. Commit only marks it.
 // The first kernel error stops the command buffer and is returned by the wait.
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -25,6 +27,8 @@ struct EmuDevice {
     int order = EMU_ORDER_FORWARD;
     uint64_t seed = 0;
     uint64_t dispatches = 0; // varies the random schedule between dispatches, reproducibly
+    bool profiling = false;
+    std::vector<uint64_t> times; // host ns of each dispatch run while profiling
 };
 
 struct EmuBuffer {
@@ -41,6 +45,7 @@ struct Recorded {
     uint32_t size[3];
     uint32_t group[3];
     int mode;
+    bool timed; // encoded while profiling
 };
 
 struct EmuCommand {
@@ -145,10 +150,11 @@ int check(void *, void *pipeline, const dm_driver_dispatch *d) {
     return dm_check_kernel_bindings(static_cast<const emu_kernel_info *>(pipeline), d);
 }
 
-int encode(void *, void *command, void *pipeline, const dm_driver_dispatch *d) {
+int encode(void *handle, void *command, void *pipeline, const dm_driver_dispatch *d) {
     const emu_kernel_info *kernel = static_cast<const emu_kernel_info *>(pipeline);
     Recorded r;
     r.kernel = kernel;
+    r.timed = static_cast<EmuDevice *>(handle)->profiling;
     std::memset(r.buffers, 0, sizeof r.buffers);
     r.n_buffers = d->n_indices;
     try {
@@ -216,7 +222,18 @@ int wait(void *handle, void *command) {
         desc.mode = r.mode;
         desc.order = device->order;
         desc.seed = device->seed + device->dispatches++;
+        auto start = std::chrono::steady_clock::now();
         int e = emu_dispatch(device->emu, &desc);
+        if (r.timed) {
+            auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now() - start);
+            try {
+                device->times.push_back(static_cast<uint64_t>(ns.count()));
+            } catch (const std::bad_alloc &) {
+                rc = dm_set_error(DM_ERR_RESOURCE, "out of host memory profiling");
+                break;
+            }
+        }
         if (e != EMU_OK) {
             rc = dm_set_error(e == EMU_ERR_INVALID ? DM_ERR_INVALID : DM_ERR_EXECUTION,
                               "command buffer failed at dispatch %zu of %zu: %s", i + 1,
@@ -237,6 +254,25 @@ int set_thread_order(void *handle, int order, uint64_t seed) {
                                                : EMU_ORDER_FORWARD;
     device->seed = seed;
     device->dispatches = 0;
+    return DM_OK;
+}
+
+int profile_start(void *handle) {
+    EmuDevice *device = static_cast<EmuDevice *>(handle);
+    device->times.clear();
+    device->profiling = true;
+    return DM_OK;
+}
+
+// Host time: the emulator runs each dispatch on the CPU when the command buffer is waited for.
+int profile_stop(void *handle, uint64_t *ns, size_t capacity, size_t *n, dm_profile_copies *copies) {
+    EmuDevice *device = static_cast<EmuDevice *>(handle);
+    device->profiling = false;
+    std::memset(copies, 0, sizeof *copies);
+    size_t got = std::min(capacity, device->times.size());
+    if (got) std::memcpy(ns, device->times.data(), got * sizeof *ns);
+    *n = device->times.size();
+    device->times.clear();
     return DM_OK;
 }
 
@@ -261,6 +297,8 @@ constexpr dm_driver make_emu_driver() {
     d.wait = wait;
     d.discard = discard;
     d.set_thread_order = set_thread_order;
+    d.profile_start = profile_start;
+    d.profile_stop = profile_stop;
     return d;
 }
 

@@ -8,7 +8,9 @@
 // Kernels come from a precompiled .metallib when the build made one, else from the .metal
 // sources the host passed (includes already inlined), compiled on the first pipeline request.
 // One compute encoder stays open per command buffer; Metal's hazard tracking of shared
-// buffers orders its dispatches.
+// buffers orders its dispatches. While profiling, each dispatch has an encoder of its own
+// whose start and end timestamps are sampled into a counter sample buffer (Apple GPUs sample
+// at stage boundaries only, not between dispatches of one encoder).
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
 
@@ -22,6 +24,11 @@
 @property(nonatomic, strong) NSMutableArray<NSString *> *sourceNames;
 @property(nonatomic, strong) NSMutableArray<id<MTLLibrary>> *libraries;
 @property(nonatomic) BOOL librariesLoaded;
+@property(nonatomic) BOOL profiling;
+@property(nonatomic, strong) NSMutableArray<id<MTLCounterSampleBuffer>> *sampleBuffers;
+@property(nonatomic) NSUInteger timedCount;
+@property(nonatomic) MTLTimestamp cpuStart;
+@property(nonatomic) MTLTimestamp gpuStart;
 @end
 
 @implementation DMMetalDevice
@@ -238,6 +245,54 @@ static id<MTLComputeCommandEncoder> open_encoder(DMMetalCommand *command) {
     return command.encoder;
 }
 
+/* Timed dispatches per counter sample buffer (two samples each; 4096 samples of 8 bytes is
+ * the most some GPUs allow in one buffer). */
+#define DM_TIMED_PER_SAMPLE_BUFFER 2048
+
+static id<MTLCounterSet> timestamp_counters(id<MTLDevice> device) {
+    NSArray<id<MTLCounterSet>> *sets = device.counterSets;
+    for (NSUInteger i = 0; i < sets.count; i++)
+        if ([sets[i].name isEqualToString:MTLCommonCounterSetTimestamp]) return sets[i];
+    return nil;
+}
+
+/* A new encoder whose start and end are sampled into the next two samples (the open encoder,
+ * if any, is ended first). nil with the error set when it cannot be made. */
+static id<MTLComputeCommandEncoder> timed_encoder(DMMetalDevice *device, DMMetalCommand *command) {
+    if (command.encoder != nil) {
+        [command.encoder endEncoding];
+        command.encoder = nil;
+    }
+    NSUInteger slot = device.timedCount % DM_TIMED_PER_SAMPLE_BUFFER;
+    if (slot == 0) {
+        MTLCounterSampleBufferDescriptor *descriptor = [MTLCounterSampleBufferDescriptor new];
+        descriptor.counterSet = timestamp_counters(device.device);
+        descriptor.storageMode = MTLStorageModeShared;
+        descriptor.sampleCount = 2 * DM_TIMED_PER_SAMPLE_BUFFER;
+        NSError *error = nil;
+        id<MTLCounterSampleBuffer> samples =
+            [device.device newCounterSampleBufferWithDescriptor:descriptor error:&error];
+        if (samples == nil) {
+            dm_set_error(DM_ERR_RESOURCE, "Metal: cannot create a counter sample buffer: %s",
+                         describe(error));
+            return nil;
+        }
+        [device.sampleBuffers addObject:samples];
+    }
+    MTLComputePassDescriptor *pass = [MTLComputePassDescriptor computePassDescriptor];
+    MTLComputePassSampleBufferAttachmentDescriptor *attachment = pass.sampleBufferAttachments[0];
+    attachment.sampleBuffer = device.sampleBuffers[device.sampleBuffers.count - 1];
+    attachment.startOfEncoderSampleIndex = 2 * slot;
+    attachment.endOfEncoderSampleIndex = 2 * slot + 1;
+    id<MTLComputeCommandEncoder> encoder = [command.buffer computeCommandEncoderWithDescriptor:pass];
+    if (encoder == nil) {
+        dm_set_error(DM_ERR_RESOURCE, "Metal: cannot create a timed compute encoder");
+        return nil;
+    }
+    device.timedCount++;
+    return encoder;
+}
+
 /* Binds and dispatches one validated dispatch; `pipeline` nil keeps the state already set. */
 static void encode_one(id<MTLComputeCommandEncoder> encoder, id<MTLComputePipelineState> pipeline,
                        const dm_driver_dispatch *d) {
@@ -262,9 +317,16 @@ static void encode_one(id<MTLComputeCommandEncoder> encoder, id<MTLComputePipeli
 
 static int metal_encode(void *handle, void *command_handle, void *pipeline_handle,
                         const dm_driver_dispatch *d) {
-    (void)handle;
     @autoreleasepool {
+        DMMetalDevice *device = (__bridge DMMetalDevice *)handle;
         DMMetalCommand *command = (__bridge DMMetalCommand *)command_handle;
+        if (device.profiling) {
+            id<MTLComputeCommandEncoder> timed = timed_encoder(device, command);
+            if (timed == nil) return DM_ERR_RESOURCE;
+            encode_one(timed, (__bridge id<MTLComputePipelineState>)pipeline_handle, d);
+            [timed endEncoding];
+            return DM_OK;
+        }
         id<MTLComputeCommandEncoder> encoder = open_encoder(command);
         if (encoder == nil)
             return dm_set_error(DM_ERR_RESOURCE, "Metal: cannot create a compute encoder");
@@ -278,10 +340,18 @@ static int metal_encode(void *handle, void *command_handle, void *pipeline_handl
  * routes copy input after input). */
 static int metal_encode_batch(void *handle, void *command_handle, const dm_driver_item *items,
                               int n, int *n_done) {
-    (void)handle;
     *n_done = 0;
     @autoreleasepool {
+        DMMetalDevice *device = (__bridge DMMetalDevice *)handle;
         DMMetalCommand *command = (__bridge DMMetalCommand *)command_handle;
+        if (device.profiling) {
+            for (int i = 0; i < n; i++) {
+                int rc = metal_encode(handle, command_handle, items[i].pipeline, &items[i].dispatch);
+                if (rc != DM_OK) return rc;
+                *n_done = i + 1;
+            }
+            return DM_OK;
+        }
         id<MTLComputeCommandEncoder> encoder = open_encoder(command);
         if (encoder == nil)
             return dm_set_error(DM_ERR_RESOURCE, "Metal: cannot create a compute encoder");
@@ -337,6 +407,61 @@ static void metal_discard(void *handle, void *command_handle) {
     }
 }
 
+static int metal_profile_start(void *handle) {
+    @autoreleasepool {
+        DMMetalDevice *device = (__bridge DMMetalDevice *)handle;
+        if (![device.device supportsCounterSampling:MTLCounterSamplingPointAtStageBoundary] ||
+            timestamp_counters(device.device) == nil)
+            return dm_set_error(DM_ERR_UNSUPPORTED,
+                                "%s cannot sample GPU timestamps at encoder boundaries",
+                                device.device.name.UTF8String);
+        device.sampleBuffers = [NSMutableArray array];
+        device.timedCount = 0;
+        MTLTimestamp cpu = 0, gpu = 0;
+        [device.device sampleTimestamps:&cpu gpuTimestamp:&gpu];
+        device.cpuStart = cpu;
+        device.gpuStart = gpu;
+        device.profiling = YES;
+        return DM_OK;
+    }
+}
+
+/* GPU timestamps are in the GPU's own ticks: scaled by how far the CPU's clock (ns) moved
+ * against the GPU's over the profile. */
+static int metal_profile_stop(void *handle, uint64_t *ns, size_t capacity, size_t *n,
+                              dm_profile_copies *copies) {
+    @autoreleasepool {
+        DMMetalDevice *device = (__bridge DMMetalDevice *)handle;
+        device.profiling = NO;
+        copies->bytes = copies->ns = copies->count = 0;
+        MTLTimestamp cpu = 0, gpu = 0;
+        [device.device sampleTimestamps:&cpu gpuTimestamp:&gpu];
+        double scale = 1.0;
+        if (gpu > device.gpuStart && cpu > device.cpuStart)
+            scale = (double)(cpu - device.cpuStart) / (double)(gpu - device.gpuStart);
+        NSUInteger total = device.timedCount;
+        *n = total;
+        for (NSUInteger b = 0; b < device.sampleBuffers.count; b++) {
+            NSUInteger first = b * DM_TIMED_PER_SAMPLE_BUFFER;
+            NSUInteger count = total - first < DM_TIMED_PER_SAMPLE_BUFFER
+                                   ? total - first : DM_TIMED_PER_SAMPLE_BUFFER;
+            NSData *data = [device.sampleBuffers[b] resolveCounterRange:NSMakeRange(0, 2 * count)];
+            if (data == nil || data.length < 2 * count * sizeof(MTLCounterResultTimestamp))
+                return dm_set_error(DM_ERR_EXECUTION, "Metal: the GPU timestamps could not be read");
+            const MTLCounterResultTimestamp *t = (const MTLCounterResultTimestamp *)data.bytes;
+            for (NSUInteger i = 0; i < count && first + i < capacity; i++) {
+                uint64_t start = t[2 * i].timestamp, end = t[2 * i + 1].timestamp;
+                int valid = start != MTLCounterErrorValue && end != MTLCounterErrorValue &&
+                            end >= start;
+                ns[first + i] = valid ? (uint64_t)((double)(end - start) * scale + 0.5) : 0;
+            }
+        }
+        device.sampleBuffers = nil;
+        device.timedCount = 0;
+        return DM_OK;
+    }
+}
+
 static const dm_driver metal_driver = {
     .name = "Metal",
     .device_create = metal_device_create,
@@ -354,6 +479,8 @@ static const dm_driver metal_driver = {
     .wait = metal_wait,
     .discard = metal_discard,
     .set_thread_order = NULL,
+    .profile_start = metal_profile_start,
+    .profile_stop = metal_profile_stop,
 };
 
 const dm_driver *dm_metal_driver(void) { return &metal_driver; }

@@ -60,6 +60,7 @@ def _gemm(trans: str, simd: bool) -> Kernel:
         ),
         grid=_SIMD if simd else _TILED,
         requires="simdgroup_matrix" if simd else "",
+        flops="2*M*N*K*slices",
     )
 
 

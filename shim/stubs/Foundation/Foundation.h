@@ -58,8 +58,19 @@ __attribute__((objc_root_class))
 - (instancetype)init;
 @end
 
+typedef struct _NSRange {
+    NSUInteger location;
+    NSUInteger length;
+} NSRange;
+
+static inline NSRange NSMakeRange(NSUInteger loc, NSUInteger len) {
+    NSRange r = {loc, len};
+    return r;
+}
+
 @interface NSString : NSObject
 @property (readonly) NSUInteger length;
+- (BOOL)isEqualToString:(NSString *)aString;
 - (nullable instancetype)initWithUTF8String:(const char *)nullTerminatedCString;
 + (nullable instancetype)stringWithUTF8String:(const char *)nullTerminatedCString;
 @property (nullable, readonly) const char *UTF8String NS_RETURNS_INNER_POINTER;
@@ -69,6 +80,11 @@ __attribute__((objc_root_class))
 @property (readonly, copy) NSString *domain;
 @property (readonly) NSInteger code;
 @property (readonly, copy) NSString *localizedDescription;
+@end
+
+@interface NSData : NSObject
+@property (readonly) NSUInteger length;
+@property (readonly) const void *bytes NS_RETURNS_INNER_POINTER;
 @end
 
 @interface NSURL : NSObject

@@ -1,7 +1,7 @@
 /* Stub: the subset of Metal used by shim/drivers/metal_driver.m (macOS 13.3 SDK signatures:
  * MTLTypes.h, MTLResource.h, MTLBuffer.h, MTLDevice.h, MTLLibrary.h, MTLCommandQueue.h,
  * MTLCommandBuffer.h, MTLCommandEncoder.h, MTLComputeCommandEncoder.h,
- * MTLComputePipeline.h). For compile checks only. */
+ * MTLComputePipeline.h, MTLCounters.h, MTLComputePass.h). For compile checks only. */
 #ifndef DM_STUB_METAL_H
 #define DM_STUB_METAL_H
 
@@ -110,6 +110,57 @@ typedef NS_ENUM(NSInteger, MTLMathMode) {
 - (void)dispatchThreads:(MTLSize)threadsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
 @end
 
+/* MTLCounters.h */
+typedef NSString *MTLCommonCounterSet;
+MTL_EXTERN MTLCommonCounterSet const MTLCommonCounterSetTimestamp;
+
+typedef NS_ENUM(NSUInteger, MTLCounterSamplingPoint) {
+    MTLCounterSamplingPointAtStageBoundary = 0,
+    MTLCounterSamplingPointAtDrawBoundary = 1,
+    MTLCounterSamplingPointAtDispatchBoundary = 2,
+    MTLCounterSamplingPointAtTileDispatchBoundary = 3,
+    MTLCounterSamplingPointAtBlitBoundary = 4,
+};
+
+typedef struct {
+    uint64_t timestamp;
+} MTLCounterResultTimestamp;
+
+#define MTLCounterErrorValue ((uint64_t)-1)
+
+typedef uint64_t MTLTimestamp;
+
+@protocol MTLCounterSet <NSObject>
+@property (readonly) NSString *name;
+@end
+
+@interface MTLCounterSampleBufferDescriptor : NSObject
+@property (readwrite, retain) id<MTLCounterSet> counterSet;
+@property (readwrite) MTLStorageMode storageMode;
+@property (readwrite) NSUInteger sampleCount;
+@end
+
+@protocol MTLCounterSampleBuffer <NSObject>
+@property (readonly) NSUInteger sampleCount;
+- (nullable NSData *)resolveCounterRange:(NSRange)range;
+@end
+
+/* MTLComputePass.h */
+@interface MTLComputePassSampleBufferAttachmentDescriptor : NSObject
+@property (nullable, nonatomic, retain) id<MTLCounterSampleBuffer> sampleBuffer;
+@property (nonatomic) NSUInteger startOfEncoderSampleIndex;
+@property (nonatomic) NSUInteger endOfEncoderSampleIndex;
+@end
+
+@interface MTLComputePassSampleBufferAttachmentDescriptorArray : NSObject
+- (MTLComputePassSampleBufferAttachmentDescriptor *)objectAtIndexedSubscript:(NSUInteger)attachmentIndex;
+@end
+
+@interface MTLComputePassDescriptor : NSObject
++ (MTLComputePassDescriptor *)computePassDescriptor;
+@property (readonly) MTLComputePassSampleBufferAttachmentDescriptorArray *sampleBufferAttachments;
+@end
+
 /* MTLCommandBuffer.h */
 typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus) {
     MTLCommandBufferStatusNotEnqueued = 0,
@@ -126,6 +177,7 @@ typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus) {
 @property (readonly) MTLCommandBufferStatus status;
 @property (nullable, readonly) NSError *error;
 - (nullable id<MTLComputeCommandEncoder>)computeCommandEncoder;
+- (nullable id<MTLComputeCommandEncoder>)computeCommandEncoderWithDescriptor:(MTLComputePassDescriptor *)computePassDescriptor;
 @end
 
 /* MTLCommandQueue.h */
@@ -158,6 +210,10 @@ typedef NS_ENUM(NSInteger, MTLGPUFamily) {
 @property (readonly) uint64_t recommendedMaxWorkingSetSize;
 @property (readonly) NSUInteger maxThreadgroupMemoryLength;
 - (BOOL)supportsFamily:(MTLGPUFamily)gpuFamily;
+@property (readonly, nullable) NSArray<id<MTLCounterSet>> *counterSets;
+- (BOOL)supportsCounterSampling:(MTLCounterSamplingPoint)samplingPoint;
+- (nullable id<MTLCounterSampleBuffer>)newCounterSampleBufferWithDescriptor:(MTLCounterSampleBufferDescriptor *)descriptor error:(__autoreleasing NSError **)error;
+- (void)sampleTimestamps:(MTLTimestamp *)cpuTimestamp gpuTimestamp:(MTLTimestamp *)gpuTimestamp;
 - (nullable id<MTLCommandQueue>)newCommandQueue;
 - (nullable id<MTLBuffer>)newBufferWithLength:(NSUInteger)length options:(MTLResourceOptions)options;
 - (nullable id<MTLBuffer>)newBufferWithBytesNoCopy:(void *)pointer length:(NSUInteger)length options:(MTLResourceOptions)options deallocator:(void (^ __nullable)(void *pointer, NSUInteger length))deallocator;

@@ -1,0 +1,169 @@
+"""Profiles (``Network.profile``, ``darknet-metal profile``): every dispatch of a pass or a
+training step timed and labelled with its layer and work. The arithmetic is checked against
+Darknet's own count of a convolution's operations (the ops' ``flops``, not the registry's
+expressions), bytes against the copy kernel's obvious traffic."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from devices import require
+
+import darknet_metal as dm
+from darknet_metal.cli import main
+from darknet_metal.errors import ArgumentError
+from darknet_metal.metal.dispatch import gemm_args
+from darknet_metal.metal.work import NO_LAYER, dispatch_tag, work_of_tag
+
+CFG = """\
+[net]
+batch=2
+subdivisions=1
+width=64
+height=64
+channels=3
+learning_rate=0.001
+momentum=0.9
+decay=0.0005
+burn_in=0
+max_batches=10
+policy=constant
+
+[convolutional]
+batch_normalize=1
+filters=8
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[maxpool]
+size=2
+stride=2
+
+[convolutional]
+batch_normalize=1
+filters=16
+size=3
+stride=1
+pad=1
+activation=leaky
+
+[route]
+layers=-1,-2
+
+[convolutional]
+size=1
+stride=1
+pad=1
+filters=21
+activation=linear
+
+[yolo]
+mask=0,1,2
+anchors=10,14, 23,27, 37,58
+classes=2
+num=3
+"""
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    path = tmp_path / "small.cfg"
+    path.write_text(CFG, encoding="utf-8")
+    return path
+
+
+def _conv_flops(net, batch):
+    return batch * sum(op.flops for op in net.layers if op.kind == "convolutional")
+
+
+def test_work_of_a_dispatch():
+    tag = dispatch_tag("copy_buf_f32", {"n": 1000}, {"n": 1000}, 4)
+    assert work_of_tag(tag) == work_of_tag(dispatch_tag("copy_buf_f32", {"n": 1000},
+                                                        {"n": 1000}, 4))
+    work = work_of_tag(tag)
+    assert (work.layer, work.flops, work.bytes, work.direction) == (4, 0, 8000, "buf")
+    args, sizes = gemm_args(M=8, N=100, K=27, lda=27, ldb=100, ldc=100, bias_mode=0, act=0,
+                            slices=3, a_batch_stride=0, b_batch_stride=2700,
+                            c_batch_stride=800)
+    gemm = work_of_tag(dispatch_tag("gemm_nn_f32", args, sizes))
+    assert gemm.flops == 2 * 8 * 100 * 27 * 3 and gemm.layer == NO_LAYER
+    assert work_of_tag(0) is None and work_of_tag(10**9) is None
+
+
+def test_inference_profile(gpu_device, cfg):
+    net = dm.load(cfg, device=gpu_device, batch=2)
+    profile = net.profile(repeats=2)
+    assert profile.device == gpu_device and profile.repeats == 2
+    assert profile.clock.startswith("host" if gpu_device == "emu" else "device")
+    kernels = {d.kernel for d in profile.dispatches}
+    assert {"im2col_fwd_f32", "maxpool_fwd_f32", "route_fwd_f32", "yolo_fwd_f32"} <= kernels
+    # Every layer ran on the device and is in the profile, labelled with its kind.
+    assert {d.layer for d in profile.dispatches} == {op.index for op in net.layers}
+    assert all(d.kind == net.layers[d.layer].kind for d in profile.dispatches)
+    gemm = sum(d.flops for d in profile.dispatches if d.kernel.startswith("gemm"))
+    assert gemm == _conv_flops(net, 2)
+    assert all(d.seconds > 0 and d.bytes > 0 for d in profile.dispatches)
+    rows = profile.by_kernel()
+    assert sum(r.dispatches for r in rows) == len(profile.dispatches)
+    assert sum(r.share for r in rows) == pytest.approx(1.0)
+    assert [r.seconds for r in rows] == sorted((r.seconds for r in rows), reverse=True)
+    assert profile.peaks is not None and profile.peaks.bytes_per_second > 0
+    gemm_row = next(r for r in rows if r.name.startswith("gemm"))
+    assert gemm_row.compute_fraction == pytest.approx(
+        gemm_row.flops / gemm_row.seconds / profile.peaks.flops_per_second)
+    layer_seconds = profile.layer_seconds(len(net.layers))
+    assert sum(layer_seconds) == pytest.approx(profile.seconds)
+    data = json.loads(profile.to_json())
+    assert len(data["dispatches"]) == len(profile.dispatches)
+    assert profile.table().splitlines()[0].startswith(f"inference 64x64 batch 2 on {gpu_device}")
+
+
+def test_training_profile_leaves_the_network_as_it_was(gpu_device, cfg):
+    net = dm.load(cfg, device=gpu_device)
+    before = {i: {k: a.copy() for k, a in p.items()} for i, p in net.params.items()}
+    seen = net.header.seen
+    profile = net.profile(train=True, repeats=1, peaks=False)
+    assert profile.what.startswith("training step 64x64 batch 2")
+    assert profile.peaks is None
+    directions = {d.kernel for d in profile.dispatches}
+    assert any("_bwd" in k for k in directions) and "sgd_upd_f32" in directions
+    assert any(k.startswith("yolo_loss") for k in directions)
+    conv = {op.index for op in net.layers if op.kind == "convolutional"}
+    assert {d.layer for d in profile.dispatches if d.kernel == "sgd_upd_f32"} == conv
+    # Forward GEMMs alone are Darknet's count of the convolutions; backward adds two more.
+    gemm = sum(d.flops for d in profile.dispatches if d.kernel.startswith("gemm"))
+    assert gemm >= 2 * _conv_flops(net, 2)
+    assert net.header.seen == seen
+    for i, p in before.items():
+        for k, a in p.items():
+            np.testing.assert_array_equal(net.params[i][k], a)
+
+
+def test_cpu_profile_is_per_layer(cfg):
+    net = dm.load(cfg, device="cpu")
+    profile = net.profile(repeats=1)
+    assert [d.layer for d in profile.dispatches] == [op.index for op in net.layers]
+    assert profile.clock.startswith("host") and profile.peaks is None
+    assert sum(d.flops for d in profile.dispatches if d.kind == "convolutional") == \
+        _conv_flops(net, 1)
+    assert profile.dispatches[0].kernel == "cpu:convolutional"
+    with pytest.raises(ArgumentError, match="needs a Metal device"):
+        net.profile(train=True)
+
+
+def test_profile_command(cfg, tmp_path, capsys):
+    require("emu")
+    out = tmp_path / "p.json"
+    assert main(["profile", str(cfg), "--device", "emu", "--repeats", "1", "--json",
+                 str(out), "--top", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "inference 64x64 batch 1 on emu" in text and "gemm_nn_f32" in text
+    data = json.loads(out.read_text())
+    assert data["device"] == "emu" and data["by_layer"]
+    assert main(["profile", "--device", "emu"]) == 2
+    assert "give CFG or --model" in capsys.readouterr().err
+    assert main(["profile", str(tmp_path / "missing.cfg"), "--device", "emu"]) == 1
