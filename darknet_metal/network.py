@@ -293,7 +293,8 @@ class Network:
         size = f"{w}x{h} batch {x.shape[0]}"
         if self.device == "cpu":
             ms = self._layer_milliseconds(x, repeats)
-            return cpu_profile(f"inference {size}", ms, self.layers, repeats)
+            return cpu_profile(f"inference {size}", ms, [kinds[i] for i in range(len(ms))],
+                               [x.shape[0] * op.flops for op in self.layers], repeats)
         if not train:
             self.forward(x)  # warm-up: programs, buffers, pipelines
             with self.exclusive():

@@ -1,4 +1,5 @@
-// Buffer utilities: fill, copy (float and half: inference copies too), accumulate, and a
+// Buffer utilities: fill, copy (float and half: inference copies too), accumulate, the sum of
+// slices (split-K GEMMs), and a
 // finiteness check, as fill.{fill,copy,add}_step and update.all_finite_step of
 // darknet_metal/cpu/. One thread per element; no thread reads what another writes.
 #include <metal_stdlib>
@@ -30,6 +31,18 @@ kernel void add_buf_f32(constant dm_add_args& args [[buffer(0)]],
                         uint gid [[thread_position_in_grid]]) {
     if (gid >= args.n) return;
     dst[gid] = dst[gid] + args.scale * src[gid];
+}
+
+// dst[i] += the sum of the slices' element i, added in slice order first (a fixed order: the
+// split-K partial products of a GEMM, each summed over its part of K). Grid: n.
+kernel void sum_slices_buf_f32(constant dm_sum_slices_args& args [[buffer(0)]],
+                               device const float* src [[buffer(1)]],
+                               device float* dst [[buffer(2)]],
+                               uint gid [[thread_position_in_grid]]) {
+    if (gid >= args.n) return;
+    float acc = 0.0f;
+    for (uint z = 0; z < args.slices; ++z) acc += src[z * args.stride + gid];
+    dst[gid] = dst[gid] + acc;
 }
 
 // flag[0] = 0 when x holds a NaN or an infinity (all exponent bits set), tested on the bits

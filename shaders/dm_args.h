@@ -243,16 +243,22 @@ typedef struct dm_yolo_args {
 } dm_yolo_args;
 DM_STATIC_ASSERT(sizeof(dm_yolo_args) == 24, "dm_yolo_args size");
 
-/* bias_bwd_f32: bias_grad[c] += sum of delta[b, c, i] over b < batch, i < spatial (a
- * connected layer's (batch, channels) delta has spatial = 1). */
+/* Per-channel sums over a (batch, channels, spatial) array (a connected layer's (batch,
+ * channels) has spatial = 1), in two dispatches of a fixed tree order: the channel's
+ * batch*spatial values, flattened image by image, are cut into `chunks` runs of `chunk` values
+ * (a multiple of DM_SUM_THREADS; host: darknet_metal.ops.batchnorm.sum_chunks), one
+ * threadgroup each writing partials[(k*channels + c)*chunks + g]; then one threadgroup per
+ * channel sums its partials. bias_bwd_f32: bias_grad[c] += the sum of delta. */
 typedef struct dm_bias_args {
     uint32_t batch;
     uint32_t channels;
     uint32_t spatial;
+    uint32_t chunk;
+    uint32_t chunks;
 } dm_bias_args;
-DM_STATIC_ASSERT(sizeof(dm_bias_args) == 12, "dm_bias_args size");
+DM_STATIC_ASSERT(sizeof(dm_bias_args) == 20, "dm_bias_args size");
 
-/* batchnorm_{fwd_stats,fwd_norm,fwd_xnorm,bwd_sums,bwd_delta}_f32 on (batch, channels,
+/* batchnorm_{fwd_mean,fwd_var,fwd_norm,fwd_xnorm,bwd_sums,bwd_delta}_f32 on (batch, channels,
  * spatial) (spatial = 1 for a connected layer). The running averages take
  * r = r*momentum + one_minus_momentum*stat, both factors rounded to float from the double
  * momentum on the host, as the CPU rounds them. exact: the backward's exact gradient instead
@@ -265,8 +271,10 @@ typedef struct dm_batchnorm_args {
     float momentum;
     float one_minus_momentum;
     uint32_t exact;
+    uint32_t chunk;  /* the sums' runs (see dm_bias_args); unused by the element kernels */
+    uint32_t chunks;
 } dm_batchnorm_args;
-DM_STATIC_ASSERT(sizeof(dm_batchnorm_args) == 28, "dm_batchnorm_args size");
+DM_STATIC_ASSERT(sizeof(dm_batchnorm_args) == 36, "dm_batchnorm_args size");
 
 /* yolo_loss_bwd_*_f32: Darknet's [yolo] training loss (darknet_metal/cpu/yolo_loss.pyx) in
  * four dispatches: cells, truths, squares, stats. output and delta are (batch,
@@ -350,6 +358,15 @@ typedef struct dm_copy_args {
     uint32_t n;
 } dm_copy_args;
 DM_STATIC_ASSERT(sizeof(dm_copy_args) == 4, "dm_copy_args size");
+
+/* sum_slices_buf_f32: dst[i] = dst[i] + (src[i] + src[stride + i] + ... + src[(slices - 1)*stride
+ * + i]) for i < n, the slices added in order: the split-K partial products of a GEMM. */
+typedef struct dm_sum_slices_args {
+    uint32_t n;
+    uint32_t slices;
+    uint32_t stride;
+} dm_sum_slices_args;
+DM_STATIC_ASSERT(sizeof(dm_sum_slices_args) == 12, "dm_sum_slices_args size");
 
 /* add_buf_f32: dst[i] = dst[i] + scale*src[i] for i < n. */
 typedef struct dm_add_args {

@@ -37,8 +37,17 @@ def yolov3_tiny():
                    names=YOLOV3_TINY / "coco.names")
 
 
-# Benchmarks: print our/peer median ratios at the end of a benchmark run.
+# Benchmarks: print our/peer median ratios at the end of a benchmark run; and the training
+# arrays judged against float64 (tests/float64_judge.py).
 def pytest_terminal_summary(terminalreporter, config):
+    from float64_judge import REPORT
+
+    if REPORT:
+        terminalreporter.write_sep("-", "device arrays within 2x Darknet's distance from float64")
+        for label, to_darknet, darknet_error, to_exact in REPORT:
+            terminalreporter.write_line(
+                f"{label}: device {to_darknet:.3g} from Darknet's array; Darknet "
+                f"{darknet_error:.3g} from float64, device {to_exact:.3g}")
     session = getattr(config, "_benchmarksession", None)
     if session is None or not getattr(session, "benchmarks", None):
         return

@@ -14,6 +14,7 @@ import numpy as np
 
 from darknet_metal.cpu import batchnorm as cpu_batchnorm
 from darknet_metal.cpu import conv as cpu_conv
+from darknet_metal.metal.kernels.batchnorm import sum_runs
 from darknet_metal.model.weights import Params
 from darknet_metal.ops.base import as_rows
 from darknet_metal.runtime.program import LayerEmitter, Tensor
@@ -87,28 +88,39 @@ def emit_bias_gradient(e: LayerEmitter, ts: LayerTrainState, flat: bool = False)
 
 
 def _batchnorm_args(e: LayerEmitter, raw: Tensor, momentum: float) -> tuple[dict, dict, dict]:
-    """(per-channel grid, per-element grid, argument fields) of the batch-norm kernels over
-    ``raw`` ((N, C, H, W), or a connected layer's (N, C, 1, 1))."""
+    """(per-channel grid sizes, per-element grid sizes, argument fields) of the batch-norm
+    kernels over ``raw`` ((N, C, H, W), or a connected layer's (N, C, 1, 1)); the per-channel
+    sizes name the runs of the sums (``sum_runs``) for the ``*_part`` kernels too."""
     n, c = e.shape(raw)[:2]
     spatial = int(np.prod(e.shape(raw)[2:]))
+    runs = sum_runs(n, spatial)
     # Rounded as the CPU rounds them: 1 - momentum in double, then to float.
     args = dict(batch=n, channels=c, spatial=spatial, eps=BATCHNORM_EPSILON,
                 momentum=momentum, one_minus_momentum=float(np.float32(1.0 - momentum)),
-                exact=0)
-    return {"channels": c}, {"spatial": spatial, "channels": c, "batch": n}, args
+                exact=0, **runs)
+    return ({"channels": c, "chunks": runs["chunks"]},
+            {"spatial": spatial, "channels": c, "batch": n}, args)
 
 
 def emit_device_batchnorm_train(e: LayerEmitter, ts: LayerTrainState, raw: Tensor,
                                 out: Tensor, momentum: float) -> None:
-    """``emit_batchnorm_train`` with kernels: the mini-batch statistics (rolling averages
-    updated in place), then ``out = scales*x_norm + biases``."""
+    """``emit_batchnorm_train`` with kernels: the mini-batch mean, the variance around it
+    (two tree sums each: runs, then per channel; rolling averages updated in place), then
+    ``out = scales*x_norm + biases``."""
     per_channel, per_element, args = _batchnorm_args(e, raw, momentum)
-    c = per_channel["channels"]
+    c, chunks = per_channel["channels"], per_channel["chunks"]
+    runs, channels = {"chunks": chunks, "channels": c}, {"channels": c}
     mean, variance = e.tensor("mean", (c,)), e.tensor("variance", (c,))
-    e.kernel("batchnorm_fwd_stats_f32",
-             {"x": raw, "mean": mean, "variance": variance,
+    partials = e.tensor("mean_partials", (c, chunks))
+    e.kernel("batchnorm_fwd_mean_part_f32", {"x": raw, "partials": partials}, runs, **args)
+    e.kernel("batchnorm_fwd_mean_f32", {"partials": partials, "mean": mean}, channels, **args)
+    partials = e.tensor("variance_partials", (c, chunks))
+    e.kernel("batchnorm_fwd_var_part_f32", {"x": raw, "mean": mean, "partials": partials},
+             runs, **args)
+    e.kernel("batchnorm_fwd_var_f32",
+             {"partials": partials, "mean": mean, "variance": variance,
               "rolling_mean": ts.ref("rolling_mean"),
-              "rolling_variance": ts.ref("rolling_variance")}, per_channel, **args)
+              "rolling_variance": ts.ref("rolling_variance")}, channels, **args)
     # x_norm is recomputed by the backward (one tensor less alive through the pass).
     e.kernel("batchnorm_fwd_norm_f32",
              {"x": raw, "mean": mean, "variance": variance, "scale": ts.ref("scales"),
@@ -117,30 +129,39 @@ def emit_device_batchnorm_train(e: LayerEmitter, ts: LayerTrainState, raw: Tenso
 
 
 def emit_device_bias_gradient(e: LayerEmitter, ts: LayerTrainState) -> None:
-    """``emit_bias_gradient`` with kernels."""
+    """``emit_bias_gradient`` with kernels (each per-channel sum a tree: runs, then per
+    channel)."""
     n, c = e.shape(e.delta)[:2]
     spatial = int(np.prod(e.shape(e.delta)[2:]))
     if "scales" not in ts.values:
-        e.kernel("bias_bwd_f32", {"delta": e.delta, "bias_grad": ts.ref("biases", "grad")},
-                 {"channels": c}, batch=n, channels=c, spatial=spatial)
+        runs = sum_runs(n, spatial)
+        args = dict(batch=n, channels=c, spatial=spatial, **runs)
+        partials = e.tensor("bias_partials", (c, runs["chunks"]))
+        e.kernel("bias_bwd_part_f32", {"delta": e.delta, "partials": partials},
+                 {"chunks": runs["chunks"], "channels": c}, **args)
+        e.kernel("bias_bwd_f32", {"partials": partials,
+                                  "bias_grad": ts.ref("biases", "grad")}, {"channels": c},
+                 **args)
         return
     layer = e.spec.index
     raw, mean, variance = (Tensor(layer, role) for role in ("raw", "mean", "variance"))
     per_channel, per_element, args = _batchnorm_args(e, raw, 0.0)
+    chunks = per_channel["chunks"]
     x_norm = e.tensor("x_norm_again", e.shape(raw))
     e.kernel("batchnorm_fwd_xnorm_f32",
              {"x": raw, "mean": mean, "variance": variance, "x_norm": x_norm},
              per_element, **args)
     mean_delta, var_delta = e.tensor("mean_delta", (c,)), e.tensor("var_delta", (c,))
+    partials = e.tensor("backward_partials", (3, c, chunks))
+    e.kernel("batchnorm_bwd_part_f32",
+             {"delta": e.delta, "x": raw, "mean": mean, "x_norm": x_norm,
+              "partials": partials}, {"chunks": chunks, "channels": c}, **args)
     scales = ts.ref("scales")
     e.kernel("batchnorm_bwd_sums_f32",
-             {"delta": e.delta, "x": raw, "mean": mean, "variance": variance,
-              "x_norm": x_norm, "scale": scales, "scale_grad": ts.ref("scales", "grad"),
-              "bias_grad": ts.ref("biases", "grad"), "mean_delta": mean_delta,
-              "var_delta": var_delta}, per_channel, **args)
+             {"partials": partials, "variance": variance, "scale": scales,
+              "scale_grad": ts.ref("scales", "grad"), "bias_grad": ts.ref("biases", "grad"),
+              "mean_delta": mean_delta, "var_delta": var_delta}, {"channels": c}, **args)
     e.kernel("batchnorm_bwd_delta_f32",
              {"x": raw, "mean": mean, "variance": variance, "scale": scales,
               "mean_delta": mean_delta, "var_delta": var_delta, "delta": e.delta},
              per_element, **args)
-
-

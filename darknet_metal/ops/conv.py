@@ -57,6 +57,26 @@ if TYPE_CHECKING:
 #: below it the 16 transformed GEMMs are too thin to pay for the transforms.
 WINOGRAD_MIN_CHANNELS = 32
 
+
+#: A weight gradient's GEMM is split along K when it has fewer output tiles than this, into
+#: runs of at least WEIGHT_GRADIENT_RUN output pixels (a threadgroup's K loop long enough to
+#: be worth its launch, and few slices for the sum that adds them).
+WEIGHT_GRADIENT_TILES = 512
+WEIGHT_GRADIENT_RUN = 512
+
+
+def weight_gradient_splits(filters: int, rows: int, pixels: int, groups: int) -> tuple[int, int]:
+    """(splits, run) of the weight gradient ``filters`` x ``rows`` (per group) summed over
+    ``pixels``: K cut into ``splits`` runs of ``run`` pixels (the last may be shorter), so that
+    the tiled GEMM's 64 x 64 tiles times the splits fill a GPU; (1, pixels) when it needs no
+    split."""
+    tiles = -(-filters // 64) * -(-rows // 64) * groups
+    splits = min(-(-pixels // WEIGHT_GRADIENT_RUN), -(-WEIGHT_GRADIENT_TILES // tiles))
+    if splits < 2:
+        return 1, pixels
+    run = -(-pixels // splits)
+    return -(-pixels // run), run
+
 class _Gemm(Op):
     """What convolutional and connected layers share: parameters and their folding."""
 
@@ -338,15 +358,26 @@ class ConvolutionalOp(_Gemm):
         # Weight gradient, image by image (they all add into one array), per group:
         # W_grad += delta * columns^T.
         cols = self._workspace(e, "backward_workspace")
+        splits, run = weight_gradient_splits(fg, k, n, groups)
+        partials = e.tensor("weight_grad_partials", (splits * groups * fg * k,)) if splits > 1 \
+            else None
         for image in range(e.batch):
             operand, offset, b_group = self._image_columns(e, cols, image)
-            gemm_step(e, gemm_kernel("nt", e.simd),
-                      {"a": e.delta, "b": operand, "bias": None,
-                       "c": ts.ref("weights", "grad")},
-                      offsets={"a": image * f * n, "b": offset},
-                      M=fg, N=k, K=n, lda=n, ldb=n, ldc=k, groups=groups, slices=groups,
-                      beta=1.0, a_group_stride=fg * n, b_group_stride=b_group,
-                      c_group_stride=fg * k, bias_mode=BIAS_NONE, act=LINEAR)
+            if partials is None:
+                gemm_step(e, gemm_kernel("nt", e.simd),
+                          {"a": e.delta, "b": operand, "bias": None,
+                           "c": ts.ref("weights", "grad")},
+                          offsets={"a": image * f * n, "b": offset},
+                          M=fg, N=k, K=n, lda=n, ldb=n, ldc=k, groups=groups, slices=groups,
+                          beta=1.0, a_group_stride=fg * n, b_group_stride=b_group,
+                          c_group_stride=fg * k, bias_mode=BIAS_NONE, act=LINEAR)
+                continue
+            self._emit_split_weight_gradient(e, partials, operand, image * f * n, offset,
+                                             b_group, splits, run, beta=float(image > 0))
+        if partials is not None:
+            size = groups * fg * k
+            e.kernel("sum_slices_buf_f32", {"src": partials, "dst": ts.ref("weights", "grad")},
+                     {"n": size}, n=size, slices=splits, stride=size)
         into = e.input_delta(0)
         if into is None:
             return
@@ -370,6 +401,28 @@ class ConvolutionalOp(_Gemm):
             e.kernel("col2im_bwd_f32", {"col": cols, "image": into},
                      {"spatial": h * w, "channels": cg, "slices": groups},
                      offsets={"image": image * c * h * w}, **self._im2col_args())
+
+    def _emit_split_weight_gradient(self, e: LayerEmitter, partials: Tensor, columns: Tensor,
+                                    delta_at: int, columns_at: int, columns_group: int,
+                                    splits: int, run: int, beta: float) -> None:
+        """One image's delta * columns^T, K (the output pixels) cut into ``splits`` runs of
+        ``run``: run z's product into slice z of ``partials`` (added to it with ``beta`` 1),
+        as GEMM slices (one dispatch for the whole runs, one for the rest)."""
+        groups, fg, _, k, n = self._sizes()
+        whole, rest = divmod(n, run)
+        size = groups * fg * k
+        for first, count, length in ((0, whole, run), (whole, int(rest > 0), rest)):
+            if count == 0:
+                continue
+            gemm_step(e, gemm_kernel("nt", e.simd),
+                      {"a": e.delta, "b": columns, "bias": None, "c": partials},
+                      offsets={"a": delta_at + first * run, "b": columns_at + first * run,
+                               "c": first * size},
+                      M=fg, N=k, K=length, lda=n, ldb=n, ldc=k, groups=groups,
+                      slices=count * groups, beta=beta, a_batch_stride=run,
+                      a_group_stride=fg * n, b_batch_stride=run, b_group_stride=columns_group,
+                      c_batch_stride=size, c_group_stride=fg * k, bias_mode=BIAS_NONE,
+                      act=LINEAR)
 
     def describe(self) -> str:
         v = self.values

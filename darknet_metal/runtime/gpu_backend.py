@@ -67,9 +67,11 @@ class GpuBackend(GpuTraining):
     """Executes a network's layers with Metal kernels on ``device`` ("metal", "emu" or "cuda").
 
     Same interface as ``CpuBackend`` (``load_params``, ``forward``, ``close``) plus
-    ``coverage()``. ``gemm``: "auto" (``simdgroup_matrix`` GEMMs when the device has them, else
-    the tiled ones; the tiled ones on the emulator, where they are much faster), "simd" or
-    "tiled". ``fallback``: layer indices forced onto the CPU (for testing the fallback path).
+    ``coverage()``. ``gemm``: "auto" (``simdgroup_matrix`` GEMMs on a Mac whose GPU has them,
+    else the tiled ones: the emulator and the CUDA translation run the 8x8 matrices on lanes,
+    a correctness model of Apple's path, several times slower than the tiled GEMM there),
+    "simd" or "tiled". ``fallback``: layer indices forced onto the CPU (for testing the
+    fallback path).
     """
 
     def __init__(
@@ -102,9 +104,11 @@ class GpuBackend(GpuTraining):
         self.device = get_device(device)
         info = self.device.info
         if gemm == "auto":
-            # The emulator runs simdgroup_matrix with every lane holding the whole 8x8 tile
-            # (about 20x slower than the tiled GEMM there): it is a correctness model only.
-            self.simd = bool(info["simdgroup_matrix"]) and device != "emu"
+            # The emulator (every lane holding the whole 8x8 tile, about 20x slower than the
+            # tiled GEMM) and the CUDA translation (two elements a lane, measured on an H200
+            # at 2.5 TFLOP/s where the tiled GEMM does 8) model Apple's simdgroup_matrix for
+            # correctness only.
+            self.simd = bool(info["simdgroup_matrix"]) and device == "metal"
         else:
             self.simd = gemm == "simd"
         self.generation = 0

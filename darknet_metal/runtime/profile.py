@@ -262,7 +262,7 @@ def measure_peaks(device: Any, *, copy_bytes: int | None = None,
     and GEMM rate (the float32 tiled GEMM at ``gemm_size``^3), each the best of ``repeats``
     profiled dispatches. Defaults: 256 MiB and 2048 on a GPU, 16 MiB and 256 on the
     emulator (whose "peaks" are the CPU's running the kernels)."""
-    emu = device.kind == "emu"
+    emu = device.info["kind"] == "emu"
     copy_bytes = copy_bytes or (16 << 20 if emu else 256 << 20)
     gemm_size = gemm_size or (256 if emu else 2048)
     n = copy_bytes // 4
@@ -303,15 +303,15 @@ def measure_peaks(device: Any, *, copy_bytes: int | None = None,
     )
 
 
-def cpu_profile(what: str, layer_ms: Sequence[float], layers: Sequence[Any],
-                repeats: int) -> Profile:
-    """A CPU pass's profile from its per-layer wall times (milliseconds, medians): one row
-    per layer, named ``cpu:<kind>``, with the layer's floating-point operations (``flops``
-    of each op; bytes are not counted on the CPU)."""
+def cpu_profile(what: str, layer_ms: Sequence[float], kinds: Sequence[str],
+                flops: Sequence[int], repeats: int) -> Profile:
+    """A CPU pass's profile from its per-layer wall times (milliseconds, medians), the
+    layers' kinds and floating-point operations (per pass): one row per layer, named
+    ``cpu:<kind>`` (bytes are not counted on the CPU)."""
     dispatches = [
-        DispatchTime(kernel=f"cpu:{op.kind}", layer=op.index, kind=op.kind,
-                     seconds=ms / 1e3, flops=int(getattr(op, "flops", 0) or 0), bytes=0)
-        for op, ms in zip(layers, layer_ms, strict=True)
+        DispatchTime(kernel=f"cpu:{kind}", layer=index, kind=kind, seconds=ms / 1e3,
+                     flops=int(n), bytes=0)
+        for index, (kind, ms, n) in enumerate(zip(kinds, layer_ms, flops, strict=True))
     ]
     return Profile(what=what, device="cpu", device_name="CPU", clock=CLOCKS["cpu"],
                    dispatches=dispatches, wall_seconds=sum(layer_ms) / 1e3, repeats=repeats)

@@ -82,11 +82,14 @@ def _trainable(cfg: str, weights) -> dict[tuple[int, str], np.ndarray]:
 
 
 def _assert_same_training(cfg, got, want):
-    """The same seen, and the trainable parameters within 1e-6 relative: the whole vector's
-    relative L2 difference, and every value's difference against the network's largest
-    trainable magnitude. (Arrays that start at zero, batch norm's biases, differ by up to a
-    few 1e-6 of their own largest value after 3 iterations: the sums' order differs,
-    as on one process summing in another order.)"""
+    """The same seen, and the trainable parameters within 1e-6 relative (the whole vector's
+    relative L2 difference) and 3e-5 (every value's difference against the network's largest
+    trainable magnitude). The two runs add the same products in other groupings (per rank,
+    then across ranks): on the CPU arrays that start at zero, batch norm's biases, differ by
+    up to a few 1e-6 of their own largest value after 3 iterations; on a Metal device, whose
+    weight gradients are split-K sums over images, layer 2's weights of yolov3-tiny differ by
+    up to 9.5e-6 of the largest weight (measured on emu; the whole vector 3.8e-7). A missing
+    or doubled rank's share moves them by whole percents."""
     got_params, got_header = _trainable(cfg, got)
     want_params, want_header = _trainable(cfg, want)
     assert got_header.seen == want_header.seen
@@ -95,7 +98,7 @@ def _assert_same_training(cfg, got, want):
     b = np.concatenate([want_params[k].ravel() for k in want_params])
     relative_l2 = float(np.linalg.norm(a - b) / np.linalg.norm(b))
     worst = float(np.abs(a - b).max() / np.abs(b).max())
-    assert relative_l2 <= 1e-6 and worst <= 1e-6, (relative_l2, worst)
+    assert relative_l2 <= 1e-6 and worst <= 3e-5, (relative_l2, worst)
     return relative_l2, worst
 
 

@@ -1,5 +1,6 @@
 """Cases of ``shaders/buffers.metal``: fill, copy (also of half storage) and scaled add, bit
-for bit with the CPU's steps, and the finiteness flag, which only ever clears."""
+for bit with the CPU's steps, the finiteness flag, which only ever clears, and the sum of a
+split-K GEMM's slices (in slice order: NumPy's serial float32 sum of the same order)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from darknet_metal.diagnostics.kernel_parity import (
     Check,
     Exact,
     KernelCase,
+    RelL2,
     Step,
     nan_filled,
     normal,
@@ -117,6 +119,24 @@ def _finite_collects() -> KernelCase:
     return KernelCase("finite_buf_f32-several_arrays", steps, make)
 
 
+def _sum_slices(n: int, slices: int, stride: int) -> KernelCase:
+    def make(rng: np.random.Generator) -> CaseData:
+        src = normal(rng, max(slices - 1, 0) * stride + n, 3.0)
+        dst = normal(rng, n, 3.0)
+        acc = np.zeros(n, np.float32)
+        for z in range(slices):  # float32 additions in slice order, as the kernel makes them
+            acc = acc + src[z * stride:z * stride + n]
+        want = dst + acc
+        exact = dst.astype(np.float64) + sum(src[z * stride:z * stride + n].astype(np.float64)
+                                             for z in range(slices))
+        return CaseData({"src": src, "dst": dst}, (Check("dst", want, Exact()),
+                                                   Check("dst", exact, RelL2(1e-6))))
+
+    args = {"n": n, "slices": slices, "stride": stride}
+    return KernelCase(f"sum_slices_buf_f32-n{n}-s{slices}",
+                      (Step("sum_slices_buf_f32", args, {"n": n}),), make)
+
+
 CASES: tuple[KernelCase, ...] = (
     *(_fill(n) for n in SIZES),
     *(_copy(n) for n in SIZES),
@@ -124,4 +144,7 @@ CASES: tuple[KernelCase, ...] = (
     _copy_half(),
     *(_finite(n) for n in SIZES),
     _finite_collects(),
+    _sum_slices(7, 1, 7),
+    _sum_slices(864, 85, 864),
+    _sum_slices(1000, 3, 1200),
 )

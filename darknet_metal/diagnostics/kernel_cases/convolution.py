@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from darknet_metal.cpu import conv
+from darknet_metal.diagnostics.kernel_cases.batchnorm import bias_steps, partials_for
 from darknet_metal.diagnostics.kernel_cases.im2col import im2col_args, out_size
 from darknet_metal.diagnostics.kernel_parity import (
     CaseData,
@@ -207,8 +208,7 @@ def _connected_backward(simd: bool, batch: int, inputs: int, outputs: int) -> Ke
              {"a": "delta", "b": "x", "bias": None, "c": "weight_grad"}),
         Step("gemm_nn" + suffix, *connected_input_grad_gemm(batch, inputs, outputs),
              {"a": "delta", "b": "w", "bias": None, "c": "x_grad"}),
-        Step("bias_bwd_f32", {"batch": batch, "channels": outputs, "spatial": 1},
-             {"channels": outputs}),
+        *bias_steps(batch, outputs, 1),
     )
 
     def make(rng: np.random.Generator) -> CaseData:
@@ -216,7 +216,8 @@ def _connected_backward(simd: bool, batch: int, inputs: int, outputs: int) -> Ke
         delta = normal(rng, (batch, outputs))
         arrays = {"x": x, "w": weights, "delta": delta,
                   "weight_grad": normal(rng, weights.shape), "x_grad": normal(rng, x.shape),
-                  "bias_grad": normal(rng, outputs)}
+                  "bias_grad": normal(rng, outputs),
+                  "partials": partials_for(outputs, batch, 1)}
         want = {name: arrays[name].copy() for name in ("weight_grad", "x_grad", "bias_grad")}
         conv.connected_backward_step(x, weights, delta, want["weight_grad"],
                                      want["x_grad"]).run()

@@ -1,4 +1,5 @@
-"""Kernels of ``shaders/buffers.metal``: fill, copy, accumulate and the finiteness check."""
+"""Kernels of ``shaders/buffers.metal``: fill, copy, accumulate, the sum of a split-K GEMM's
+slices and the finiteness check."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ KERNELS: tuple[Kernel, ...] = (
            ELEMENTS),
     Kernel("add_buf_f32", SOURCE, "dm_add_args", (read("src", "n"), read_write("dst", "n")),
            ELEMENTS),
+    Kernel("sum_slices_buf_f32", SOURCE, "dm_sum_slices_args",
+           (read("src", "max(slices - 1, 0)*stride + n"), read_write("dst", "n")), ELEMENTS,
+           flops="slices*n"),
     Kernel(
         "finite_buf_f32",
         SOURCE,
