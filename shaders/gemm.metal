@@ -5,9 +5,8 @@
 // (gemm_nt). Grid slice z covers one (image, group) pair, see dm_gemm_args.
 //
 // Two implementations of the same contract:
-// - gemm_*_f32: portable, 64x64 output tile per threadgroup of 16x16 threads (a 4x4 block of
-//   outputs each, held in registers: 16 multiply-adds for every 8 threadgroup-memory loads),
-//   K in steps of 16 through threadgroup memory;
+// - gemm_*_f32: portable, 32x32 output tile per threadgroup of 16x16 threads (2x2 outputs
+//   each), K in steps of 16 through threadgroup memory;
 // - gemm_*_simd_f32: for Apple7+ GPUs, 32x32 tile per threadgroup of 128 threads (4 simdgroups
 //   in 2x2, each owning 16x16 = 2x2 simdgroup_float8x8 accumulators).
 // Both zero-pad the tiles past M, N and K, so any sizes work; only in-range outputs are written.
@@ -16,15 +15,12 @@
 #include "dm_activation.h"
 using namespace metal;
 
-constant uint GEMM_TILE = 32;     // the simdgroup_matrix kernel's output tile side
+constant uint GEMM_TILE = 32;
 constant uint GEMM_TK = 16;
-constant uint GEMM_SIDE = 16;     // the tiled kernel's threads per side
-constant uint GEMM_BLOCK = 4;     // ... and outputs per thread per side
-constant uint GEMM_BIG = GEMM_SIDE * GEMM_BLOCK;  // the tiled kernel's output tile side: 64
-constant uint GEMM_BIG_PITCH = GEMM_BIG + 4;  // a tile row, padded: rows start 16-byte aligned
+constant uint GEMM_SIDE = 16;
 constant uint GEMM_SIMD_THREADS = 128;
 // Tile sizes in floats, named because threadgroup array sizes stay single identifiers.
-constant uint GEMM_BIG_TILE = GEMM_TK * GEMM_BIG_PITCH;
+constant uint GEMM_PADDED_TILE = GEMM_TK * (GEMM_TILE + 1);
 constant uint GEMM_K_TILE = GEMM_TK * GEMM_TILE;
 constant uint GEMM_C_TILE = GEMM_TILE * GEMM_TILE;
 
@@ -55,31 +51,29 @@ inline float gemm_epilogue(constant dm_gemm_args& args, device const T* bias,
     return dm_activate(v, args.act);
 }
 
-// Fills a (GEMM_TK x TILE) tile of op(A)^T (as[k][m]) and of op(B) (bs[k][n]) for the K
-// step k0, zero outside the matrices. The thread mapping follows the stored layout so that
+// Fills a (GEMM_TK x GEMM_TILE) tile of op(A)^T (as[k][m]) and of op(B) (bs[k][n]) for the
+// K step k0, zero outside the matrices. The thread mapping follows the stored layout so that
 // neighbouring threads read neighbouring addresses.
-template <uint TILE, bool TA, bool TB, typename T>
+template <bool TA, bool TB, typename T>
 inline void gemm_fill_tiles(constant dm_gemm_args& args, device const T* a,
                             device const T* b, uint row0, uint col0, uint k0, uint tid,
                             uint nthreads, threadgroup float* as, threadgroup float* bs,
                             uint pitch) {
-    for (uint i = tid; i < GEMM_TK * TILE; i += nthreads) {
-        uint r = TA ? i % TILE : i / GEMM_TK;
-        uint k = TA ? i / TILE : i % GEMM_TK;
+    for (uint i = tid; i < GEMM_TK * GEMM_TILE; i += nthreads) {
+        uint r = TA ? i % GEMM_TILE : i / GEMM_TK;
+        uint k = TA ? i / GEMM_TILE : i % GEMM_TK;
         uint gr = row0 + r, gk = k0 + k;
         as[k * pitch + r] = (gr < args.M && gk < args.K) ? gemm_load_a<TA, T>(a, args.lda, gr, gk)
                                                            : 0.0f;
-        uint n = TB ? i / GEMM_TK : i % TILE;
-        uint kb = TB ? i % GEMM_TK : i / TILE;
+        uint n = TB ? i / GEMM_TK : i % GEMM_TILE;
+        uint kb = TB ? i % GEMM_TK : i / GEMM_TILE;
         uint gn = col0 + n, gkb = k0 + kb;
         bs[kb * pitch + n] = (gn < args.N && gkb < args.K)
                                  ? gemm_load_b<TB, T>(b, args.ldb, gkb, gn) : 0.0f;
     }
 }
 
-// Grid: threads (ceil(N/64)*16, ceil(M/64)*16, slices), threadgroup (16, 16, 1). Thread
-// (x, y) owns rows 4y..4y+3 and columns 4x..4x+3 of the group's 64x64 tile; each output sums
-// its K products in K order, one rounding per product and per sum, as before.
+// Grid: threads (ceil(N/32)*16, ceil(M/32)*16, slices), threadgroup (16, 16, 1).
 template <bool TA, bool TB, typename T>
 kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
                        device const T* a [[buffer(1)]],
@@ -88,43 +82,35 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
                        device T* c [[buffer(4)]],
                        uint3 tg [[threadgroup_position_in_grid]],
                        uint2 lid [[thread_position_in_threadgroup]]) {
-    threadgroup float a_tile[GEMM_BIG_TILE];
-    threadgroup float b_tile[GEMM_BIG_TILE];
+    threadgroup float a_tile[GEMM_PADDED_TILE];
+    threadgroup float b_tile[GEMM_PADDED_TILE];
     const uint zb = tg.z / args.groups, zg = tg.z % args.groups;
     a += zb * args.a_batch_stride + zg * args.a_group_stride;
     b += zb * args.b_batch_stride + zg * args.b_group_stride;
     c += zb * args.c_batch_stride + zg * args.c_group_stride;
-    const uint row0 = tg.y * GEMM_BIG, col0 = tg.x * GEMM_BIG;
+    const uint row0 = tg.y * GEMM_TILE, col0 = tg.x * GEMM_TILE;
     const uint tid = lid.y * GEMM_SIDE + lid.x;
-    const uint ar = GEMM_BLOCK * lid.y, bc = GEMM_BLOCK * lid.x;
-    float acc[GEMM_BLOCK][GEMM_BLOCK];
-    for (uint i = 0; i < GEMM_BLOCK; ++i) {
-        for (uint j = 0; j < GEMM_BLOCK; ++j) acc[i][j] = 0.0f;
-    }
+    float acc00 = 0.0f, acc01 = 0.0f, acc10 = 0.0f, acc11 = 0.0f;
     for (uint k0 = 0; k0 < args.K; k0 += GEMM_TK) {
-        gemm_fill_tiles<GEMM_BIG, TA, TB, T>(args, a, b, row0, col0, k0, tid,
-                                             GEMM_SIDE * GEMM_SIDE, a_tile, b_tile,
-                                             GEMM_BIG_PITCH);
+        gemm_fill_tiles<TA, TB, T>(args, a, b, row0, col0, k0, tid, GEMM_SIDE * GEMM_SIDE, a_tile,
+                                   b_tile, GEMM_TILE + 1);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (uint k = 0; k < GEMM_TK; ++k) {
-            const uint o = k * GEMM_BIG_PITCH;
-            float av[GEMM_BLOCK], bv[GEMM_BLOCK];
-            for (uint i = 0; i < GEMM_BLOCK; ++i) {
-                av[i] = a_tile[o + ar + i];
-                bv[i] = b_tile[o + bc + i];
-            }
-            for (uint i = 0; i < GEMM_BLOCK; ++i) {
-                for (uint j = 0; j < GEMM_BLOCK; ++j) acc[i][j] += av[i] * bv[j];
-            }
+            const uint o = k * (GEMM_TILE + 1);
+            float a0 = a_tile[o + lid.y], a1 = a_tile[o + lid.y + GEMM_SIDE];
+            float b0 = b_tile[o + lid.x], b1 = b_tile[o + lid.x + GEMM_SIDE];
+            acc00 += a0 * b0;
+            acc01 += a0 * b1;
+            acc10 += a1 * b0;
+            acc11 += a1 * b1;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
-    for (uint i = 0; i < GEMM_BLOCK; ++i) {
-        const uint r = row0 + ar + i;
-        if (r >= args.M) break;
-        for (uint j = 0; j < GEMM_BLOCK; ++j) {
-            const uint n = col0 + bc + j;
-            if (n < args.N) {
+    const float acc[2][2] = {{acc00, acc01}, {acc10, acc11}};
+    for (uint i = 0; i < 2; ++i) {
+        for (uint j = 0; j < 2; ++j) {
+            uint r = row0 + lid.y + i * GEMM_SIDE, n = col0 + lid.x + j * GEMM_SIDE;
+            if (r < args.M && n < args.N) {
                 c[r * args.ldc + n] = T(gemm_epilogue<T>(args, bias, c, zg, r, n, acc[i][j]));
             }
         }
@@ -155,8 +141,8 @@ kernel void gemm_simd(constant dm_gemm_args& args [[buffer(0)]],
         for (uint j = 0; j < 2; ++j) acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
     for (uint k0 = 0; k0 < args.K; k0 += GEMM_TK) {
-        gemm_fill_tiles<GEMM_TILE, TA, TB, T>(args, a, b, row0, col0, k0, tid,
-                                              GEMM_SIMD_THREADS, a_tile, b_tile, GEMM_TILE);
+        gemm_fill_tiles<TA, TB, T>(args, a, b, row0, col0, k0, tid, GEMM_SIMD_THREADS, a_tile,
+                                   b_tile, GEMM_TILE);
         threadgroup_barrier(mem_flags::mem_threadgroup);
         for (uint k = 0; k < GEMM_TK; k += 8) {
             simdgroup_float8x8 ma[2];

@@ -61,16 +61,20 @@ WINOGRAD_MIN_CHANNELS = 32
 #: A weight gradient's GEMM is split along K when it has fewer output tiles than this, into
 #: runs of at least WEIGHT_GRADIENT_RUN output pixels (a threadgroup's K loop long enough to
 #: be worth its launch, and few slices for the sum that adds them).
-WEIGHT_GRADIENT_TILES = 512
+WEIGHT_GRADIENT_TILES = 1024
 WEIGHT_GRADIENT_RUN = 512
+
+#: The most im2col columns one GEMM's images may take (one image's always fit): a late layer's
+#: images then share a dispatch.
+IMAGES_WORKSPACE_BYTES = 64 << 20
 
 
 def weight_gradient_splits(filters: int, rows: int, pixels: int, groups: int) -> tuple[int, int]:
     """(splits, run) of the weight gradient ``filters`` x ``rows`` (per group) summed over
     ``pixels``: K cut into ``splits`` runs of ``run`` pixels (the last may be shorter), so that
-    the tiled GEMM's 64 x 64 tiles times the splits fill a GPU; (1, pixels) when it needs no
+    the GEMM's 32 x 32 tiles times the splits fill a GPU; (1, pixels) when it needs no
     split."""
-    tiles = -(-filters // 64) * -(-rows // 64) * groups
+    tiles = -(-filters // 32) * -(-rows // 32) * groups
     splits = min(-(-pixels // WEIGHT_GRADIENT_RUN), -(-WEIGHT_GRADIENT_TILES // tiles))
     if splits < 2:
         return 1, pixels
@@ -315,40 +319,55 @@ class ConvolutionalOp(_Gemm):
         return (groups, self.out_shape[0] // groups, cg, cg * v["size"] ** 2,
                 self.out_shape[1] * self.out_shape[2])
 
-    def _image_columns(self, e: LayerEmitter, workspace: Tensor | None,
-                       image: int) -> tuple[Tensor, int, int]:
-        """(the GEMM's column operand for one image, its offset, its group stride): the
-        input itself for a 1x1 stride-1 unpadded convolution, else the image's im2col into
-        ``workspace`` (one image's columns: the whole batch's would be batch times larger)."""
+    def _images_per_gemm(self, e: LayerEmitter) -> int:
+        """How many images one GEMM dispatch covers (as slices): the whole batch when the
+        input is the columns, else as many as fit IMAGES_WORKSPACE_BYTES of im2col columns
+        (at least one; Darknet keeps one image's), so that a small late layer is one dispatch
+        wide enough for a GPU, not batch dispatches of a few tiles each."""
+        groups, _, _, k, n = self._sizes()
+        if self.reads_input_as_columns:
+            return e.batch
+        return max(1, min(e.batch, IMAGES_WORKSPACE_BYTES // (4 * groups * k * n)))
+
+    def _chunk_columns(self, e: LayerEmitter, workspace: Tensor | None, first: int,
+                       count: int) -> tuple[Tensor, int, int, int]:
+        """(the GEMM's column operand for images first..first+count-1, its offset, its group
+        and its image stride): the input itself for a 1x1 stride-1 unpadded convolution, else
+        each image's im2col into its slot of ``workspace``."""
         c, h, w = self.in_shape
         groups, _, cg, k, n = self._sizes()
         if workspace is None:
-            return e.inputs[0], image * c * h * w, cg * h * w
-        e.kernel("im2col_fwd_f32", {"image": e.inputs[0], "col": workspace},
-                 {"spatial": n, "rows": k, "slices": groups},
-                 offsets={"image": image * c * h * w}, **self._im2col_args())
-        return workspace, 0, k * n
+            return e.inputs[0], first * c * h * w, cg * h * w, c * h * w
+        for j in range(count):
+            e.kernel("im2col_fwd_f32", {"image": e.inputs[0], "col": workspace},
+                     {"spatial": n, "rows": k, "slices": groups},
+                     offsets={"image": (first + j) * c * h * w, "col": j * groups * k * n},
+                     **self._im2col_args())
+        return workspace, 0, k * n, groups * k * n
 
-    def _workspace(self, e: LayerEmitter, role: str) -> Tensor | None:
+    def _workspace(self, e: LayerEmitter, role: str, images: int = 1) -> Tensor | None:
         groups, _, _, k, n = self._sizes()
-        return None if self.reads_input_as_columns else e.tensor(role, (groups * k * n,))
+        return (None if self.reads_input_as_columns
+                else e.tensor(role, (images * groups * k * n,)))
 
     def _emit_gemm(self, e: LayerEmitter, weights: Param, bias: Param | None, out: Tensor,
                    act: int) -> None:
-        """out = act(W * columns (+ bias)), image by image, per group."""
+        """out = act(W * columns (+ bias)) per group, several images per GEMM."""
         f = self.out_shape[0]
         groups, fg, _, k, n = self._sizes()
-        cols = self._workspace(e, "workspace")
-        for image in range(e.batch):
-            operand, offset, b_group = self._image_columns(e, cols, image)
+        chunk = self._images_per_gemm(e)
+        cols = self._workspace(e, "workspace", chunk)
+        for first in range(0, e.batch, chunk):
+            count = min(chunk, e.batch - first)
+            operand, offset, b_group, b_image = self._chunk_columns(e, cols, first, count)
             gemm_step(
                 e, gemm_kernel("nn", e.simd),
                 {"a": weights, "b": operand, "bias": bias, "c": out},
-                offsets={"b": offset, "c": image * f * n},
-                M=fg, N=n, K=k, lda=k, ldb=n, ldc=n, groups=groups, slices=groups,
-                a_group_stride=fg * k, b_group_stride=b_group, c_group_stride=fg * n,
-                bias_group_stride=fg, bias_mode=BIAS_NONE if bias is None else BIAS_ROWS,
-                act=act,
+                offsets={"b": offset, "c": first * f * n},
+                M=fg, N=n, K=k, lda=k, ldb=n, ldc=n, groups=groups, slices=count * groups,
+                a_group_stride=fg * k, b_batch_stride=b_image, b_group_stride=b_group,
+                c_batch_stride=f * n, c_group_stride=fg * n, bias_group_stride=fg,
+                bias_mode=BIAS_NONE if bias is None else BIAS_ROWS, act=act,
             )
 
     def _emit_gemm_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
@@ -362,7 +381,7 @@ class ConvolutionalOp(_Gemm):
         partials = e.tensor("weight_grad_partials", (splits * groups * fg * k,)) if splits > 1 \
             else None
         for image in range(e.batch):
-            operand, offset, b_group = self._image_columns(e, cols, image)
+            operand, offset, b_group, _ = self._chunk_columns(e, cols, image, 1)
             if partials is None:
                 gemm_step(e, gemm_kernel("nt", e.simd),
                           {"a": e.delta, "b": operand, "bias": None,
@@ -391,16 +410,23 @@ class ConvolutionalOp(_Gemm):
                       b_batch_stride=f * n, b_group_stride=fg * n, c_batch_stride=c * h * w,
                       c_group_stride=cg * h * w, bias_mode=BIAS_NONE, act=LINEAR)
             return
-        for image in range(e.batch):
+        # Several images' columns per GEMM (as the forward), each folded back by col2im.
+        chunk = self._images_per_gemm(e)
+        cols = self._workspace(e, "input_grad_workspace", chunk)
+        for first in range(0, e.batch, chunk):
+            count = min(chunk, e.batch - first)
             gemm_step(e, gemm_kernel("tn", e.simd),
                       {"a": ts.ref("weights"), "b": e.delta, "bias": None, "c": cols},
-                      offsets={"b": image * f * n},
-                      M=k, N=n, K=fg, lda=k, ldb=n, ldc=n, groups=groups, slices=groups,
-                      a_group_stride=fg * k, b_group_stride=fg * n, c_group_stride=k * n,
-                      bias_mode=BIAS_NONE, act=LINEAR)
-            e.kernel("col2im_bwd_f32", {"col": cols, "image": into},
-                     {"spatial": h * w, "channels": cg, "slices": groups},
-                     offsets={"image": image * c * h * w}, **self._im2col_args())
+                      offsets={"b": first * f * n},
+                      M=k, N=n, K=fg, lda=k, ldb=n, ldc=n, groups=groups,
+                      slices=count * groups, a_group_stride=fg * k, b_batch_stride=f * n,
+                      b_group_stride=fg * n, c_batch_stride=groups * k * n,
+                      c_group_stride=k * n, bias_mode=BIAS_NONE, act=LINEAR)
+            for j in range(count):
+                e.kernel("col2im_bwd_f32", {"col": cols, "image": into},
+                         {"spatial": h * w, "channels": cg, "slices": groups},
+                         offsets={"image": (first + j) * c * h * w,
+                                  "col": j * groups * k * n}, **self._im2col_args())
 
     def _emit_split_weight_gradient(self, e: LayerEmitter, partials: Tensor, columns: Tensor,
                                     delta_at: int, columns_at: int, columns_group: int,

