@@ -7,34 +7,38 @@
 #include "dm_args.h"
 using namespace metal;
 
-// Grid (out_h*out_w, channels*ksize*ksize, images*groups): one thread per column element;
-// slice z reads channels [0, channels) of its own input slice (groups are consecutive
-// channel blocks of one image, so image b group g is slice b*groups + g).
+// Grid (out_h*out_w, channels*ksize, images*groups): one thread per column and (channel, ky)
+// writes that column's ksize rows (c, ky, kx) for kx in order, so a thread's integer
+// divisions serve ksize elements and its reads are neighbours in the input row. Slice z reads
+// channels [0, channels) of its own input slice (groups are consecutive channel blocks of one
+// image, so image b group g is slice b*groups + g).
 template <typename T>
 kernel void im2col_fwd(constant dm_im2col_args& args [[buffer(0)]],
                        device const T* image [[buffer(1)]],
                        device T* col [[buffer(2)]],
                        uint3 gid [[thread_position_in_grid]]) {
     const uint spatial = args.out_h * args.out_w;
-    const uint k2 = args.ksize * args.ksize;
-    const uint rows = args.channels * k2;
-    if (gid.x >= spatial || gid.y >= rows) return;
-    const uint row = gid.y;
-    const uint c = row / k2;
-    const uint ky = (row / args.ksize) % args.ksize;
-    const uint kx = row % args.ksize;
+    const uint taps = args.channels * args.ksize;
+    if (gid.x >= spatial || gid.y >= taps) return;
+    const uint c = gid.y / args.ksize;
+    const uint ky = gid.y % args.ksize;
     const uint oy = gid.x / args.out_w;
     const uint ox = gid.x % args.out_w;
     const int pad = int(args.pad * args.dilation);
     const int iy = int(oy * args.stride_y + ky * args.dilation) - pad;
-    const int ix = int(ox * args.stride_x + kx * args.dilation) - pad;
+    const int ix0 = int(ox * args.stride_x) - pad;
     const uint plane = args.height * args.width;
-    device const T* src = image + gid.z * args.channels * plane;
-    float v = 0.0f;
-    if (iy >= 0 && iy < int(args.height) && ix >= 0 && ix < int(args.width)) {
-        v = src[c * plane + uint(iy) * args.width + uint(ix)];
+    const bool row_inside = iy >= 0 && iy < int(args.height);
+    device const T* src = image + (gid.z * args.channels + c) * plane;
+    device T* dst = col + (gid.z * taps + gid.y) * args.ksize * spatial + gid.x;
+    for (uint kx = 0; kx < args.ksize; ++kx) {
+        const int ix = ix0 + int(kx * args.dilation);
+        float v = 0.0f;
+        if (row_inside && ix >= 0 && ix < int(args.width)) {
+            v = src[uint(iy) * args.width + uint(ix)];
+        }
+        dst[kx * spatial] = v;
     }
-    col[(gid.z * rows + row) * spatial + gid.x] = v;
 }
 
 typedef decltype(im2col_fwd<float>) im2col_fwd_f32_t;

@@ -340,7 +340,7 @@ class ConvolutionalOp(_Gemm):
             return e.inputs[0], first * c * h * w, cg * h * w, c * h * w
         for j in range(count):
             e.kernel("im2col_fwd_f32", {"image": e.inputs[0], "col": workspace},
-                     {"spatial": n, "rows": k, "slices": groups},
+                     {"spatial": n, "taps": k // self.values["size"], "slices": groups},
                      offsets={"image": (first + j) * c * h * w, "col": j * groups * k * n},
                      **self._im2col_args())
         return workspace, 0, k * n, groups * k * n

@@ -45,7 +45,7 @@ def _im2col(c: int, h: int, w: int, ksize: int, sx: int, sy: int, pad: int,
     return KernelCase(
         f"im2col_fwd_f32-{c}x{h}x{w}-k{ksize}-s{sx}x{sy}-p{pad}-d{dil}",
         (Step("im2col_fwd_f32", im2col_args(c, h, w, ksize, sx, sy, pad, dil, oh, ow),
-              {"spatial": oh * ow, "rows": rows, "slices": 1}),), make)
+              {"spatial": oh * ow, "taps": rows // ksize, "slices": 1}),), make)
 
 
 def _col2im(n: int, c: int, h: int, w: int, ksize: int, sx: int, sy: int, pad: int, dil: int,
@@ -91,5 +91,5 @@ CASES: tuple[KernelCase, ...] = (
     )),
     half_twin("im2col_fwd", "2x5x9x11-k3-s2x2-p1",
               im2col_args(5, 9, 11, 3, 2, 2, 1, 1, 5, 6),
-              {"spatial": 30, "rows": 45, "slices": 2}, _half_columns, exact=True),
+              {"spatial": 30, "taps": 15, "slices": 2}, _half_columns, exact=True),
 )
