@@ -49,7 +49,7 @@ from darknet_metal.runtime.profile import (
     DevicePeaks,
     Profile,
     cpu_profile,
-    measure_peaks,
+    device_peaks,
     profile_passes,
 )
 from darknet_metal.runtime.program import STORAGE, stored_itemsize
@@ -266,9 +266,9 @@ class Network:
         network's size, ``batch`` images (a training step: the cfg's batch). ``truths``:
         a training step's targets (``Trainer.step``); default: three seeded boxes per image
         (a class id per image for a classifier). ``repeats``: profiled runs, each dispatch's
-        time the median over them (after one unprofiled warm-up run). ``peaks``: True to
-        measure the device's copy bandwidth and GEMM rate (``measure_peaks``), a
-        ``DevicePeaks`` to use those, False for none.
+        time the median over them (after one unprofiled warm-up run). ``peaks``: True for
+        the device's copy bandwidth and GEMM rate (``device_peaks``: measured on the
+        device's first profile), a ``DevicePeaks`` to use those, False for none.
 
         Times are the device's on ``cuda`` and ``metal``, host times on ``emu`` (labelled:
         the emulator is the CPU) and per layer on ``cpu``. A training profile runs real steps
@@ -293,7 +293,7 @@ class Network:
         size = f"{w}x{h} batch {x.shape[0]}"
         if self.device == "cpu":
             ms = self._layer_milliseconds(x, repeats)
-            return cpu_profile(f"inference {size}", ms, [kinds[i] for i in range(len(ms))],
+            return cpu_profile(f"inference {size}", ms, list(kinds.values()),
                                [x.shape[0] * op.flops for op in self.layers], repeats)
         if not train:
             self.forward(x)  # warm-up: programs, buffers, pipelines
@@ -319,7 +319,7 @@ class Network:
             what = f"training step {size} (subdivisions {subdivisions})"
         with self.exclusive():
             if peaks is True:
-                peaks = measure_peaks(device)
+                peaks = device_peaks(device)
         return Profile(what=what, device=self.device, device_name=str(device.name),
                        clock=CLOCKS[self.device], dispatches=dispatches, host_copies=copies,
                        wall_seconds=wall, peaks=peaks or None, repeats=repeats)

@@ -40,10 +40,6 @@ from darknet_metal.model.bundled import get_spec  # noqa: E402
 from darknet_metal.runtime.profile import DevicePeaks, measure_peaks  # noqa: E402
 
 
-def torch_ms(torch, run, repeats=20, warmup=3) -> float:
-    return cuda_event_ms(torch, run, repeats, warmup)
-
-
 def ours_ms(device, dispatches, repeats=10) -> dict[str, float]:
     """Median device ms of each kernel name over ``repeats`` runs of ``dispatches`` (packed
     tuples), summed per name."""
@@ -67,11 +63,11 @@ def peaks(torch, device) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     a = torch.rand(4096, 4096, device="cuda")
     b = torch.rand(4096, 4096, device="cuda")
-    ms = torch_ms(torch, lambda: torch.mm(a, b))
+    ms = cuda_event_ms(torch, lambda: torch.mm(a, b))
     cublas = 2 * 4096**3 / (ms * 1e-3) / 1e12  # TFLOP/s
     x = torch.empty(64 << 20, device="cuda")
     y = torch.empty_like(x)
-    ms_copy = torch_ms(torch, lambda: y.copy_(x))
+    ms_copy = cuda_event_ms(torch, lambda: y.copy_(x))
     copy = 2 * x.numel() * 4 / (ms_copy * 1e-3) / 1e9  # GB/s, read and written
     ours = measure_peaks(device)
     out = {"cublas_tflops": cublas, "torch_copy_gbs": copy,
@@ -118,7 +114,7 @@ def reductions(torch, device, copy_gbs: float) -> dict:
     mean = bufs["mean"].read(np.float32, c)
     var = bufs["variance"].read(np.float32, c)
     xt = torch.from_numpy(x).cuda()
-    ref_ms = torch_ms(torch, lambda: torch.var_mean(xt, dim=(0, 2, 3), unbiased=True))
+    ref_ms = cuda_event_ms(torch, lambda: torch.var_mean(xt, dim=(0, 2, 3), unbiased=True))
     tv, tm = torch.var_mean(xt, dim=(0, 2, 3), unbiased=True)
     x64 = x.astype(np.float64).transpose(1, 0, 2, 3).reshape(c, -1)
     exact_var = x64.var(axis=1, ddof=1)
@@ -184,7 +180,7 @@ def gemms(torch, device, net) -> list[dict]:
         tb = torch.from_numpy(b).cuda().reshape((nn_, kk) if trans[1] == "t" else (kk, nn_))
         opa = ta.t() if trans[0] == "t" else ta
         opb = tb.t() if trans[1] == "t" else tb
-        ref = torch_ms(torch, lambda opa=opa, opb=opb: torch.matmul(opa, opb))
+        ref = cuda_event_ms(torch, lambda opa=opa, opb=opb: torch.matmul(opa, opb))
         flops = 2 * m * nn_ * kk
         row = {"shape": label, "M": m, "N": nn_, "K": kk,
                "ours_tflops": flops / (ms * 1e-3) / 1e12,
@@ -197,6 +193,14 @@ def gemms(torch, device, net) -> list[dict]:
     return out
 
 
+def boxes(batch: int, classes: int) -> list[np.ndarray]:
+    """Three seeded boxes (class, cx, cy, w, h) per image."""
+    rng = np.random.default_rng(0)
+    return [np.column_stack([rng.integers(classes, size=3), rng.uniform(0.2, 0.8, (3, 2)),
+                             rng.uniform(0.05, 0.4, (3, 2))]).astype(np.float32)
+            for _ in range(batch)]
+
+
 def network(torch, args, peaks_ours: DevicePeaks) -> dict:
     cfg = get_spec(args.model).cfg
     out: dict = {}
@@ -205,17 +209,18 @@ def network(torch, args, peaks_ours: DevicePeaks) -> dict:
     train = net.profile(train=True, repeats=3, peaks=peaks_ours)
     print(train.table(20))
     out["train_profile"] = train.to_dict()
-    twin = net._twin()  # noqa: SLF001 (timing only)
+    # Wall time of steps on a network of its own (they change its weights).
+    stepper = dm.load(cfg, device="cuda", batch=args.batch, subdivisions=1,
+                      input_size=(args.size, args.size))
     x = np.random.default_rng(0).random((args.batch, 3, args.size, args.size),
                                         dtype=np.float32)
-    truths = net._synthetic_truths(args.batch, np.random.default_rng(0))  # noqa: SLF001
-    twin.train_step(x, truths)
+    truths = boxes(args.batch, stepper.yolo_heads()[0].classes)
+    stepper.train_step(x, truths)
     walls = []
     for _ in range(5):
         t = time.perf_counter()
-        twin.train_step(x, truths)
+        stepper.train_step(x, truths)
         walls.append(1e3 * (time.perf_counter() - t))
-    twin.to("cpu")
     out["train_wall_ms"] = statistics.median(walls)
     out["train_device_ms"] = 1e3 * train.seconds
     out["train_host_copies_ms"] = 1e3 * train.host_copies.get("seconds", 0.0)

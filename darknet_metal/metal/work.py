@@ -34,16 +34,6 @@ class Work:
     flops: int
     bytes: int
 
-    @property
-    def direction(self) -> str:
-        """The pass it belongs to, from the registry's naming: "fwd", "bwd", "upd" or "buf"
-        (an op without a direction, such as a GEMM, gives "")."""
-        parts = self.kernel.split("_")
-        for part in parts[1:]:
-            if part in ("fwd", "bwd", "upd", "buf"):
-                return part
-        return ""
-
 
 _lock = threading.Lock()
 _tags: dict[Work, int] = {}

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -37,6 +39,7 @@ __all__ = [
     "Profile",
     "ProfileRow",
     "cpu_profile",
+    "device_peaks",
     "measure_peaks",
     "profile_passes",
 ]
@@ -254,6 +257,20 @@ def profile_passes(device: Any, run: Callable[[], None], repeats: int,
             flops=0 if work is None else work.flops, bytes=0 if work is None else work.bytes))
     median_copies = {k: statistics.median(c[k] for c in copies) for k in copies[0]}
     return out, median_copies, statistics.median(walls)
+
+
+_peaks_lock = threading.Lock()
+_measured_peaks: weakref.WeakKeyDictionary[Any, DevicePeaks] = weakref.WeakKeyDictionary()
+
+
+def device_peaks(device: Any) -> DevicePeaks:
+    """``measure_peaks(device)`` with its defaults, measured on a device's first profile and
+    kept with the device object (a measurement moves 512 MiB on a GPU)."""
+    with _peaks_lock:
+        peaks = _measured_peaks.get(device)
+        if peaks is None:
+            peaks = _measured_peaks[device] = measure_peaks(device)
+        return peaks
 
 
 def measure_peaks(device: Any, *, copy_bytes: int | None = None,

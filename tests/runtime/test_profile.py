@@ -85,13 +85,25 @@ def test_work_of_a_dispatch():
     assert work_of_tag(tag) == work_of_tag(dispatch_tag("copy_buf_f32", {"n": 1000},
                                                         {"n": 1000}, 4))
     work = work_of_tag(tag)
-    assert (work.layer, work.flops, work.bytes, work.direction) == (4, 0, 8000, "buf")
+    assert (work.kernel, work.layer, work.flops, work.bytes) == ("copy_buf_f32", 4, 0, 8000)
     args, sizes = gemm_args(M=8, N=100, K=27, lda=27, ldb=100, ldc=100, bias_mode=0, act=0,
                             slices=3, a_batch_stride=0, b_batch_stride=2700,
                             c_batch_stride=800)
     gemm = work_of_tag(dispatch_tag("gemm_nn_f32", args, sizes))
     assert gemm.flops == 2 * 8 * 100 * 27 * 3 and gemm.layer == NO_LAYER
     assert work_of_tag(0) is None and work_of_tag(10**9) is None
+
+
+def test_peaks_are_measured_once_per_device():
+    require("emu")
+    from darknet_metal.metal import get_device
+    from darknet_metal.runtime.profile import device_peaks
+
+    device = get_device("emu")
+    peaks = device_peaks(device)
+    assert peaks.flops_per_second > 0 and peaks.bytes_per_second > 0
+    assert "copy_buf_f32" in peaks.source
+    assert device_peaks(device) is peaks
 
 
 def test_inference_profile(gpu_device, cfg):
