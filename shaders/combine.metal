@@ -136,21 +136,42 @@ kernel void shortcut_bwd_f32(constant dm_shortcut_bwd_args& args [[buffer(0)]],
     }
 }
 
-// First stage of a weight gradient: partial[b*channels + c] = sum over the pixels, in order,
-// of delta[b, c] * input[b, c], for one input and c < min(channels, src_channels).
-// Grid (channels, batch).
+// Threads of a threadgroup summing one row of products.
+constant uint DM_DOT_THREADS = 64;
+
+// The sum of a[i*step]*b[i*step] for i < n, on a threadgroup of DM_DOT_THREADS: each thread
+// adds every DM_DOT_THREADS-th product in order, then the threads' sums are added pairwise,
+// halves at a time (a fixed tree, as batchnorm.metal's sums: no float atomics, the same bits
+// whatever the scheduling). Every thread must call it; thread 0 gets the sum.
+inline float dm_dot(device const float* a, device const float* b, uint n, uint step,
+                    threadgroup float* scratch, uint lid) {
+    float acc = 0.0f;
+    for (uint i = lid; i < n; i += DM_DOT_THREADS) acc += a[i * step] * b[i * step];
+    scratch[lid] = acc;
+    for (uint half_width = DM_DOT_THREADS / 2; half_width > 0; half_width /= 2) {
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (lid < half_width) scratch[lid] = scratch[lid] + scratch[lid + half_width];
+    }
+    return lid == 0 ? scratch[0] : 0.0f;
+}
+
+// First stage of a weight gradient: partial[b*channels + c] = the sum over the pixels of
+// delta[b, c] * input[b, c], for one input and c < min(channels, src_channels).
+// Threadgroups (channels, batch) of DM_DOT_THREADS.
 kernel void shortcut_bwd_dot_f32(constant dm_shortcut_bwd_args& args [[buffer(0)]],
                                  device const float* delta [[buffer(1)]],
                                  device const float* input [[buffer(2)]],
                                  device float* partial [[buffer(3)]],
-                                 uint2 gid [[thread_position_in_grid]]) {
-    const uint c = gid.x;
-    if (c >= min(args.channels, args.src_channels) || gid.y >= args.batch) return;
-    device const float* d = delta + (gid.y * args.channels + c) * args.spatial;
-    device const float* v = input + (gid.y * args.src_channels + c) * args.spatial;
-    float total = 0.0f;
-    for (uint i = 0; i < args.spatial; ++i) total = total + d[i] * v[i];
-    partial[gid.y * args.channels + c] = total;
+                                 uint2 group [[threadgroup_position_in_grid]],
+                                 uint lid [[thread_index_in_threadgroup]]) {
+    threadgroup float scratch[DM_DOT_THREADS];
+    const uint c = group.x, b = group.y;
+    // The same for the whole group, so its threads leave (or reach the barriers) together.
+    if (c >= min(args.channels, args.src_channels) || b >= args.batch) return;
+    const float total = dm_dot(delta + (b * args.channels + c) * args.spatial,
+                               input + (b * args.src_channels + c) * args.spatial,
+                               args.spatial, 1, scratch, lid);
+    if (lid == 0) partial[b * args.channels + c] = total;
 }
 
 // Second stage: the gradient of input `row`'s weight(s) from the partial sums, added in
@@ -251,30 +272,26 @@ kernel void scale_channels_bwd_f32(constant dm_scale_channels_args& args [[buffe
     x_from_grad[idx] = x_from_grad[idx] + s * delta[idx];
 }
 
-// scale_grad[k] += sum of delta * x_from over factor k's elements, one thread per factor in
-// the CPU's element order (the pixels of channel (b, c); scale_wh: the channels of pixel
-// (b, i)). Grid: factors (batch*channels, or batch*spatial with scale_wh).
+// scale_grad[k] += the sum of delta * x_from over factor k's elements: the pixels of channel
+// (b, c), or with scale_wh the channels of pixel (b, i). Threadgroups (factors) of
+// DM_DOT_THREADS (batch*channels factors, or batch*spatial with scale_wh).
 kernel void scale_channels_bwd_scale_f32(constant dm_scale_channels_args& args [[buffer(0)]],
                                          device const float* delta [[buffer(1)]],
                                          device const float* x_from [[buffer(2)]],
                                          device float* scale_grad [[buffer(3)]],
-                                         uint k [[thread_position_in_grid]]) {
-    if (args.scale_wh != 0u) {
-        if (k >= args.batch * args.spatial) return;
-        const uint b = k / args.spatial, i = k % args.spatial;
-        float total = scale_grad[k];
-        for (uint c = 0; c < args.channels; ++c) {
-            const uint at = (b * args.channels + c) * args.spatial + i;
-            total = total + delta[at] * x_from[at];
-        }
-        scale_grad[k] = total;
-        return;
-    }
-    if (k >= args.batch * args.channels) return;
-    const uint at = k * args.spatial;
-    float total = scale_grad[k];
-    for (uint i = 0; i < args.spatial; ++i) total = total + delta[at + i] * x_from[at + i];
-    scale_grad[k] = total;
+                                         uint k [[threadgroup_position_in_grid]],
+                                         uint lid [[thread_index_in_threadgroup]]) {
+    threadgroup float scratch[DM_DOT_THREADS];
+    const bool per_pixel = args.scale_wh != 0u;
+    if (k >= args.batch * (per_pixel ? args.spatial : args.channels)) return;
+    // Factor k's first element, its count and the distance between its elements.
+    const uint first = per_pixel ? (k / args.spatial) * args.channels * args.spatial
+                                       + k % args.spatial
+                                 : k * args.spatial;
+    const uint n = per_pixel ? args.channels : args.spatial;
+    const uint step = per_pixel ? args.spatial : 1u;
+    const float total = dm_dot(delta + first, x_from + first, n, step, scratch, lid);
+    if (lid == 0) scale_grad[k] = scale_grad[k] + total;
 }
 
 // x_grad += delta * x_from, then x_from_grad += x * delta: in that order, so the two may be

@@ -5,8 +5,8 @@
 // (gemm_nt). Grid slice z covers one (image, group) pair, see dm_gemm_args.
 //
 // Two implementations of the same contract:
-// - gemm_*_f32: portable, 32x32 output tile per threadgroup of 16x16 threads (2x2 outputs
-//   each), K in steps of 16 through threadgroup memory;
+// - gemm_*_f32: portable, 64x64 output tile per threadgroup of 16x8 threads (8x4 outputs each,
+//   in registers), K in steps of 16 through two threadgroup buffers;
 // - gemm_*_simd_f32: for Apple7+ GPUs, 32x32 tile per threadgroup of 128 threads (4 simdgroups
 //   in 2x2, each owning 16x16 = 2x2 simdgroup_float8x8 accumulators).
 // Both zero-pad the tiles past M, N and K, so any sizes work; only in-range outputs are written.
@@ -17,10 +17,8 @@ using namespace metal;
 
 constant uint GEMM_TILE = 32;
 constant uint GEMM_TK = 16;
-constant uint GEMM_SIDE = 16;
 constant uint GEMM_SIMD_THREADS = 128;
 // Tile sizes in floats, named because threadgroup array sizes stay single identifiers.
-constant uint GEMM_PADDED_TILE = GEMM_TK * (GEMM_TILE + 1);
 constant uint GEMM_K_TILE = GEMM_TK * GEMM_TILE;
 constant uint GEMM_C_TILE = GEMM_TILE * GEMM_TILE;
 
@@ -73,7 +71,78 @@ inline void gemm_fill_tiles(constant dm_gemm_args& args, device const T* a,
     }
 }
 
-// Grid: threads (ceil(N/32)*16, ceil(M/32)*16, slices), threadgroup (16, 16, 1).
+// The tiled kernel's shape: a 64x64 output tile per threadgroup of 16x8 threads, each owning
+// 8 rows x 4 columns of it in registers, so a step of K costs a thread three 16-byte
+// threadgroup loads for 32 multiply-adds (the 32x32 tile with 2x2 a thread cost 4 loads for 4
+// and ran at a quarter of cuBLAS on NVIDIA: shared-memory bound). Two K tiles are held, one
+// read while the next is stored, so a K step needs one barrier.
+constant uint GEMM_TILED_M = 64;
+constant uint GEMM_TILED_N = 64;
+constant uint GEMM_TILED_ROWS = 8;      // outputs a thread owns per column
+constant uint GEMM_TILED_COLS = 4;      // ... and per row (one float4)
+constant uint GEMM_TILED_X = GEMM_TILED_N / GEMM_TILED_COLS;  // 16 threads across
+constant uint GEMM_TILED_THREADS = GEMM_TILED_X * (GEMM_TILED_M / GEMM_TILED_ROWS);  // 128
+// A tile row holds 64 floats + 4 of padding (as float4s: 17), so that threads storing down a
+// column of the tile (the transposed operands) fall on different banks.
+constant uint GEMM_TILED_PITCH4 = GEMM_TILED_M / 4 + 1;
+constant uint GEMM_TILED_BUFFER4 = GEMM_TK * GEMM_TILED_PITCH4;
+constant uint GEMM_TILED_TILES4 = 2 * GEMM_TILED_BUFFER4;
+// Elements of one operand's K tile each thread moves from device memory.
+constant uint GEMM_TILED_LOADS = GEMM_TK * GEMM_TILED_M / GEMM_TILED_THREADS;  // 8
+
+// A thread's share of one operand's K tile (64 along M or N, GEMM_TK along K): element j is at
+// (outer, k) = (outer0 + j*outer_step, k) or (outer0, k0 + j*k_step) in the tile, whichever
+// keeps neighbouring threads on neighbouring addresses of the stored layout.
+struct gemm_share {
+    uint outer, k, outer_step, k_step;
+};
+
+// TRANSPOSED: the operand is stored with its outer index (M for A, N for B) contiguous.
+template <bool CONTIGUOUS_OUTER>
+inline gemm_share gemm_share_of(uint tid) {
+    gemm_share s;
+    if (CONTIGUOUS_OUTER) {
+        s.outer = tid % GEMM_TILED_M;
+        s.k = tid / GEMM_TILED_M;
+        s.outer_step = 0;
+        s.k_step = GEMM_TILED_THREADS / GEMM_TILED_M;
+    } else {
+        s.outer = tid / GEMM_TK;
+        s.k = tid % GEMM_TK;
+        s.outer_step = GEMM_TILED_THREADS / GEMM_TK;
+        s.k_step = 0;
+    }
+    return s;
+}
+
+// Reads a thread's share of the K tiles at k0 into registers, zero outside the matrices.
+template <bool TA, bool TB, typename T>
+inline void gemm_tiled_read(constant dm_gemm_args& args, device const T* a, device const T* b,
+                            uint row0, uint col0, uint k0, gemm_share sa, gemm_share sb,
+                            thread float* ra, thread float* rb) {
+    for (uint j = 0; j < GEMM_TILED_LOADS; ++j) {
+        const uint r = row0 + sa.outer + j * sa.outer_step, ka = k0 + sa.k + j * sa.k_step;
+        ra[j] = (r < args.M && ka < args.K) ? gemm_load_a<TA, T>(a, args.lda, r, ka) : 0.0f;
+        const uint n = col0 + sb.outer + j * sb.outer_step, kb = k0 + sb.k + j * sb.k_step;
+        rb[j] = (n < args.N && kb < args.K) ? gemm_load_b<TB, T>(b, args.ldb, kb, n) : 0.0f;
+    }
+}
+
+// Stores a thread's share into one buffer of the tiles: tile[k][outer], K-major.
+inline void gemm_tiled_store(gemm_share sa, gemm_share sb, thread const float* ra,
+                             thread const float* rb, threadgroup float4* as,
+                             threadgroup float4* bs) {
+    for (uint j = 0; j < GEMM_TILED_LOADS; ++j) {
+        const uint ma = sa.outer + j * sa.outer_step, ka = sa.k + j * sa.k_step;
+        as[ka * GEMM_TILED_PITCH4 + ma / 4][ma % 4] = ra[j];
+        const uint nb = sb.outer + j * sb.outer_step, kb = sb.k + j * sb.k_step;
+        bs[kb * GEMM_TILED_PITCH4 + nb / 4][nb % 4] = rb[j];
+    }
+}
+
+// Grid: threads (ceil(N/64)*16, ceil(M/64)*8, slices), threadgroup (16, 8, 1). Thread (x, y)
+// owns rows 8y..8y+7 and columns 4x..4x+3 of the group's tile. Each output sums its K
+// products in K order, one fused multiply-add (one rounding) a product.
 template <bool TA, bool TB, typename T>
 kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
                        device const T* a [[buffer(1)]],
@@ -82,35 +151,54 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
                        device T* c [[buffer(4)]],
                        uint3 tg [[threadgroup_position_in_grid]],
                        uint2 lid [[thread_position_in_threadgroup]]) {
-    threadgroup float a_tile[GEMM_PADDED_TILE];
-    threadgroup float b_tile[GEMM_PADDED_TILE];
+    threadgroup float4 a_tiles[GEMM_TILED_TILES4];
+    threadgroup float4 b_tiles[GEMM_TILED_TILES4];
     const uint zb = tg.z / args.groups, zg = tg.z % args.groups;
     a += zb * args.a_batch_stride + zg * args.a_group_stride;
     b += zb * args.b_batch_stride + zg * args.b_group_stride;
     c += zb * args.c_batch_stride + zg * args.c_group_stride;
-    const uint row0 = tg.y * GEMM_TILE, col0 = tg.x * GEMM_TILE;
-    const uint tid = lid.y * GEMM_SIDE + lid.x;
-    float acc00 = 0.0f, acc01 = 0.0f, acc10 = 0.0f, acc11 = 0.0f;
+    const uint row0 = tg.y * GEMM_TILED_M, col0 = tg.x * GEMM_TILED_N;
+    const uint tid = lid.y * GEMM_TILED_X + lid.x;
+    const gemm_share sa = gemm_share_of<TA>(tid), sb = gemm_share_of<!TB>(tid);
+    float acc[GEMM_TILED_ROWS][GEMM_TILED_COLS];
+    for (uint i = 0; i < GEMM_TILED_ROWS; ++i) {
+        for (uint j = 0; j < GEMM_TILED_COLS; ++j) acc[i][j] = 0.0f;
+    }
+    float ra[GEMM_TILED_LOADS], rb[GEMM_TILED_LOADS];
+    gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, 0, sa, sb, ra, rb);
+    gemm_tiled_store(sa, sb, ra, rb, a_tiles, b_tiles);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    uint buffer = 0;
     for (uint k0 = 0; k0 < args.K; k0 += GEMM_TK) {
-        gemm_fill_tiles<TA, TB, T>(args, a, b, row0, col0, k0, tid, GEMM_SIDE * GEMM_SIDE, a_tile,
-                                   b_tile, GEMM_TILE + 1);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
+        const bool more = k0 + GEMM_TK < args.K;
+        // The next tiles' device loads are issued before this tile's arithmetic hides them.
+        if (more) gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, k0 + GEMM_TK, sa, sb, ra, rb);
+        threadgroup const float4* as = a_tiles + buffer * GEMM_TILED_BUFFER4;
+        threadgroup const float4* bs = b_tiles + buffer * GEMM_TILED_BUFFER4;
         for (uint k = 0; k < GEMM_TK; ++k) {
-            const uint o = k * (GEMM_TILE + 1);
-            float a0 = a_tile[o + lid.y], a1 = a_tile[o + lid.y + GEMM_SIDE];
-            float b0 = b_tile[o + lid.x], b1 = b_tile[o + lid.x + GEMM_SIDE];
-            acc00 += a0 * b0;
-            acc01 += a0 * b1;
-            acc10 += a1 * b0;
-            acc11 += a1 * b1;
+            const float4 a_lo = as[k * GEMM_TILED_PITCH4 + 2 * lid.y];
+            const float4 a_hi = as[k * GEMM_TILED_PITCH4 + 2 * lid.y + 1];
+            const float4 bv = bs[k * GEMM_TILED_PITCH4 + lid.x];
+            for (uint i = 0; i < GEMM_TILED_ROWS; ++i) {
+                const float av = i < 4 ? a_lo[i] : a_hi[i - 4];
+                for (uint j = 0; j < GEMM_TILED_COLS; ++j) acc[i][j] = fma(av, bv[j], acc[i][j]);
+            }
         }
+        if (more) {
+            buffer ^= 1u;
+            gemm_tiled_store(sa, sb, ra, rb, a_tiles + buffer * GEMM_TILED_BUFFER4,
+                             b_tiles + buffer * GEMM_TILED_BUFFER4);
+        }
+        // Orders this step's reads of one buffer before the next step's stores into it, and
+        // the stores above before the next step's reads.
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
-    const float acc[2][2] = {{acc00, acc01}, {acc10, acc11}};
-    for (uint i = 0; i < 2; ++i) {
-        for (uint j = 0; j < 2; ++j) {
-            uint r = row0 + lid.y + i * GEMM_SIDE, n = col0 + lid.x + j * GEMM_SIDE;
-            if (r < args.M && n < args.N) {
+    for (uint i = 0; i < GEMM_TILED_ROWS; ++i) {
+        const uint r = row0 + GEMM_TILED_ROWS * lid.y + i;
+        if (r >= args.M) break;
+        for (uint j = 0; j < GEMM_TILED_COLS; ++j) {
+            const uint n = col0 + GEMM_TILED_COLS * lid.x + j;
+            if (n < args.N) {
                 c[r * args.ldc + n] = T(gemm_epilogue<T>(args, bias, c, zg, r, n, acc[i][j]));
             }
         }

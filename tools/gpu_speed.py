@@ -38,6 +38,7 @@ from darknet_metal.metal import get_device  # noqa: E402
 from darknet_metal.metal.dispatch import gemm_args, gemm_kernel, pack  # noqa: E402
 from darknet_metal.model.bundled import get_spec  # noqa: E402
 from darknet_metal.runtime.profile import DevicePeaks, measure_peaks  # noqa: E402
+from darknet_metal.runtime.projection import APPLE_GPUS, project  # noqa: E402
 
 
 def ours_ms(device, dispatches, repeats=10) -> dict[str, float]:
@@ -193,6 +194,70 @@ def gemms(torch, device, net) -> list[dict]:
     return out
 
 
+def apple_projection(profile, args, what: str, target_ratio: int) -> list[dict]:
+    """The profile projected onto Apple GPUs (runtime.projection: a roofline model with the
+    efficiencies measured here), and the Darknet CPU time on the same Mac that the target
+    ratio would need."""
+    rows = []
+    for name, peaks_apple in APPLE_GPUS.items():
+        p = project(profile, name, peaks_apple)
+        top = sorted(p.kernel_seconds.items(), key=lambda kv: -kv[1])[:3]
+        rows.append({"gpu": name, "ms": 1e3 * p.seconds, "source": peaks_apple.source,
+                     "efficiency": p.efficiency, "target_ratio": target_ratio,
+                     "darknet_cpu_ms_needed": target_ratio * 1e3 * p.seconds,
+                     "top": {k: 1e3 * v for k, v in top}})
+        print(f"projection {args.model} {args.size} {what} on {name}: {1e3 * p.seconds:.1f} ms "
+              f"(efficiency here {p.efficiency:.2f}; top "
+              + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in top)
+              + f"); {target_ratio}x Darknet's CPU needs Darknet at >= "
+              f"{target_ratio * 1e3 * p.seconds:.0f} ms there")
+    return rows
+
+
+#: The kernels of each direction of a convolution's GEMMs in a training step (the weight
+#: gradient's partial sums added by sum_slices).
+DIRECTION_KERNELS = {"fwd": ("gemm_nn_f32",), "wgrad": ("gemm_nt_f32", "sum_slices_buf_f32"),
+                     "xgrad": ("gemm_tn_f32",)}
+
+
+def network_gemms(torch, net, train, batch: int) -> list[dict]:
+    """The GEMMs of the three costliest convolutions as the training step dispatched them
+    (several images a dispatch, weight gradients split along K and summed), against cuBLAS
+    doing the same batch's products: batched matmuls forward and for the input gradient, one
+    matmul over the batch's pixels for the weight gradient."""
+    convs = sorted((op for op in net.layers if op.kind == "convolutional"
+                    and op.values["groups"] == 1), key=lambda op: -op.flops)[:3]
+    out = []
+    for op in convs:
+        c, _, _ = op.in_shape
+        f, oh, ow = op.out_shape
+        k, hw = c * op.values["size"] ** 2, oh * ow
+        rng = np.random.default_rng(3)
+        w = torch.from_numpy(rng.random((f, k), dtype=np.float32)).cuda()
+        cols = torch.from_numpy(rng.random((batch, k, hw), dtype=np.float32)).cuda()
+        delta = torch.from_numpy(rng.random((batch, f, hw), dtype=np.float32)).cuda()
+        delta_rows = delta.permute(1, 0, 2).reshape(f, batch * hw).contiguous()
+        cols_rows = cols.permute(1, 0, 2).reshape(k, batch * hw).contiguous()
+        peers = {"fwd": lambda w=w, cols=cols: torch.matmul(w, cols),
+                 "wgrad": lambda d=delta_rows, c=cols_rows: torch.matmul(d, c.t()),
+                 "xgrad": lambda w=w, delta=delta: torch.matmul(w.t(), delta)}
+        for direction, kernels in DIRECTION_KERNELS.items():
+            mine = [d for d in train.dispatches if d.layer == op.index and d.kernel in kernels]
+            ms = 1e3 * sum(d.seconds for d in mine)
+            ref = cuda_event_ms(torch, peers[direction])
+            flops = 2 * f * k * hw * batch
+            row = {"layer": op.index, "direction": direction, "M": f, "N": k, "K": hw,
+                   "batch": batch, "dispatches": len(mine), "ours_ms": ms, "cublas_ms": ref,
+                   "ours_tflops": flops / (ms * 1e-3) / 1e12,
+                   "cublas_tflops": flops / (ref * 1e-3) / 1e12, "fraction": ref / ms}
+            out.append(row)
+            print(f"gemm in the step L{op.index} {direction:<5} (f {f}, k {k}, pixels {hw}, "
+                  f"batch {batch}; {len(mine)} dispatches): ours {ms:.3f} ms "
+                  f"{row['ours_tflops']:.1f} TFLOP/s, cuBLAS {ref:.3f} ms "
+                  f"{row['cublas_tflops']:.1f}: {100 * row['fraction']:.0f}%")
+    return out
+
+
 def boxes(batch: int, classes: int) -> list[np.ndarray]:
     """Three seeded boxes (class, cx, cy, w, h) per image."""
     rng = np.random.default_rng(0)
@@ -221,6 +286,8 @@ def network(torch, args, peaks_ours: DevicePeaks) -> dict:
         t = time.perf_counter()
         stepper.train_step(x, truths)
         walls.append(1e3 * (time.perf_counter() - t))
+    out["network_gemms"] = network_gemms(torch, net, train, args.batch)
+    out["apple_training"] = apple_projection(train, args, "training step", 10)
     out["train_wall_ms"] = statistics.median(walls)
     out["train_device_ms"] = 1e3 * train.seconds
     out["train_host_copies_ms"] = 1e3 * train.host_copies.get("seconds", 0.0)
@@ -238,6 +305,8 @@ def network(torch, args, peaks_ours: DevicePeaks) -> dict:
         out[f"infer{batch}_device_ms"] = 1e3 * prof.seconds
         out[f"infer{batch}_wall_ms"] = statistics.median(walls)
         out[f"infer{batch}_profile"] = prof.to_dict()
+        if batch == 1:
+            out["apple_inference"] = apple_projection(prof, args, "inference batch 1", 14)
     if not args.skip_peer:
         peer = TorchPeer(net, torch)
         out["peer_train_ms"] = peer.time_training_step(args.batch)

@@ -25,7 +25,7 @@ __all__ = ["TorchPeer", "cuda_event_ms"]
 _EPS = 1e-5  # Darknet's batch-norm epsilon (.000001 in its CPU build: close enough for timing)
 
 
-def cuda_event_ms(torch: Any, run: Any, repeats: int, warmup: int = 5) -> float:
+def cuda_event_ms(torch: Any, run: Any, repeats: int = 20, warmup: int = 5) -> float:
     """Median milliseconds of ``run()`` between two CUDA events, after ``warmup`` runs."""
     for _ in range(warmup):
         run()

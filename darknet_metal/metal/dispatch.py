@@ -12,11 +12,17 @@ from typing import Any
 
 from darknet_metal.errors import ArgumentTypeError
 from darknet_metal.metal import registry
-from darknet_metal.metal.registry import BIAS_COLS, BIAS_NONE, BIAS_ROWS, gemm_kernel
+from darknet_metal.metal.registry import (
+    BIAS_COLS,
+    BIAS_NONE,
+    BIAS_ROWS,
+    TILED_GEMM_TILE,
+    gemm_kernel,
+)
 from darknet_metal.runtime.program import LayerEmitter, Param, Tensor
 
-__all__ = ["BIAS_COLS", "BIAS_NONE", "BIAS_ROWS", "Dispatch", "gemm_args", "gemm_kernel",
-           "gemm_step", "pack"]
+__all__ = ["BIAS_COLS", "BIAS_NONE", "BIAS_ROWS", "TILED_GEMM_TILE", "Dispatch", "gemm_args",
+           "gemm_kernel", "gemm_step", "pack"]
 
 Dispatch = tuple[str, bytes, tuple[Any, ...], tuple[int, int, int], tuple[int, int, int]]
 

@@ -49,7 +49,13 @@ from darknet_metal.metal.kernels import (
     update,
     yolo,
 )
-from darknet_metal.metal.kernels.gemm import BIAS_COLS, BIAS_NONE, BIAS_ROWS, gemm_kernel
+from darknet_metal.metal.kernels.gemm import (
+    BIAS_COLS,
+    BIAS_NONE,
+    BIAS_ROWS,
+    TILED_GEMM_TILE,
+    gemm_kernel,
+)
 from darknet_metal.metal.sources import shader_header
 
 __all__ = [
@@ -60,6 +66,7 @@ __all__ = [
     "FAMILIES",
     "HALF_TWINS",
     "KERNELS",
+    "TILED_GEMM_TILE",
     "gemm_kernel",
     "half_name",
     "kernel",

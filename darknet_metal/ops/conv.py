@@ -23,6 +23,7 @@ from darknet_metal.metal.dispatch import (
     BIAS_COLS,
     BIAS_NONE,
     BIAS_ROWS,
+    TILED_GEMM_TILE,
     gemm_kernel,
     gemm_step,
 )
@@ -58,28 +59,36 @@ if TYPE_CHECKING:
 WINOGRAD_MIN_CHANNELS = 32
 
 
-#: A weight gradient's GEMM is split along K when it has fewer output tiles than this, into
-#: runs of at least WEIGHT_GRADIENT_RUN output pixels (a threadgroup's K loop long enough to
-#: be worth its launch, and few slices for the sum that adds them).
-WEIGHT_GRADIENT_TILES = 1024
-WEIGHT_GRADIENT_RUN = 512
+#: A weight gradient's GEMM covers several images and is split along K when it has fewer
+#: output tiles than this (enough threadgroups to fill a GPU), into runs of at least
+#: WEIGHT_GRADIENT_RUN output pixels (a threadgroup's K loop long enough to be worth its
+#: launch, and few slices for the sum that adds them).
+WEIGHT_GRADIENT_TILES = 2048
+WEIGHT_GRADIENT_RUN = 256
 
 #: The most im2col columns one GEMM's images may take (one image's always fit): a late layer's
 #: images then share a dispatch.
-IMAGES_WORKSPACE_BYTES = 64 << 20
+IMAGES_WORKSPACE_BYTES = 256 << 20
 
 
-def weight_gradient_splits(filters: int, rows: int, pixels: int, groups: int) -> tuple[int, int]:
-    """(splits, run) of the weight gradient ``filters`` x ``rows`` (per group) summed over
-    ``pixels``: K cut into ``splits`` runs of ``run`` pixels (the last may be shorter), so that
-    the GEMM's 32 x 32 tiles times the splits fill a GPU; (1, pixels) when it needs no
-    split."""
-    tiles = -(-filters // 32) * -(-rows // 32) * groups
-    splits = min(-(-pixels // WEIGHT_GRADIENT_RUN), -(-WEIGHT_GRADIENT_TILES // tiles))
+def weight_gradient_splits(filters: int, rows: int, pixels: int, copies: int) -> tuple[int, int]:
+    """(splits, run) of the weight gradient ``filters`` x ``rows`` summed over ``pixels``, of
+    which a dispatch computes ``copies`` (groups times images) side by side: K cut into
+    ``splits`` runs of ``run`` pixels (the last may be shorter), so that the tiled GEMM's
+    output tiles times the copies and splits fill a GPU; (1, pixels) when it needs no split."""
+    splits = min(-(-pixels // WEIGHT_GRADIENT_RUN),
+                 -(-WEIGHT_GRADIENT_TILES // (gemm_tiles(filters, rows) * copies)))
     if splits < 2:
         return 1, pixels
     run = -(-pixels // splits)
     return -(-pixels // run), run
+
+
+def gemm_tiles(rows: int, columns: int) -> int:
+    """Threadgroups of the tiled GEMM for one ``rows`` x ``columns`` product."""
+    tile_m, tile_n = TILED_GEMM_TILE
+    return -(-rows // tile_m) * -(-columns // tile_n)
+
 
 class _Gemm(Op):
     """What convolutional and connected layers share: parameters and their folding."""
@@ -338,11 +347,10 @@ class ConvolutionalOp(_Gemm):
         groups, _, cg, k, n = self._sizes()
         if workspace is None:
             return e.inputs[0], first * c * h * w, cg * h * w, c * h * w
-        for j in range(count):
-            e.kernel("im2col_fwd_f32", {"image": e.inputs[0], "col": workspace},
-                     {"spatial": n, "taps": k // self.values["size"], "slices": groups},
-                     offsets={"image": (first + j) * c * h * w, "col": j * groups * k * n},
-                     **self._im2col_args())
+        # Slice z of im2col is image z // groups, group z % groups: one dispatch.
+        e.kernel("im2col_fwd_f32", {"image": e.inputs[0], "col": workspace},
+                 {"spatial": n, "taps": k // self.values["size"], "slices": count * groups},
+                 offsets={"image": first * c * h * w}, **self._im2col_args())
         return workspace, 0, k * n, groups * k * n
 
     def _workspace(self, e: LayerEmitter, role: str, images: int = 1) -> Tensor | None:
@@ -374,35 +382,13 @@ class ConvolutionalOp(_Gemm):
         c, h, w = self.in_shape
         f = self.out_shape[0]
         groups, fg, cg, k, n = self._sizes()
-        # Weight gradient, image by image (they all add into one array), per group:
-        # W_grad += delta * columns^T.
-        cols = self._workspace(e, "backward_workspace")
-        splits, run = weight_gradient_splits(fg, k, n, groups)
-        partials = e.tensor("weight_grad_partials", (splits * groups * fg * k,)) if splits > 1 \
-            else None
-        for image in range(e.batch):
-            operand, offset, b_group, _ = self._chunk_columns(e, cols, image, 1)
-            if partials is None:
-                gemm_step(e, gemm_kernel("nt", e.simd),
-                          {"a": e.delta, "b": operand, "bias": None,
-                           "c": ts.ref("weights", "grad")},
-                          offsets={"a": image * f * n, "b": offset},
-                          M=fg, N=k, K=n, lda=n, ldb=n, ldc=k, groups=groups, slices=groups,
-                          beta=1.0, a_group_stride=fg * n, b_group_stride=b_group,
-                          c_group_stride=fg * k, bias_mode=BIAS_NONE, act=LINEAR)
-                continue
-            self._emit_split_weight_gradient(e, partials, operand, image * f * n, offset,
-                                             b_group, splits, run, beta=float(image > 0))
-        if partials is not None:
-            size = groups * fg * k
-            e.kernel("sum_slices_buf_f32", {"src": partials, "dst": ts.ref("weights", "grad")},
-                     {"n": size}, n=size, slices=splits, stride=size)
+        self._emit_weight_gradient(e, ts)
         into = e.input_delta(0)
         if into is None:
             return
         # Input gradient: W^T * delta per image and group, straight into the input's delta
         # when the input was the columns, else into one image's columns folded back by col2im.
-        if cols is None:
+        if self.reads_input_as_columns:
             gemm_step(e, gemm_kernel("tn", e.simd),
                       {"a": ts.ref("weights"), "b": e.delta, "bias": None, "c": into},
                       M=k, N=n, K=fg, lda=k, ldb=n, ldc=n, groups=groups,
@@ -422,33 +408,57 @@ class ConvolutionalOp(_Gemm):
                       slices=count * groups, a_group_stride=fg * k, b_batch_stride=f * n,
                       b_group_stride=fg * n, c_batch_stride=groups * k * n,
                       c_group_stride=k * n, bias_mode=BIAS_NONE, act=LINEAR)
-            for j in range(count):
-                e.kernel("col2im_bwd_f32", {"col": cols, "image": into},
-                         {"spatial": h * w, "channels": cg, "slices": groups},
-                         offsets={"image": (first + j) * c * h * w,
-                                  "col": j * groups * k * n}, **self._im2col_args())
+            e.kernel("col2im_bwd_f32", {"col": cols, "image": into},
+                     {"spatial": h * w, "channels": cg, "slices": count * groups},
+                     offsets={"image": first * c * h * w}, **self._im2col_args())
 
-    def _emit_split_weight_gradient(self, e: LayerEmitter, partials: Tensor, columns: Tensor,
-                                    delta_at: int, columns_at: int, columns_group: int,
-                                    splits: int, run: int, beta: float) -> None:
-        """One image's delta * columns^T, K (the output pixels) cut into ``splits`` runs of
-        ``run``: run z's product into slice z of ``partials`` (added to it with ``beta`` 1),
-        as GEMM slices (one dispatch for the whole runs, one for the rest)."""
+    def _emit_weight_gradient(self, e: LayerEmitter, ts: LayerTrainState) -> None:
+        """W_grad += the batch's delta * columns^T, per group. Ungrouped, several images a
+        dispatch (as many as fill a GPU, within IMAGES_WORKSPACE_BYTES of columns), each
+        image's K (its output pixels) cut into runs: slice z of a dispatch is image
+        z // runs, run z % runs, and its product goes to its own slot of the partial sums;
+        later images add into the slots of earlier ones in batch order, and one pass adds the
+        slots into the gradient. Grouped, image by image: slice z is run z // groups, group
+        z % groups."""
+        f = self.out_shape[0]
         groups, fg, _, k, n = self._sizes()
-        whole, rest = divmod(n, run)
         size = groups * fg * k
-        for first, count, length in ((0, whole, run), (whole, int(rest > 0), rest)):
-            if count == 0:
-                continue
-            gemm_step(e, gemm_kernel("nt", e.simd),
-                      {"a": e.delta, "b": columns, "bias": None, "c": partials},
-                      offsets={"a": delta_at + first * run, "b": columns_at + first * run,
-                               "c": first * size},
-                      M=fg, N=k, K=length, lda=n, ldb=n, ldc=k, groups=groups,
-                      slices=count * groups, beta=beta, a_batch_stride=run,
-                      a_group_stride=fg * n, b_batch_stride=run, b_group_stride=columns_group,
-                      c_batch_stride=size, c_group_stride=fg * k, bias_mode=BIAS_NONE,
-                      act=LINEAR)
+        chunk = 1
+        if groups == 1:
+            chunk = min(self._images_per_gemm(e),
+                        -(-WEIGHT_GRADIENT_TILES // gemm_tiles(fg, k)))
+        cols = self._workspace(e, "backward_workspace", chunk)
+        splits, run = weight_gradient_splits(fg, k, n, groups * chunk)
+        slots = chunk * splits
+        grad = ts.ref("weights", "grad")
+        partials = e.tensor("weight_grad_partials", (slots * size,)) if slots > 1 else None
+        whole, rest = divmod(n, run)
+        for first in range(0, e.batch, chunk):
+            count = min(chunk, e.batch - first)
+            operand, offset, b_group, b_image = self._chunk_columns(e, cols, first, count)
+            target, beta = (grad, 1.0) if partials is None else (partials, float(first > 0))
+            for at, runs, length in ((0, whole, run), (whole, int(rest > 0), rest)):
+                if runs == 0:
+                    continue
+                if groups == 1:
+                    slicing = dict(groups=runs, slices=count * runs, a_batch_stride=f * n,
+                                   a_group_stride=run, b_batch_stride=b_image,
+                                   b_group_stride=run, c_batch_stride=splits * size,
+                                   c_group_stride=size)
+                else:
+                    slicing = dict(groups=groups, slices=runs * groups, a_batch_stride=run,
+                                   a_group_stride=fg * n, b_batch_stride=run,
+                                   b_group_stride=b_group, c_batch_stride=size,
+                                   c_group_stride=fg * k)
+                gemm_step(e, gemm_kernel("nt", e.simd),
+                          {"a": e.delta, "b": operand, "bias": None, "c": target},
+                          offsets={"a": first * f * n + at * run, "b": offset + at * run,
+                                   "c": at * size},
+                          M=fg, N=k, K=length, lda=n, ldb=n, ldc=k, beta=beta,
+                          bias_mode=BIAS_NONE, act=LINEAR, **slicing)
+        if partials is not None:
+            e.kernel("sum_slices_buf_f32", {"src": partials, "dst": grad},
+                     {"n": size}, n=size, slices=slots, stride=size)
 
     def describe(self) -> str:
         v = self.values

@@ -532,12 +532,16 @@ extern __shared__ __align__(16) unsigned char dmc_tg_dynamic[];
 /* Built-ins of this thread; false when it lies outside the grid (Metal starts no such
  * thread; only kernels without barriers or simd functions are launched with them). */
 __device__ __forceinline__ bool dmc_enter(const dmc_launch &L, dmc_thread &t) {
-    const uint32_t n_groups = L.tgpg[0] * L.tgpg[1] * L.tgpg[2];
-    uint32_t g = blockIdx.x;
-    if (L.order == 1) g = n_groups - 1u - g;
-    else if (L.order == 2) g = (uint32_t)((L.offset + (uint64_t)L.stride * g) % n_groups);
     t.tgpg = uint3(L.tgpg[0], L.tgpg[1], L.tgpg[2]);
-    t.tgpig = uint3(g % L.tgpg[0], (g / L.tgpg[0]) % L.tgpg[1], g / (L.tgpg[0] * L.tgpg[1]));
+    if (L.order == DMC_ORDER_GRID) {
+        t.tgpig = uint3(blockIdx.x, blockIdx.y, blockIdx.z);
+    } else {
+        const uint32_t n_groups = L.tgpg[0] * L.tgpg[1] * L.tgpg[2];
+        uint32_t g = blockIdx.x;
+        if (L.order == 1) g = n_groups - 1u - g;
+        else if (L.order == 2) g = (uint32_t)((L.offset + (uint64_t)L.stride * g) % n_groups);
+        t.tgpig = uint3(g % L.tgpg[0], (g / L.tgpg[0]) % L.tgpg[1], g / (L.tgpg[0] * L.tgpg[1]));
+    }
     t.dtptg = uint3(L.dtptg[0], L.dtptg[1], L.dtptg[2]);
     t.tpg = uint3(L.tpg[0], L.tpg[1], L.tpg[2]);
     t.tpitg = uint3(threadIdx.x, threadIdx.y, threadIdx.z);

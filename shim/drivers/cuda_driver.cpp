@@ -203,6 +203,7 @@ struct Recorded {
     size_t offsets[DM_MAX_BUFFER_INDEX];
     size_t args_at;  // offset of the argument bytes in the command's arena; SIZE_MAX: none
     uint32_t groups;  // blocks of the launch
+    uint32_t blocks[3];  // its grid of blocks: groups x 1 x 1, or the groups' own 3-D grid
     uint32_t block[3];
     uint32_t dynamic_tg;
     bool timed;  // encoded while profiling
@@ -699,6 +700,15 @@ int encode(void *handle, void *command, void *pipeline, const dm_driver_dispatch
         }
         r.groups = static_cast<uint32_t>(groups);
         r.launch.order = static_cast<uint32_t>(dev->order);
+        r.blocks[0] = r.groups;
+        r.blocks[1] = r.blocks[2] = 1;
+        // In forward order a group's position is its block's: no division a thread (which
+        // costs a memory-bound kernel a third of its bandwidth). CUDA caps grid y and z.
+        if (dev->order == DM_ORDER_FORWARD && r.launch.tgpg[1] <= 65535u &&
+            r.launch.tgpg[2] <= 65535u) {
+            r.launch.order = DMC_ORDER_GRID;
+            for (int i = 0; i < 3; i++) r.blocks[i] = r.launch.tgpg[i];
+        }
         if (dev->order == DM_ORDER_RANDOM && groups > 1) {
             uint64_t seed = dev->seed + dev->dispatches;
             uint64_t stride = (seed * 0x9E3779B97F4A7C15ull >> 33) % groups;
@@ -851,7 +861,8 @@ int commit(void *handle, void *command) {
                     reinterpret_cast<void *>(b->root->memory + b->offset + r.offsets[k]);
         }
         void *params[] = {&r.launch};
-        cr = api.LaunchKernel(r.pipeline->function, r.groups, 1, 1, r.block[0], r.block[1],
+        cr = api.LaunchKernel(r.pipeline->function, r.blocks[0], r.blocks[1], r.blocks[2],
+                              r.block[0], r.block[1],
                               r.block[2], r.dynamic_tg, d->stream, params, nullptr);
         if (end) api.EventRecord(end, d->stream);
         if (cr == CUDA_SUCCESS && d->sync_each) cr = api.StreamSynchronize(d->stream);

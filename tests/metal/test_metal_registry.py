@@ -210,7 +210,7 @@ def test_grid_rules(name, tables):
 
 def test_grid_dispatch_arithmetic():
     g = registry.KERNELS["gemm_nn_f32"].grid
-    assert g.dispatch(N=33, M=17, slices=3) == ((32, 16, 3), (16, 16, 1))
+    assert g.dispatch(N=65, M=129, slices=3) == ((32, 24, 3), (16, 8, 1))
     g = registry.KERNELS["gemm_nt_simd_f32"].grid
     assert g.dispatch(N=64, M=65, slices=1) == ((256, 3, 1), (128, 1, 1))
     g = registry.KERNELS["activation_fwd_f32"].grid

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from darknet_metal.cpu import combine
+from darknet_metal.diagnostics.kernel_cases.batchnorm import sum_checks
 from darknet_metal.diagnostics.kernel_cases.half import half_twin
 from darknet_metal.diagnostics.kernel_parity import (
     NCHW,
@@ -276,8 +277,12 @@ def _scale_channels_backward(shape: NCHW, scale_wh: bool) -> KernelCase:
         want_x, want_s = arrays["x_from_grad"].copy(), arrays["scale_grad"].copy()
         combine.scale_channels_backward(arrays["delta"], arrays["x_from"], arrays["scale"],
                                         want_x, want_s, scale_wh)
+        # The factors' sums are trees on the device: judged against the exact sums.
+        products = arrays["delta"].astype(np.float64) * arrays["x_from"]
+        exact = arrays["scale_grad"] + products.sum(axis=1 if scale_wh else (2, 3),
+                                                    keepdims=True).reshape(scale_shape)
         return CaseData(arrays, (Check("x_from_grad", want_x, Exact()),
-                                 Check("scale_grad", want_s, Exact())))
+                                 *sum_checks("scale_grad", want_s, exact)))
 
     return KernelCase(f"scale_channels_bwd_f32-{dims(shape)}" + ("-wh" if scale_wh else ""),
                       steps, make)
@@ -362,8 +367,9 @@ CASES: tuple[KernelCase, ...] = (
     *(shortcut_backward_case(wtype, norm, twice=twice) for wtype, norm in WEIGHTINGS
       for twice in (False, True)),
     _weight_gradient_large(),
+    # Sums longer than a threadgroup (64 threads) along pixels and along channels.
     *(_scale_channels_backward(shape, scale_wh) for shape in ((2, 7, 5, 3), (1, 5, 1, 1),
-                                                               (2, 37, 31, 31))
+                                                               (2, 37, 31, 31), (2, 130, 3, 3))
       for scale_wh in (False, True)),
     *(_sam_backward(shape, same) for shape in ((1, 5, 7, 7), (2, 35, 31, 31))
       for same in (False, True)),

@@ -157,10 +157,10 @@ def _half(variant: str) -> KernelCase:
 CASES: tuple[KernelCase, ...] = (
     *(_accumulating(name, m, n, k, beta=0.0, pad=3, held=55.0) for name in GEMMS
       for m, n, k in ((17, 33, 29), (1, 1, 1), (32, 32, 16), (40, 7, 70))),
-    # Sizes not multiples of the 32x32x16 tiles (and past two tiles).
+    # Sizes not multiples of the tiles (64x64x16 and 32x32x16; past two of them).
     *(_accumulating(name, m, n, k, beta=beta, pad=2) for name in GEMMS
       for beta in (0.0, 1.0, 0.5) for m, n, k in ((37, 45, 21), (5, 3, 70), (33, 1, 17),
-                                                  (65, 130, 47), (64, 64, 16))),
+                                                  (65, 130, 47), (64, 64, 16), (130, 70, 33))),
     *(_beta_zero_never_reads_c(name) for name in GEMMS),
     *(_sliced(name, accumulate=acc) for name in ("gemm_nn_f32", "gemm_nn_simd_f32")
       for acc in (True, False)),

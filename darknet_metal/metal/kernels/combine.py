@@ -26,6 +26,8 @@ _PARTIALS = f"(batch - 1)*channels + {_SHARED}"
 # One factor per (image, channel), or per (image, pixel) with scale_wh.
 _FACTORS = f"batch*max({flag('scale_wh')}*spatial, (1 - {flag('scale_wh')})*channels)"
 _COLUMNS = Grid(("columns",), (64,))
+#: Threads of a threadgroup summing one row of products (the shader's DM_DOT_THREADS).
+DOT_THREADS = 64
 
 KERNELS: tuple[Kernel, ...] = (
     Kernel(
@@ -83,7 +85,8 @@ KERNELS: tuple[Kernel, ...] = (
         SOURCE,
         "dm_shortcut_bwd_args",
         (read("delta", _DELTA_VALUES), read("input", _SOURCE_VALUES), write("partial", _PARTIALS)),
-        Grid(("channels", "batch"), (64, 4)),
+        # A threadgroup per (channel, image) sums its pixels' products as a tree.
+        Grid(("channels", "batch"), (DOT_THREADS, 1), (1, 1)),
     ),
     Kernel(
         "shortcut_bwd_weights_f32",
@@ -120,7 +123,7 @@ KERNELS: tuple[Kernel, ...] = (
         SOURCE,
         "dm_scale_channels_args",
         (read("delta", _VALUES), read("x_from", _VALUES), read_write("scale_grad", _FACTORS)),
-        Grid(("factors",), (64,)),
+        Grid(("factors",), (DOT_THREADS,), (1,)),
     ),
     Kernel(
         "sam_bwd_f32",

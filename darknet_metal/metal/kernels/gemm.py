@@ -14,7 +14,9 @@ BIAS_NONE, BIAS_ROWS, BIAS_COLS = 0, 1, 2
 #: The transpositions of (A, B) the kernels exist for.
 TRANSPOSITIONS = ("nn", "nt", "tn")
 
-_TILED = Grid(("N", "M", "slices"), (16, 16, 1), (32, 32, 1))
+#: The tiled kernels' output tile per threadgroup (rows of C, columns of C).
+TILED_GEMM_TILE = (64, 64)
+_TILED = Grid(("N", "M", "slices"), (16, 8, 1), (TILED_GEMM_TILE[1], TILED_GEMM_TILE[0], 1))
 _SIMD = Grid(("N", "M", "slices"), (128, 1, 1), (32, 32, 1))
 
 

@@ -1,0 +1,75 @@
+"""What a profile measured on one GPU says about another: a roofline projection.
+
+Each dispatch of a :class:`~darknet_metal.runtime.profile.Profile` has a time, its FLOPs and
+the bytes its bindings move. On the measured device its roofline time is
+``max(flops / peak FLOP/s, bytes / peak bandwidth)``; the fraction of that roofline the
+dispatch reached (its efficiency) is assumed to carry over to the target device, whose
+roofline time is computed from the target's own peaks. This is a projection, not a
+measurement: it assumes the kernels reach the same fraction of the roofline on both GPUs
+(occupancy, caches, the SIMD width and the launch cost all differ), and it ignores the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from darknet_metal.runtime.profile import DevicePeaks, Profile
+
+__all__ = ["APPLE_GPUS", "Projection", "project"]
+
+
+def _apple(tflops: float, gbs: float, source: str) -> DevicePeaks:
+    return DevicePeaks(tflops * 1e12, gbs * 1e9, source)
+
+
+#: Published (or derived, as said) FP32 peaks and memory bandwidths of Apple GPUs.
+APPLE_GPUS: dict[str, DevicePeaks] = {
+    "M1 (8-core GPU)": _apple(
+        2.6, 68.25, "Apple: 2.6 TFLOP/s FP32, LPDDR4X-4266 at 68.25 GB/s"),
+    "M2 Pro (19-core GPU)": _apple(
+        6.8, 200.0, "Apple: 200 GB/s; FP32 derived as 19 cores x 128 lanes x 2 x 1.398 GHz"),
+    "M4 Pro (20-core GPU)": _apple(
+        7.5, 273.0, "Apple: 273 GB/s; FP32 derived as 20 cores x 128 lanes x 2 x 1.47 GHz "
+        "(clock from public GPU databases)"),
+}
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A profile's dispatches projected onto ``target``: seconds in total and per kernel
+    name, and the measured dispatches' mean efficiency (measured roofline time / measured
+    time, weighted by time)."""
+
+    what: str
+    target: str
+    target_peaks: DevicePeaks
+    seconds: float
+    kernel_seconds: dict[str, float]
+    efficiency: float
+
+
+def project(profile: Profile, target: str, peaks: DevicePeaks) -> Projection:
+    """Projects ``profile`` (which needs its device's peaks) onto a device of ``peaks``.
+
+    A dispatch that measured faster than its roofline (efficiency above 1: the bytes its
+    bindings declare are an upper bound, caches serve repeats) is taken at efficiency 1.
+    Raises ValueError when the profile has no peaks or no dispatches."""
+    measured = profile.peaks
+    if measured is None:
+        raise ValueError(f"profile of {profile.what!r} has no device peaks to project from")
+    if not profile.dispatches:
+        raise ValueError(f"profile of {profile.what!r} has no dispatches")
+    kernel_seconds: dict[str, float] = {}
+    roofline_total = 0.0
+    for d in profile.dispatches:
+        roofline = max(d.flops / measured.flops_per_second,
+                       d.bytes / measured.bytes_per_second)
+        efficiency = min(1.0, roofline / d.seconds) if d.seconds > 0 else 1.0
+        roofline_total += min(roofline, d.seconds)
+        there = max(d.flops / peaks.flops_per_second, d.bytes / peaks.bytes_per_second)
+        seconds = there / efficiency if efficiency > 0 else 0.0
+        kernel_seconds[d.kernel] = kernel_seconds.get(d.kernel, 0.0) + seconds
+    return Projection(
+        what=profile.what, target=target, target_peaks=peaks,
+        seconds=sum(kernel_seconds.values()), kernel_seconds=kernel_seconds,
+        efficiency=roofline_total / profile.seconds if profile.seconds > 0 else 0.0)
