@@ -164,6 +164,10 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
     for (uint i = 0; i < GEMM_TILED_ROWS; ++i) {
         for (uint j = 0; j < GEMM_TILED_COLS; ++j) acc[i][j] = 0.0f;
     }
+    // A thread whose outputs all lie past M or N still loads and meets the barriers, but
+    // skips the arithmetic (only the edge tiles have such threads).
+    const bool live = row0 + GEMM_TILED_ROWS * lid.y < args.M &&
+                      col0 + GEMM_TILED_COLS * lid.x < args.N;
     float ra[GEMM_TILED_LOADS], rb[GEMM_TILED_LOADS];
     gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, 0, sa, sb, ra, rb);
     gemm_tiled_store(sa, sb, ra, rb, a_tiles, b_tiles);
@@ -175,7 +179,7 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
         if (more) gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, k0 + GEMM_TK, sa, sb, ra, rb);
         threadgroup const float4* as = a_tiles + buffer * GEMM_TILED_BUFFER4;
         threadgroup const float4* bs = b_tiles + buffer * GEMM_TILED_BUFFER4;
-        for (uint k = 0; k < GEMM_TK; ++k) {
+        for (uint k = 0; live && k < GEMM_TK; ++k) {
             const float4 a_lo = as[k * GEMM_TILED_PITCH4 + 2 * lid.y];
             const float4 a_hi = as[k * GEMM_TILED_PITCH4 + 2 * lid.y + 1];
             const float4 bv = bs[k * GEMM_TILED_PITCH4 + lid.x];

@@ -48,6 +48,20 @@ template [[host_name("im2col_fwd_f16")]] kernel im2col_fwd_f16_t im2col_fwd<half
 
 // ---- backward ------------------------------------------------------------------------------
 
+// The output position o (< out) that reads input offset t through a tap, o*stride = t, if
+// there is one. Stride 1 (most convolutions) needs no division: the branch goes the same way
+// for every thread of a dispatch, and integer divisions were most of this kernel's work.
+inline bool col2im_output_of(int t, uint stride, uint out, thread uint& o) {
+    if (t < 0) return false;
+    if (stride == 1u) {
+        o = uint(t);
+    } else {
+        if (uint(t) % stride != 0u) return false;
+        o = uint(t) / stride;
+    }
+    return o < out;
+}
+
 // col2im as a gather, the adjoint of im2col_fwd_f32 with the same arguments: each image
 // element adds the column entries that im2col copied from it, in (ky, kx) order. A tap
 // (ky, kx) reaches pixel (iy, ix) from at most one output position, so this is the order in
@@ -69,15 +83,15 @@ kernel void col2im_bwd_f32(constant dm_im2col_args& args [[buffer(0)]],
     float acc = image[at];
     for (uint ky = 0; ky < args.ksize; ++ky) {
         // Output row oy reads this pixel through tap ky when oy*stride_y = iy + pad - ky*dil.
-        const int ty = iy - int(ky * args.dilation);
-        if (ty < 0 || uint(ty) % args.stride_y != 0) continue;
-        const uint oy = uint(ty) / args.stride_y;
-        if (oy >= args.out_h) continue;
+        uint oy;
+        if (!col2im_output_of(iy - int(ky * args.dilation), args.stride_y, args.out_h, oy)) {
+            continue;
+        }
         for (uint kx = 0; kx < args.ksize; ++kx) {
-            const int tx = ix - int(kx * args.dilation);
-            if (tx < 0 || uint(tx) % args.stride_x != 0) continue;
-            const uint ox = uint(tx) / args.stride_x;
-            if (ox >= args.out_w) continue;
+            uint ox;
+            if (!col2im_output_of(ix - int(kx * args.dilation), args.stride_x, args.out_w, ox)) {
+                continue;
+            }
             acc += src[(ky * args.ksize + kx) * spatial + oy * args.out_w + ox];
         }
     }

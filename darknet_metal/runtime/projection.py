@@ -11,11 +11,12 @@ measurement: it assumes the kernels reach the same fraction of the roofline on b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from darknet_metal.runtime.profile import DevicePeaks, Profile
 
-__all__ = ["APPLE_GPUS", "Projection", "project"]
+__all__ = ["APPLE_GPUS", "Projection", "kernel_efficiencies", "project"]
 
 
 def _apple(tflops: float, gbs: float, source: str) -> DevicePeaks:
@@ -48,25 +49,51 @@ class Projection:
     efficiency: float
 
 
-def project(profile: Profile, target: str, peaks: DevicePeaks) -> Projection:
-    """Projects ``profile`` (which needs its device's peaks) onto a device of ``peaks``.
+def _roofline(flops: int, moved: int, peaks: DevicePeaks) -> float:
+    """Seconds of ``flops`` and ``moved`` bytes at the device's peaks, whichever bounds."""
+    return max(flops / peaks.flops_per_second, moved / peaks.bytes_per_second)
 
-    A dispatch that measured faster than its roofline (efficiency above 1: the bytes its
-    bindings declare are an upper bound, caches serve repeats) is taken at efficiency 1.
-    Raises ValueError when the profile has no peaks or no dispatches."""
-    measured = profile.peaks
-    if measured is None:
+
+def _checked_peaks(profile: Profile) -> DevicePeaks:
+    if profile.peaks is None:
         raise ValueError(f"profile of {profile.what!r} has no device peaks to project from")
     if not profile.dispatches:
         raise ValueError(f"profile of {profile.what!r} has no dispatches")
+    return profile.peaks
+
+
+def kernel_efficiencies(profile: Profile) -> dict[str, float]:
+    """Each kernel name's fraction of its roofline over its dispatches in ``profile``: the
+    summed roofline times over the summed measured times (at most 1)."""
+    measured = _checked_peaks(profile)
+    roofline: dict[str, float] = {}
+    spent: dict[str, float] = {}
+    for d in profile.dispatches:
+        roofline[d.kernel] = roofline.get(d.kernel, 0.0) + _roofline(d.flops, d.bytes, measured)
+        spent[d.kernel] = spent.get(d.kernel, 0.0) + d.seconds
+    return {k: min(1.0, roofline[k] / spent[k]) if spent[k] > 0 else 1.0 for k in spent}
+
+
+def project(profile: Profile, target: str, peaks: DevicePeaks, *,
+            efficiencies: Mapping[str, float] | None = None) -> Projection:
+    """Projects ``profile`` (which needs its device's peaks) onto a device of ``peaks``.
+
+    Each dispatch keeps the fraction of its roofline it reached here, or, for a kernel named
+    in ``efficiencies``, that kernel's fraction there when higher (``kernel_efficiencies`` of
+    a larger pass: a pass too small to fill the measured GPU may fill a smaller one). A
+    dispatch that measured faster than its roofline (the bytes its bindings declare are an
+    upper bound, caches serve repeats) is taken at efficiency 1. Raises ValueError when the
+    profile has no peaks or no dispatches."""
+    measured = _checked_peaks(profile)
     kernel_seconds: dict[str, float] = {}
     roofline_total = 0.0
     for d in profile.dispatches:
-        roofline = max(d.flops / measured.flops_per_second,
-                       d.bytes / measured.bytes_per_second)
-        efficiency = min(1.0, roofline / d.seconds) if d.seconds > 0 else 1.0
-        roofline_total += min(roofline, d.seconds)
-        there = max(d.flops / peaks.flops_per_second, d.bytes / peaks.bytes_per_second)
+        here = _roofline(d.flops, d.bytes, measured)
+        efficiency = min(1.0, here / d.seconds) if d.seconds > 0 else 1.0
+        roofline_total += min(here, d.seconds)
+        if efficiencies is not None and d.kernel in efficiencies:
+            efficiency = max(efficiency, efficiencies[d.kernel])
+        there = _roofline(d.flops, d.bytes, peaks)
         seconds = there / efficiency if efficiency > 0 else 0.0
         kernel_seconds[d.kernel] = kernel_seconds.get(d.kernel, 0.0) + seconds
     return Projection(

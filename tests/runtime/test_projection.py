@@ -10,7 +10,7 @@ import pytest
 import darknet_metal as dm
 from darknet_metal.model.bundled import get_spec
 from darknet_metal.runtime.profile import DevicePeaks, DispatchTime, Profile
-from darknet_metal.runtime.projection import APPLE_GPUS, project
+from darknet_metal.runtime.projection import APPLE_GPUS, kernel_efficiencies, project
 
 #: A measured device of 100 FLOP/s and 1000 B/s, so that times are easy to follow.
 HERE = DevicePeaks(100.0, 1000.0, "test")
@@ -39,6 +39,22 @@ def test_a_dispatch_faster_than_its_roofline_counts_at_the_roofline():
     p = project(profile, "slow", DevicePeaks(1.0, 10.0, "slow"))
     assert p.seconds == pytest.approx(100 / 10.0)
     assert p.efficiency == pytest.approx(1.0)
+
+
+def test_a_larger_pass_lends_its_kernel_efficiencies():
+    # gemm reached 0.5 and 0.25 of its roofline (0.5 s of 1 s, 0.5 s of 2 s): 1/3 over both.
+    large = _profile(DispatchTime("gemm", 0, "convolutional", 1.0, 50, 0),
+                     DispatchTime("gemm", 1, "convolutional", 2.0, 50, 0),
+                     DispatchTime("copy", 2, "route", 1.0, 0, 1000))
+    assert kernel_efficiencies(large) == pytest.approx({"gemm": 1 / 3, "copy": 1.0})
+    # A small pass's gemm at 0.1 of its roofline runs at the larger pass's 1/3 instead; a
+    # kernel at a better efficiency than the one lent keeps its own.
+    small = _profile(DispatchTime("gemm", 0, "convolutional", 1.0, 10, 0),
+                     DispatchTime("copy", 1, "route", 0.1, 0, 100))
+    there = DevicePeaks(10.0, 100.0, "slow")
+    p = project(small, "slow", there, efficiencies={"gemm": 1 / 3, "copy": 0.5})
+    assert p.kernel_seconds == pytest.approx({"gemm": 1.0 * 3, "copy": 1.0})
+    assert project(small, "slow", there).kernel_seconds["gemm"] == pytest.approx(10.0)
 
 
 def test_projection_needs_peaks_and_dispatches():
