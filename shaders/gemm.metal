@@ -7,20 +7,18 @@
 // Two implementations of the same contract:
 // - gemm_*_f32: portable, 64x64 output tile per threadgroup of 16x8 threads (8x4 outputs each,
 //   in registers), K in steps of 16 through two threadgroup buffers;
-// - gemm_*_simd_f32: for Apple7+ GPUs, 32x32 tile per threadgroup of 128 threads (4 simdgroups
-//   in 2x2, each owning 16x16 = 2x2 simdgroup_float8x8 accumulators).
+// - gemm_*_simd_f32: for Apple7+ GPUs, the same tiles and loads, the arithmetic on
+//   simdgroup_float8x8 matrices (4 simdgroups in 2x2, each owning 32x32 = 4x4 accumulators).
 // Both zero-pad the tiles past M, N and K, so any sizes work; only in-range outputs are written.
 #include <metal_stdlib>
 #include "dm_args.h"
 #include "dm_activation.h"
 using namespace metal;
 
-constant uint GEMM_TILE = 32;
-constant uint GEMM_TK = 16;
+constant uint GEMM_TK = 16;              // K per step (both kernels)
 constant uint GEMM_SIMD_THREADS = 128;
-// Tile sizes in floats, named because threadgroup array sizes stay single identifiers.
-constant uint GEMM_K_TILE = GEMM_TK * GEMM_TILE;
-constant uint GEMM_C_TILE = GEMM_TILE * GEMM_TILE;
+constant uint GEMM_SIMD_BLOCK = 32;      // a simdgroup's block of the tile, per side
+constant uint GEMM_SIMD_FRAGMENTS = GEMM_SIMD_BLOCK / 8;
 
 // Element (r, k) of op(A) and (k, n) of op(B); TA/TB: the operand is stored transposed.
 // T is the storage type of A, B, bias and C (float, or half for fp16 networks); tiles and
@@ -49,28 +47,6 @@ inline float gemm_epilogue(constant dm_gemm_args& args, device const T* bias,
     return dm_activate(v, args.act);
 }
 
-// Fills a (GEMM_TK x GEMM_TILE) tile of op(A)^T (as[k][m]) and of op(B) (bs[k][n]) for the
-// K step k0, zero outside the matrices. The thread mapping follows the stored layout so that
-// neighbouring threads read neighbouring addresses.
-template <bool TA, bool TB, typename T>
-inline void gemm_fill_tiles(constant dm_gemm_args& args, device const T* a,
-                            device const T* b, uint row0, uint col0, uint k0, uint tid,
-                            uint nthreads, threadgroup float* as, threadgroup float* bs,
-                            uint pitch) {
-    for (uint i = tid; i < GEMM_TK * GEMM_TILE; i += nthreads) {
-        uint r = TA ? i % GEMM_TILE : i / GEMM_TK;
-        uint k = TA ? i / GEMM_TILE : i % GEMM_TK;
-        uint gr = row0 + r, gk = k0 + k;
-        as[k * pitch + r] = (gr < args.M && gk < args.K) ? gemm_load_a<TA, T>(a, args.lda, gr, gk)
-                                                           : 0.0f;
-        uint n = TB ? i / GEMM_TK : i % GEMM_TILE;
-        uint kb = TB ? i % GEMM_TK : i / GEMM_TILE;
-        uint gn = col0 + n, gkb = k0 + kb;
-        bs[kb * pitch + n] = (gn < args.N && gkb < args.K)
-                                 ? gemm_load_b<TB, T>(b, args.ldb, gkb, gn) : 0.0f;
-    }
-}
-
 // The tiled kernel's shape: a 64x64 output tile per threadgroup of 16x8 threads, each owning
 // 8 rows x 4 columns of it in registers, so a step of K costs a thread three 16-byte
 // threadgroup loads for 32 multiply-adds (the 32x32 tile with 2x2 a thread cost 4 loads for 4
@@ -87,6 +63,8 @@ constant uint GEMM_TILED_THREADS = GEMM_TILED_X * (GEMM_TILED_M / GEMM_TILED_ROW
 constant uint GEMM_TILED_PITCH4 = GEMM_TILED_M / 4 + 1;
 constant uint GEMM_TILED_BUFFER4 = GEMM_TK * GEMM_TILED_PITCH4;
 constant uint GEMM_TILED_TILES4 = 2 * GEMM_TILED_BUFFER4;
+// The simdgroup kernel keeps both operands' tiles in one array, reused for C's tile after.
+constant uint GEMM_SIMD_TILES4 = 2 * GEMM_TILED_TILES4;
 // Elements of one operand's K tile each thread moves from device memory.
 constant uint GEMM_TILED_LOADS = GEMM_TK * GEMM_TILED_M / GEMM_TILED_THREADS;  // 8
 
@@ -209,7 +187,12 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
     }
 }
 
-// Grid: threads (ceil(N/32)*128, ceil(M/32), slices), threadgroup (128, 1, 1).
+// Grid: threads (ceil(N/64)*128, ceil(M/64), slices), threadgroup (128, 1, 1). The tiled
+// kernel's 64x64 tile, loads and two K buffers, its arithmetic on simdgroup matrices: the 4
+// simdgroups in 2x2 each own a 32x32 block as 4x4 simdgroup_float8x8 accumulators (the shape
+// of MLX's float32 GEMM, 64x64x16 with 2x2 simdgroups), 16 multiply-accumulates per 8 of K
+// for 8 fragment loads. The accumulators then pass through threadgroup memory (the tiles'
+// own) so that the epilogue runs per element.
 template <bool TA, bool TB, typename T>
 kernel void gemm_simd(constant dm_gemm_args& args [[buffer(0)]],
                       device const T* a [[buffer(1)]],
@@ -219,50 +202,72 @@ kernel void gemm_simd(constant dm_gemm_args& args [[buffer(0)]],
                       uint3 tg [[threadgroup_position_in_grid]],
                       uint tid [[thread_index_in_threadgroup]],
                       uint sg [[simdgroup_index_in_threadgroup]]) {
-    threadgroup float a_tile[GEMM_K_TILE];
-    threadgroup float b_tile[GEMM_K_TILE];
-    threadgroup float c_tile[GEMM_C_TILE];
+    threadgroup float4 tiles[GEMM_SIMD_TILES4];
+    threadgroup float4* a_tiles = tiles;
+    threadgroup float4* b_tiles = tiles + GEMM_TILED_TILES4;
     const uint zb = tg.z / args.groups, zg = tg.z % args.groups;
     a += zb * args.a_batch_stride + zg * args.a_group_stride;
     b += zb * args.b_batch_stride + zg * args.b_group_stride;
     c += zb * args.c_batch_stride + zg * args.c_group_stride;
-    const uint row0 = tg.y * GEMM_TILE, col0 = tg.x * GEMM_TILE;
-    const uint sr = (sg / 2) * 16, sc = (sg % 2) * 16;
-    simdgroup_float8x8 acc[2][2];
-    for (uint i = 0; i < 2; ++i) {
-        for (uint j = 0; j < 2; ++j) acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    const uint row0 = tg.y * GEMM_TILED_M, col0 = tg.x * GEMM_TILED_N;
+    const uint sr = (sg / 2) * GEMM_SIMD_BLOCK, sc = (sg % 2) * GEMM_SIMD_BLOCK;
+    const gemm_share sa = gemm_share_of<TA>(tid), sb = gemm_share_of<!TB>(tid);
+    simdgroup_float8x8 acc[GEMM_SIMD_FRAGMENTS][GEMM_SIMD_FRAGMENTS];
+    for (uint i = 0; i < GEMM_SIMD_FRAGMENTS; ++i) {
+        for (uint j = 0; j < GEMM_SIMD_FRAGMENTS; ++j) {
+            acc[i][j] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+        }
     }
+    // A simdgroup whose block lies wholly past M or N skips the arithmetic (the same for its
+    // 32 lanes, as simdgroup functions need).
+    const bool live = row0 + sr < args.M && col0 + sc < args.N;
+    float ra[GEMM_TILED_LOADS], rb[GEMM_TILED_LOADS];
+    gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, 0, sa, sb, ra, rb);
+    gemm_tiled_store(sa, sb, ra, rb, a_tiles, b_tiles);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    uint buffer = 0;
     for (uint k0 = 0; k0 < args.K; k0 += GEMM_TK) {
-        gemm_fill_tiles<TA, TB, T>(args, a, b, row0, col0, k0, tid, GEMM_SIMD_THREADS, a_tile,
-                                   b_tile, GEMM_TILE);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        for (uint k = 0; k < GEMM_TK; k += 8) {
-            simdgroup_float8x8 ma[2];
-            simdgroup_float8x8 mb[2];
-            // a_tile holds op(A)^T (k-major), so A's 8x8 blocks are read transposed.
-            for (uint i = 0; i < 2; ++i) {
-                ulong2 a_origin = ulong2(ulong(sr + 8 * i), ulong(k));
-                ulong2 b_origin = ulong2(ulong(sc + 8 * i), ulong(k));
-                simdgroup_load(ma[i], a_tile, GEMM_TILE, a_origin, true);
-                simdgroup_load(mb[i], b_tile, GEMM_TILE, b_origin);
+        const bool more = k0 + GEMM_TK < args.K;
+        if (more) gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, k0 + GEMM_TK, sa, sb, ra, rb);
+        // The tiles hold op(A)^T and op(B) K-major, GEMM_TILED_PITCH4 float4s a row: A's 8x8
+        // blocks are read transposed.
+        threadgroup const float* as =
+            (threadgroup const float*)(a_tiles + buffer * GEMM_TILED_BUFFER4);
+        threadgroup const float* bs =
+            (threadgroup const float*)(b_tiles + buffer * GEMM_TILED_BUFFER4);
+        for (uint k = 0; live && k < GEMM_TK; k += 8) {
+            simdgroup_float8x8 ma[GEMM_SIMD_FRAGMENTS];
+            simdgroup_float8x8 mb[GEMM_SIMD_FRAGMENTS];
+            for (uint i = 0; i < GEMM_SIMD_FRAGMENTS; ++i) {
+                const ulong2 a_origin = ulong2(ulong(sr + 8 * i), ulong(k));
+                const ulong2 b_origin = ulong2(ulong(sc + 8 * i), ulong(k));
+                simdgroup_load(ma[i], as, 4 * GEMM_TILED_PITCH4, a_origin, true);
+                simdgroup_load(mb[i], bs, 4 * GEMM_TILED_PITCH4, b_origin);
             }
-            for (uint i = 0; i < 2; ++i) {
-                for (uint j = 0; j < 2; ++j) {
+            for (uint i = 0; i < GEMM_SIMD_FRAGMENTS; ++i) {
+                for (uint j = 0; j < GEMM_SIMD_FRAGMENTS; ++j) {
                     simdgroup_multiply_accumulate(acc[i][j], ma[i], mb[j], acc[i][j]);
                 }
             }
         }
+        if (more) {
+            buffer ^= 1u;
+            gemm_tiled_store(sa, sb, ra, rb, a_tiles + buffer * GEMM_TILED_BUFFER4,
+                             b_tiles + buffer * GEMM_TILED_BUFFER4);
+        }
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
-    for (uint i = 0; i < 2; ++i) {
-        for (uint j = 0; j < 2; ++j) {
-            ulong2 origin = ulong2(ulong(sc + 8 * j), ulong(sr + 8 * i));
-            simdgroup_store(acc[i][j], c_tile, GEMM_TILE, origin);
+    // The last barrier ended every read of the tiles: they now hold C's 64x64 tile.
+    threadgroup float* c_tile = (threadgroup float*)tiles;
+    for (uint i = 0; i < GEMM_SIMD_FRAGMENTS; ++i) {
+        for (uint j = 0; j < GEMM_SIMD_FRAGMENTS; ++j) {
+            simdgroup_store(acc[i][j], c_tile, GEMM_TILED_N,
+                            ulong2(ulong(sc + 8 * j), ulong(sr + 8 * i)));
         }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    for (uint e = tid; e < GEMM_TILE * GEMM_TILE; e += GEMM_SIMD_THREADS) {
-        uint r = row0 + e / GEMM_TILE, n = col0 + e % GEMM_TILE;
+    for (uint e = tid; e < GEMM_TILED_M * GEMM_TILED_N; e += GEMM_SIMD_THREADS) {
+        const uint r = row0 + e / GEMM_TILED_N, n = col0 + e % GEMM_TILED_N;
         if (r < args.M && n < args.N) {
             c[r * args.ldc + n] = T(gemm_epilogue<T>(args, bias, c, zg, r, n, c_tile[e]));
         }

@@ -16,12 +16,12 @@ from darknet_metal.metal.registry import (
     BIAS_COLS,
     BIAS_NONE,
     BIAS_ROWS,
-    TILED_GEMM_TILE,
+    GEMM_TILE,
     gemm_kernel,
 )
 from darknet_metal.runtime.program import LayerEmitter, Param, Tensor
 
-__all__ = ["BIAS_COLS", "BIAS_NONE", "BIAS_ROWS", "TILED_GEMM_TILE", "Dispatch", "gemm_args",
+__all__ = ["BIAS_COLS", "BIAS_NONE", "BIAS_ROWS", "GEMM_TILE", "Dispatch", "gemm_args",
            "gemm_kernel", "gemm_step", "pack"]
 
 Dispatch = tuple[str, bytes, tuple[Any, ...], tuple[int, int, int], tuple[int, int, int]]

@@ -53,7 +53,7 @@ from darknet_metal.metal.kernels.gemm import (
     BIAS_COLS,
     BIAS_NONE,
     BIAS_ROWS,
-    TILED_GEMM_TILE,
+    GEMM_TILE,
     gemm_kernel,
 )
 from darknet_metal.metal.sources import shader_header
@@ -64,9 +64,9 @@ __all__ = [
     "BIAS_NONE",
     "BIAS_ROWS",
     "FAMILIES",
+    "GEMM_TILE",
     "HALF_TWINS",
     "KERNELS",
-    "TILED_GEMM_TILE",
     "gemm_kernel",
     "half_name",
     "kernel",

@@ -23,7 +23,7 @@ from darknet_metal.metal.dispatch import (
     BIAS_COLS,
     BIAS_NONE,
     BIAS_ROWS,
-    TILED_GEMM_TILE,
+    GEMM_TILE,
     gemm_kernel,
     gemm_step,
 )
@@ -86,7 +86,7 @@ def weight_gradient_splits(filters: int, rows: int, pixels: int, copies: int) ->
 
 def gemm_tiles(rows: int, columns: int) -> int:
     """Threadgroups of the tiled GEMM for one ``rows`` x ``columns`` product."""
-    tile_m, tile_n = TILED_GEMM_TILE
+    tile_m, tile_n = GEMM_TILE
     return -(-rows // tile_m) * -(-columns // tile_n)
 
 

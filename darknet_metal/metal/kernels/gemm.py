@@ -14,10 +14,10 @@ BIAS_NONE, BIAS_ROWS, BIAS_COLS = 0, 1, 2
 #: The transpositions of (A, B) the kernels exist for.
 TRANSPOSITIONS = ("nn", "nt", "tn")
 
-#: The tiled kernels' output tile per threadgroup (rows of C, columns of C).
-TILED_GEMM_TILE = (64, 64)
-_TILED = Grid(("N", "M", "slices"), (16, 8, 1), (TILED_GEMM_TILE[1], TILED_GEMM_TILE[0], 1))
-_SIMD = Grid(("N", "M", "slices"), (128, 1, 1), (32, 32, 1))
+#: The output tile per threadgroup of both GEMM kernels (rows of C, columns of C).
+GEMM_TILE = (64, 64)
+_TILED = Grid(("N", "M", "slices"), (16, 8, 1), (GEMM_TILE[1], GEMM_TILE[0], 1))
+_SIMD = Grid(("N", "M", "slices"), (128, 1, 1), (GEMM_TILE[1], GEMM_TILE[0], 1))
 
 
 def gemm_kernel(trans: str, simd: bool) -> str:
