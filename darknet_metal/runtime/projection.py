@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from darknet_metal.errors import ArgumentError
 from darknet_metal.runtime.profile import DevicePeaks, Profile
 
 __all__ = ["APPLE_GPUS", "Projection", "kernel_efficiencies", "project"]
@@ -56,9 +57,9 @@ def _roofline(flops: int, moved: int, peaks: DevicePeaks) -> float:
 
 def _checked_peaks(profile: Profile) -> DevicePeaks:
     if profile.peaks is None:
-        raise ValueError(f"profile of {profile.what!r} has no device peaks to project from")
+        raise ArgumentError(f"profile of {profile.what!r} has no device peaks to project from")
     if not profile.dispatches:
-        raise ValueError(f"profile of {profile.what!r} has no dispatches")
+        raise ArgumentError(f"profile of {profile.what!r} has no dispatches")
     return profile.peaks
 
 
@@ -82,8 +83,8 @@ def project(profile: Profile, target: str, peaks: DevicePeaks, *,
     in ``efficiencies``, that kernel's fraction there when higher (``kernel_efficiencies`` of
     a larger pass: a pass too small to fill the measured GPU may fill a smaller one). A
     dispatch that measured faster than its roofline (the bytes its bindings declare are an
-    upper bound, caches serve repeats) is taken at efficiency 1. Raises ValueError when the
-    profile has no peaks or no dispatches."""
+    upper bound, caches serve repeats) is taken at efficiency 1. Raises ArgumentError (a
+    ValueError) when the profile has no peaks or no dispatches."""
     measured = _checked_peaks(profile)
     kernel_seconds: dict[str, float] = {}
     roofline_total = 0.0
