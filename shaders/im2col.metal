@@ -7,37 +7,38 @@
 #include "dm_args.h"
 using namespace metal;
 
-// Grid (out_h*out_w, channels*ksize, images*groups): one thread per column and (channel, ky)
-// writes that column's ksize rows (c, ky, kx) for kx in order, so a thread's integer
-// divisions serve ksize elements and its reads are neighbours in the input row. Slice z reads
-// channels [0, channels) of its own input slice (groups are consecutive channel blocks of one
-// image, so image b group g is slice b*groups + g).
+// Grid (out_h*out_w, channels, images*groups): one thread per column and channel writes that
+// column's ksize*ksize rows (c, ky, kx) in order, so a thread's two integer divisions serve
+// all of them (divisions were most of this kernel's work) and its reads are neighbours in
+// the input rows. Slice z reads channels [0, channels) of its own input slice (groups are
+// consecutive channel blocks of one image, so image b group g is slice b*groups + g).
 template <typename T>
 kernel void im2col_fwd(constant dm_im2col_args& args [[buffer(0)]],
                        device const T* image [[buffer(1)]],
                        device T* col [[buffer(2)]],
                        uint3 gid [[thread_position_in_grid]]) {
     const uint spatial = args.out_h * args.out_w;
-    const uint taps = args.channels * args.ksize;
-    if (gid.x >= spatial || gid.y >= taps) return;
-    const uint c = gid.y / args.ksize;
-    const uint ky = gid.y % args.ksize;
+    if (gid.x >= spatial || gid.y >= args.channels) return;
+    const uint c = gid.y;
     const uint oy = gid.x / args.out_w;
     const uint ox = gid.x % args.out_w;
     const int pad = int(args.pad * args.dilation);
-    const int iy = int(oy * args.stride_y + ky * args.dilation) - pad;
+    const int iy0 = int(oy * args.stride_y) - pad;
     const int ix0 = int(ox * args.stride_x) - pad;
     const uint plane = args.height * args.width;
-    const bool row_inside = iy >= 0 && iy < int(args.height);
     device const T* src = image + (gid.z * args.channels + c) * plane;
-    device T* dst = col + (gid.z * taps + gid.y) * args.ksize * spatial + gid.x;
-    for (uint kx = 0; kx < args.ksize; ++kx) {
-        const int ix = ix0 + int(kx * args.dilation);
-        float v = 0.0f;
-        if (row_inside && ix >= 0 && ix < int(args.width)) {
-            v = src[uint(iy) * args.width + uint(ix)];
+    device T* dst = col + (gid.z * args.channels + c) * args.ksize * args.ksize * spatial + gid.x;
+    for (uint ky = 0; ky < args.ksize; ++ky) {
+        const int iy = iy0 + int(ky * args.dilation);
+        const bool row_inside = iy >= 0 && iy < int(args.height);
+        for (uint kx = 0; kx < args.ksize; ++kx) {
+            const int ix = ix0 + int(kx * args.dilation);
+            float v = 0.0f;
+            if (row_inside && ix >= 0 && ix < int(args.width)) {
+                v = src[uint(iy) * args.width + uint(ix)];
+            }
+            dst[(ky * args.ksize + kx) * spatial] = v;
         }
-        dst[kx * spatial] = v;
     }
 }
 
@@ -49,12 +50,16 @@ template [[host_name("im2col_fwd_f16")]] kernel im2col_fwd_f16_t im2col_fwd<half
 // ---- backward ------------------------------------------------------------------------------
 
 // The output position o (< out) that reads input offset t through a tap, o*stride = t, if
-// there is one. Stride 1 (most convolutions) needs no division: the branch goes the same way
-// for every thread of a dispatch, and integer divisions were most of this kernel's work.
+// there is one. Strides 1 and 2 (Darknet's convolutions) need no division: the branch goes the
+// same way for every thread of a dispatch, and integer divisions were most of this kernel's
+// work.
 inline bool col2im_output_of(int t, uint stride, uint out, thread uint& o) {
     if (t < 0) return false;
     if (stride == 1u) {
         o = uint(t);
+    } else if (stride == 2u) {
+        if ((uint(t) & 1u) != 0u) return false;
+        o = uint(t) >> 1;
     } else {
         if (uint(t) % stride != 0u) return false;
         o = uint(t) / stride;

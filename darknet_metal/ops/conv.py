@@ -349,7 +349,7 @@ class ConvolutionalOp(_Gemm):
             return e.inputs[0], first * c * h * w, cg * h * w, c * h * w
         # Slice z of im2col is image z // groups, group z % groups: one dispatch.
         e.kernel("im2col_fwd_f32", {"image": e.inputs[0], "col": workspace},
-                 {"spatial": n, "taps": k // self.values["size"], "slices": count * groups},
+                 {"spatial": n, "channels": cg, "slices": count * groups},
                  offsets={"image": first * c * h * w}, **self._im2col_args())
         return workspace, 0, k * n, groups * k * n
 

@@ -112,7 +112,7 @@ def _conv_forward(gemm: str, case: Conv, act: str) -> KernelCase:
     args, sizes = conv_forward_gemm(c, f, groups, ksize, h, w, oh, ow, n, act, direct)
     steps = () if direct else (
         Step("im2col_fwd_f32", im2col_args(cg, h, w, ksize, sx, sy, pad, dil, oh, ow),
-             {"spatial": spatial, "taps": k // ksize, "slices": n * groups},
+             {"spatial": spatial, "channels": k // (ksize * ksize), "slices": n * groups},
              {"image": "x", "col": "cols"}),)
     steps += (Step(gemm, args, sizes, {"a": "w", "b": "x" if direct else "cols",
                                        "bias": "bias", "c": "y"}),)
@@ -164,7 +164,7 @@ def _conv_backward(simd: bool, case: Conv) -> KernelCase:
     geometry = im2col_args(cg, h, w, ksize, sx, sy, pad, dil, oh, ow)
     steps = () if direct else (
         Step("im2col_fwd_f32", geometry,
-             {"spatial": spatial, "taps": k // ksize, "slices": n * groups},
+             {"spatial": spatial, "channels": k // (ksize * ksize), "slices": n * groups},
              {"image": "x", "col": "cols"}),)
     cols, per_image = ("x", c * h * w) if direct else ("cols", groups * k * spatial)
     args, sizes = conv_weight_grad_gemm(c, f, groups, ksize, h, w, oh, ow, direct)

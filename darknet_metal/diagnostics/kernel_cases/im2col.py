@@ -34,7 +34,6 @@ def im2col_args(cg: int, h: int, w: int, ksize: int, sx: int, sy: int, pad: int,
 def _im2col(c: int, h: int, w: int, ksize: int, sx: int, sy: int, pad: int,
             dil: int) -> KernelCase:
     oh, ow = out_size(h, ksize, sy, pad, dil), out_size(w, ksize, sx, pad, dil)
-    rows = c * ksize * ksize
 
     def make(rng: np.random.Generator) -> CaseData:
         x = normal(rng, (c, h, w))
@@ -45,7 +44,7 @@ def _im2col(c: int, h: int, w: int, ksize: int, sx: int, sy: int, pad: int,
     return KernelCase(
         f"im2col_fwd_f32-{c}x{h}x{w}-k{ksize}-s{sx}x{sy}-p{pad}-d{dil}",
         (Step("im2col_fwd_f32", im2col_args(c, h, w, ksize, sx, sy, pad, dil, oh, ow),
-              {"spatial": oh * ow, "taps": rows // ksize, "slices": 1}),), make)
+              {"spatial": oh * ow, "channels": c, "slices": 1}),), make)
 
 
 def _col2im(n: int, c: int, h: int, w: int, ksize: int, sx: int, sy: int, pad: int, dil: int,
@@ -91,5 +90,5 @@ CASES: tuple[KernelCase, ...] = (
     )),
     half_twin("im2col_fwd", "2x5x9x11-k3-s2x2-p1",
               im2col_args(5, 9, 11, 3, 2, 2, 1, 1, 5, 6),
-              {"spatial": 30, "taps": 15, "slices": 2}, _half_columns, exact=True),
+              {"spatial": 30, "channels": 5, "slices": 2}, _half_columns, exact=True),
 )

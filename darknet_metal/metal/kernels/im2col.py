@@ -18,8 +18,8 @@ KERNELS: tuple[Kernel, ...] = (
         "dm_im2col_args",
         # Slice z reads input slice z whole at most and writes its column matrix whole.
         (read("image", _IMAGE), write("col", _COLUMNS)),
-        # One thread per column and (channel, ky): taps = channels*ksize.
-        Grid(("spatial", "taps", "slices"), (64, 4, 1)),
+        # One thread per column and channel.
+        Grid(("spatial", "channels", "slices"), (64, 4, 1)),
     ),
     Kernel(
         "col2im_bwd_f32",
