@@ -178,22 +178,22 @@ kernel void batchnorm_fwd_var_f32(constant dm_batchnorm_args& args [[buffer(0)]]
     rolling_variance[c] = r + args.one_minus_momentum * v;
 }
 
-// x_norm = (x - mean)/sqrt(variance + eps) and out = x_norm*scale + bias. out may be x: each
-// element is read before it is written. Grid (spatial, channels, batch).
+// out = x_norm*scale + bias, x_norm = (x - mean)/sqrt(variance + eps). x_norm itself is not
+// stored: the backward recomputes it (batchnorm_fwd_xnorm_f32), so the forward moves two
+// tensors, not three. out may be x: each element is read before it is written.
+// Grid (spatial, channels, batch).
 kernel void batchnorm_fwd_norm_f32(constant dm_batchnorm_args& args [[buffer(0)]],
                                    device const float* x [[buffer(1)]],
                                    device const float* mean [[buffer(2)]],
                                    device const float* variance [[buffer(3)]],
                                    device const float* scale [[buffer(4)]],
                                    device const float* bias [[buffer(5)]],
-                                   device float* x_norm [[buffer(6)]],
-                                   device float* out [[buffer(7)]],
+                                   device float* out [[buffer(6)]],
                                    uint3 gid [[thread_position_in_grid]]) {
     if (gid.x >= args.spatial || gid.y >= args.channels || gid.z >= args.batch) return;
     const uint c = gid.y;
     const uint i = (gid.z * args.channels + c) * args.spatial + gid.x;
     const float value = (x[i] - mean[c]) / sqrt(variance[c] + args.eps);
-    x_norm[i] = value;
     out[i] = value * scale[c] + bias[c];
 }
 

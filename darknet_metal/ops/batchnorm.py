@@ -121,11 +121,11 @@ def emit_device_batchnorm_train(e: LayerEmitter, ts: LayerTrainState, raw: Tenso
              {"partials": partials, "mean": mean, "variance": variance,
               "rolling_mean": ts.ref("rolling_mean"),
               "rolling_variance": ts.ref("rolling_variance")}, channels, **args)
-    # x_norm is recomputed by the backward (one tensor less alive through the pass).
+    # x_norm is recomputed by the backward (one tensor less alive through the pass, and not
+    # written here).
     e.kernel("batchnorm_fwd_norm_f32",
              {"x": raw, "mean": mean, "variance": variance, "scale": ts.ref("scales"),
-              "bias": ts.ref("biases"), "x_norm": e.tensor("x_norm", e.shape(raw)),
-              "out": out}, per_element, **args)
+              "bias": ts.ref("biases"), "out": out}, per_element, **args)
 
 
 def emit_device_bias_gradient(e: LayerEmitter, ts: LayerTrainState) -> None:

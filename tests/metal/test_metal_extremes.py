@@ -91,8 +91,10 @@ def test_batchnorm_extreme_inputs_stay_finite(any_math_device, shape):
         scale, bias = normal(rng, c), normal(rng, c)
         rolling = (np.zeros(c, np.float32), np.ones(c, np.float32))
         want = forward_train(x, scale, bias, rolling, 0.9)
+        # x_norm is the CPU's alone: the device recomputes it for the backward.
         return CaseData(forward_arrays(x, scale, bias, rolling),
-                        tuple(Check(name, w, RelL2(1e-5)) for name, w in want.items()))
+                        tuple(Check(name, w, RelL2(1e-5)) for name, w in want.items()
+                              if name != "x_norm"))
 
     def backward(rng: np.random.Generator) -> CaseData:
         arrays = backward_arrays(rng, shape, 1e4, -5e3)

@@ -98,7 +98,6 @@ KERNELS: tuple[Kernel, ...] = (
             *_NORMALIZED_FROM,
             read("scale", "channels"),
             read("bias", "channels"),
-            write("x_norm", _VALUES),
             write("out", _VALUES),
         ),
         SPATIAL_3D,
