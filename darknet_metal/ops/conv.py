@@ -342,7 +342,7 @@ class ConvolutionalOp(_Gemm):
                        count: int) -> tuple[Tensor, int, int, int]:
         """(the GEMM's column operand for images first..first+count-1, its offset, its group
         and its image stride): the input itself for a 1x1 stride-1 unpadded convolution, else
-        each image's im2col into its slot of ``workspace``."""
+        the images' im2col (one dispatch) into their slots of ``workspace``."""
         c, h, w = self.in_shape
         groups, _, cg, k, n = self._sizes()
         if workspace is None:
