@@ -175,6 +175,24 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
         // the stores above before the next step's reads.
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
+    if (TA || TB) {
+        // Unrolled, so that acc stays in registers: a loop the compiler keeps indexes acc,
+        // which then lives in local memory (on NVIDIA: the gradients' GEMMs ran 10-20% slower).
+        #pragma unroll
+        for (uint i = 0; i < GEMM_TILED_ROWS; ++i) {
+            const uint r = row0 + GEMM_TILED_ROWS * lid.y + i;
+            #pragma unroll
+            for (uint j = 0; j < GEMM_TILED_COLS; ++j) {
+                const uint n = col0 + GEMM_TILED_COLS * lid.x + j;
+                if (r < args.M && n < args.N) {
+                    c[r * args.ldc + n] =
+                        T(gemm_epilogue<T>(args, bias, c, zg, r, n, acc[i][j]));
+                }
+            }
+        }
+        return;
+    }
+    // The forward GEMM measured faster with the loop (1024^3: 86% of cuBLAS against 71%).
     for (uint i = 0; i < GEMM_TILED_ROWS; ++i) {
         const uint r = row0 + GEMM_TILED_ROWS * lid.y + i;
         if (r >= args.M) break;

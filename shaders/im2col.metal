@@ -67,6 +67,31 @@ inline bool col2im_output_of(int t, uint stride, uint out, thread uint& o) {
     return o < out;
 }
 
+// The taps of a 3x3 kernel (most of Darknet's) unrolled: the nine loads are issued before
+// the first add needs one, where the general loop waited for each load in turn. A tap no
+// output reaches loads nothing and adds nothing, so the sum's terms and order are the loop's.
+inline float col2im_taps3(constant dm_im2col_args& args, device const float* src, uint spatial,
+                          int iy, int ix, float acc) {
+    float v[9];
+    bool hit[9];
+    for (uint ky = 0; ky < 3; ++ky) {
+        uint oy = 0;
+        const bool row = col2im_output_of(iy - int(ky * args.dilation), args.stride_y,
+                                          args.out_h, oy);
+        for (uint kx = 0; kx < 3; ++kx) {
+            uint ox = 0;
+            const uint t = ky * 3 + kx;
+            hit[t] = row && col2im_output_of(ix - int(kx * args.dilation), args.stride_x,
+                                             args.out_w, ox);
+            v[t] = hit[t] ? src[t * spatial + oy * args.out_w + ox] : 0.0f;
+        }
+    }
+    for (uint t = 0; t < 9; ++t) {
+        if (hit[t]) acc += v[t];
+    }
+    return acc;
+}
+
 // col2im as a gather, the adjoint of im2col_fwd_f32 with the same arguments: each image
 // element adds the column entries that im2col copied from it, in (ky, kx) order. A tap
 // (ky, kx) reaches pixel (iy, ix) from at most one output position, so this is the order in
@@ -86,6 +111,10 @@ kernel void col2im_bwd_f32(constant dm_im2col_args& args [[buffer(0)]],
     device const float* src = col + (gid.z * args.channels + gid.y) * k2 * spatial;
     const uint at = (gid.z * args.channels + gid.y) * plane + gid.x;
     float acc = image[at];
+    if (args.ksize == 3u) {
+        image[at] = col2im_taps3(args, src, spatial, iy, ix, acc);
+        return;
+    }
     for (uint ky = 0; ky < args.ksize; ++ky) {
         // Output row oy reads this pixel through tap ky when oy*stride_y = iy + pad - ky*dil.
         uint oy;

@@ -668,6 +668,10 @@ class MslRewriter:
         m = self.masked
         for im in METAL_INCLUDE.finditer(self.src):
             self.blank(im.start(), im.end())
+        # Metal's (clang's) loop hint, in GCC's spelling: the emulator's C++ compiler warns
+        # on the other and would not unroll.
+        for um in re.finditer(r"#[ \t]*pragma[ \t]+unroll\b[ \t]*(\d*)", m):
+            self.edits.append((um.start(), um.end(), f"#pragma GCC unroll {um.group(1) or 64}"))
         for am in ATTR.finditer(m):
             self.blank(am.start(), am.end())
         for match in re.finditer(

@@ -60,6 +60,16 @@ def test_valid_literals_and_half_suffix():
     assert "half(2.0f)" in cpp and "2.0h" not in cpp
 
 
+def test_unroll_hints_take_gccs_spelling():
+    src = kernel("    float s = 0.0f;\n    #pragma unroll\n"
+                 "    for (uint i = 0; i < 4; ++i) s += 1.0f;\n    #pragma unroll 2\n"
+                 "    for (uint i = 0; i < 4; ++i) s += 2.0f;\n"
+                 "    out[gid] = s;")
+    cpp = translate(src).cpp
+    assert "#pragma GCC unroll 64\n" in cpp and "#pragma GCC unroll 2\n" in cpp
+    assert "#pragma unroll" not in cpp
+
+
 def test_lines_are_preserved():
     result = translate(GOOD)
     lines = result.cpp.splitlines()
