@@ -13,6 +13,7 @@
 // is closer to the exact one. No output element is written by two threads.
 #include <metal_stdlib>
 #include "dm_args.h"
+#include "dm_activation.h"
 using namespace metal;
 
 // Threads of a *_part threadgroup, and of a threadgroup adding one channel's partial sums.
@@ -178,9 +179,11 @@ kernel void batchnorm_fwd_var_f32(constant dm_batchnorm_args& args [[buffer(0)]]
     rolling_variance[c] = r + args.one_minus_momentum * v;
 }
 
-// out = x_norm*scale + bias, x_norm = (x - mean)/sqrt(variance + eps). x_norm itself is not
-// stored: the backward recomputes it (batchnorm_fwd_xnorm_f32), so the forward moves two
-// tensors, not three. out may be x: each element is read before it is written.
+// out = act(x_norm*scale + bias), x_norm = (x - mean)/sqrt(variance + eps). x_norm itself is
+// not stored: the backward recomputes it where it needs it (batchnorm_bwd_part_f32); the
+// layer's activation is applied here when it is element-wise and differentiated from its
+// output, so the forward moves two tensors once, not three and then one twice. out may be x:
+// each element is read before it is written.
 // Grid (spatial, channels, batch).
 kernel void batchnorm_fwd_norm_f32(constant dm_batchnorm_args& args [[buffer(0)]],
                                    device const float* x [[buffer(1)]],
@@ -194,32 +197,20 @@ kernel void batchnorm_fwd_norm_f32(constant dm_batchnorm_args& args [[buffer(0)]
     const uint c = gid.y;
     const uint i = (gid.z * args.channels + c) * args.spatial + gid.x;
     const float value = (x[i] - mean[c]) / sqrt(variance[c] + args.eps);
-    out[i] = value * scale[c] + bias[c];
-}
-
-// The same x_norm alone, recomputed for the backward from what the forward read.
-// Grid (spatial, channels, batch).
-kernel void batchnorm_fwd_xnorm_f32(constant dm_batchnorm_args& args [[buffer(0)]],
-                                    device const float* x [[buffer(1)]],
-                                    device const float* mean [[buffer(2)]],
-                                    device const float* variance [[buffer(3)]],
-                                    device float* x_norm [[buffer(4)]],
-                                    uint3 gid [[thread_position_in_grid]]) {
-    if (gid.x >= args.spatial || gid.y >= args.channels || gid.z >= args.batch) return;
-    const uint c = gid.y;
-    const uint i = (gid.z * args.channels + c) * args.spatial + gid.x;
-    x_norm[i] = (x[i] - mean[c]) / sqrt(variance[c] + args.eps);
+    out[i] = dm_activate(value * scale[c] + bias[c], args.act);
 }
 
 // Partial sums of the backward from the incoming delta (the gradient with respect to the
 // batch norm's output), three per run: delta, delta*x_norm and delta*(x - mean[c]), at
-// partials[(k*channels + c)*chunks + g] for k = 0, 1, 2. Threadgroups (chunks, channels) of
-// DM_SUM_THREADS.
+// partials[(k*channels + c)*chunks + g] for k = 0, 1, 2. x_norm is recomputed here, with
+// batchnorm_fwd_norm_f32's arithmetic (the same bits as the CPU's), not read: a tensor
+// written by one pass and read by the next cost a full pass of its own.
+// Threadgroups (chunks, channels) of DM_SUM_THREADS.
 kernel void batchnorm_bwd_part_f32(constant dm_batchnorm_args& args [[buffer(0)]],
                                    device const float* delta [[buffer(1)]],
                                    device const float* x [[buffer(2)]],
                                    device const float* mean [[buffer(3)]],
-                                   device const float* x_norm [[buffer(4)]],
+                                   device const float* variance [[buffer(4)]],
                                    device float* partials [[buffer(5)]],
                                    uint2 group [[threadgroup_position_in_grid]],
                                    uint lid [[thread_index_in_threadgroup]]) {
@@ -227,16 +218,16 @@ kernel void batchnorm_bwd_part_f32(constant dm_batchnorm_args& args [[buffer(0)]
     const uint c = group.y, n = args.batch * args.spatial;
     const uint end = min((group.x + 1) * args.chunk, n);
     const uint2 step = dm_split(DM_SUM_THREADS, args.spatial);
-    const float m = mean[c];
+    const float m = mean[c], root = sqrt(variance[c] + args.eps);
     uint j = group.x * args.chunk + lid;
     uint2 at = dm_split(j, args.spatial);
     float sum_delta = 0.0f, sum_scale = 0.0f, sum_var = 0.0f;
     for (; j < end; j += DM_SUM_THREADS) {
         const uint i = dm_at(at, args.channels, args.spatial, c);
-        const float d = delta[i];
+        const float d = delta[i], centred = x[i] - m;
         sum_delta += d;
-        sum_scale += d * x_norm[i];
-        sum_var += d * (x[i] - m);
+        sum_scale += d * (centred / root);
+        sum_var += d * centred;
         at = dm_advance(at, step, args.spatial);
     }
     const uint out = c * args.chunks + group.x, stride = args.channels * args.chunks;

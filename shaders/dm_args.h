@@ -273,8 +273,9 @@ typedef struct dm_batchnorm_args {
     uint32_t exact;
     uint32_t chunk;  /* the sums' runs (see dm_bias_args); unused by the element kernels */
     uint32_t chunks;
+    uint32_t act;    /* batchnorm_fwd_norm_f32's activation of its output (dm_activate) */
 } dm_batchnorm_args;
-DM_STATIC_ASSERT(sizeof(dm_batchnorm_args) == 36, "dm_batchnorm_args size");
+DM_STATIC_ASSERT(sizeof(dm_batchnorm_args) == 40, "dm_batchnorm_args size");
 
 /* yolo_loss_bwd_*_f32: Darknet's [yolo] training loss (darknet_metal/cpu/yolo_loss.pyx) in
  * four dispatches: cells, truths, squares, stats. output and delta are (batch,

@@ -16,6 +16,7 @@ from darknet_metal.cpu import batchnorm as cpu_batchnorm
 from darknet_metal.cpu import conv as cpu_conv
 from darknet_metal.metal.kernels.batchnorm import sum_runs
 from darknet_metal.model.weights import Params
+from darknet_metal.ops.activation import LINEAR
 from darknet_metal.ops.base import as_rows
 from darknet_metal.runtime.program import LayerEmitter, Tensor
 
@@ -97,16 +98,17 @@ def _batchnorm_args(e: LayerEmitter, raw: Tensor, momentum: float) -> tuple[dict
     # Rounded as the CPU rounds them: 1 - momentum in double, then to float.
     args = dict(batch=n, channels=c, spatial=spatial, eps=BATCHNORM_EPSILON,
                 momentum=momentum, one_minus_momentum=float(np.float32(1.0 - momentum)),
-                exact=0, **runs)
+                exact=0, act=LINEAR, **runs)
     return ({"channels": c, "chunks": runs["chunks"]},
             {"spatial": spatial, "channels": c, "batch": n}, args)
 
 
 def emit_device_batchnorm_train(e: LayerEmitter, ts: LayerTrainState, raw: Tensor,
-                                out: Tensor, momentum: float) -> None:
+                                out: Tensor, momentum: float, act: int = LINEAR) -> None:
     """``emit_batchnorm_train`` with kernels: the mini-batch mean, the variance around it
     (two tree sums each: runs, then per channel; rolling averages updated in place), then
-    ``out = scales*x_norm + biases``."""
+    ``out = act(scales*x_norm + biases)`` (``act`` element-wise: the layer's activation, when
+    nothing needs its input)."""
     per_channel, per_element, args = _batchnorm_args(e, raw, momentum)
     c, chunks = per_channel["channels"], per_channel["chunks"]
     runs, channels = {"chunks": chunks, "channels": c}, {"channels": c}
@@ -125,7 +127,7 @@ def emit_device_batchnorm_train(e: LayerEmitter, ts: LayerTrainState, raw: Tenso
     # written here).
     e.kernel("batchnorm_fwd_norm_f32",
              {"x": raw, "mean": mean, "variance": variance, "scale": ts.ref("scales"),
-              "bias": ts.ref("biases"), "out": out}, per_element, **args)
+              "bias": ts.ref("biases"), "out": out}, per_element, **{**args, "act": act})
 
 
 def emit_device_bias_gradient(e: LayerEmitter, ts: LayerTrainState) -> None:
@@ -147,14 +149,10 @@ def emit_device_bias_gradient(e: LayerEmitter, ts: LayerTrainState) -> None:
     raw, mean, variance = (Tensor(layer, role) for role in ("raw", "mean", "variance"))
     per_channel, per_element, args = _batchnorm_args(e, raw, 0.0)
     chunks = per_channel["chunks"]
-    x_norm = e.tensor("x_norm_again", e.shape(raw))
-    e.kernel("batchnorm_fwd_xnorm_f32",
-             {"x": raw, "mean": mean, "variance": variance, "x_norm": x_norm},
-             per_element, **args)
     mean_delta, var_delta = e.tensor("mean_delta", (c,)), e.tensor("var_delta", (c,))
     partials = e.tensor("backward_partials", (3, c, chunks))
     e.kernel("batchnorm_bwd_part_f32",
-             {"delta": e.delta, "x": raw, "mean": mean, "x_norm": x_norm,
+             {"delta": e.delta, "x": raw, "mean": mean, "variance": variance,
               "partials": partials}, {"chunks": chunks, "channels": c}, **args)
     scales = ts.ref("scales")
     e.kernel("batchnorm_bwd_sums_f32",

@@ -140,7 +140,12 @@ class _Gemm(Op):
         else:
             raw = e.tensor("raw", e.shape(e.output))
             self._emit_gemm(e, ts.ref("weights"), None, raw, LINEAR)
-            emit_device_batchnorm_train(e, ts, raw, pre, self.batchnorm_momentum)
+            # An element-wise activation differentiated from its output rides on the
+            # normalisation: one pass over the output less.
+            fused = fused_activation(act) if pre == e.output else LINEAR
+            emit_device_batchnorm_train(e, ts, raw, pre, self.batchnorm_momentum, act=fused)
+            if fused != LINEAR:
+                return
         emit_device_activation_train(e, act, pre)
 
     def emit_device_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:

@@ -103,13 +103,6 @@ KERNELS: tuple[Kernel, ...] = (
         SPATIAL_3D,
     ),
     Kernel(
-        "batchnorm_fwd_xnorm_f32",
-        SOURCE,
-        "dm_batchnorm_args",
-        (*_NORMALIZED_FROM, write("x_norm", _VALUES)),
-        SPATIAL_3D,
-    ),
-    Kernel(
         "batchnorm_bwd_part_f32",
         SOURCE,
         "dm_batchnorm_args",
@@ -117,11 +110,11 @@ KERNELS: tuple[Kernel, ...] = (
             read("delta", _VALUES),
             read("x", _VALUES),
             read("mean", "channels"),
-            read("x_norm", _VALUES),
+            read("variance", "channels"),
             write("partials", "3*" + _PARTIALS),
         ),
         _RUNS,
-        flops="6*batch*channels*spatial",
+        flops="8*batch*channels*spatial",
     ),
     Kernel(
         "batchnorm_bwd_sums_f32",
