@@ -30,6 +30,7 @@ from darknet_metal.datasets import cli as datasets_cli
 from darknet_metal.diagnostics import profile_command as profile_cli
 from darknet_metal.errors import CfgError, DarknetMetalError, ImageError, WeightsError
 from darknet_metal.evaluation import cli as evaluation_cli
+from darknet_metal.export import cli as export_cli
 from darknet_metal.inference.boxes import shown
 from darknet_metal.model.bundled import SAMPLE_IMAGE, model_files, model_names
 from darknet_metal.network import DEVICES
@@ -198,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     training_cli.add_commands(commands)
     serving_cli.add_commands(commands)
     profile_cli.add_commands(commands)
+    export_cli.add_commands(commands)
     return parser
 
 

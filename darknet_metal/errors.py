@@ -185,6 +185,17 @@ class RequestError(DarknetMetalError, ValueError):
         super().__init__(message)
 
 
+class ExportError(DarknetMetalError, ValueError):
+    """A network (or an argument) that an export cannot express; the message names the layer,
+    its kind and why. Nothing is written."""
+
+    def __init__(self, message: str, *, layer: int | None = None,
+                 kind: str | None = None) -> None:
+        self.layer = layer
+        self.kind = kind
+        super().__init__(message)
+
+
 class Unsupported(Exception):
     """Raised by an op's device or training emitters when a layer cannot run there; the message
     is the reason (reported by ``coverage()``; on a device the layer then runs on the CPU)."""

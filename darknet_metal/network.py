@@ -421,6 +421,17 @@ class Network:
 
     # -- training: conveniences over ``training.Trainer.of(self)`` ---------------------------
 
+    def export_onnx(self, path: str | os.PathLike[str], *, batch: int | str = 1,
+                    outputs: str = "raw", fp16: bool = False, opset: int | None = None) -> None:
+        """Write the network as an ONNX model to ``path`` (see
+        ``darknet_metal.export.export_onnx``: ``batch`` an int or ``"dynamic"``,
+        ``outputs`` ``"raw"`` or ``"boxes"``, ``fp16``, ``opset``). Needs the ``export``
+        extra; raises ExportError naming a layer ONNX cannot express, and writes nothing."""
+        from darknet_metal.export import export_onnx
+
+        with self.exclusive():
+            export_onnx(self, path, batch=batch, outputs=outputs, fp16=fp16, opset=opset)
+
     def train_step(self, x: np.ndarray, truths: Sequence[Any], *,
                    reduce: Callable[[float], tuple[int, float]] | None = None) -> StepReport:
         """One Darknet training iteration: ``Trainer.of(self).step`` (see

@@ -8,7 +8,8 @@ describe keys) branches on the kind. A new kind is one class here, added to ``OP
 ``register``.
 
 May import: ``errors``, ``model``, ``runtime`` (the program vocabulary ops emit into and the
-training arrays they bind), ``cpu`` (the Cython kernels) and ``metal`` (the kernel registry).
+training arrays they bind), ``cpu`` (the Cython kernels), ``metal`` (the kernel registry)
+and ``export.graph`` (the ONNX vocabulary ``Op.emit_onnx`` writes in).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ the last two beside the first):
 - the GPU forward: ``device_params`` (arrays to upload), ``emit_device_setup`` (kernels run
   once when they load) and ``emit_device_forward`` (the kernel steps of a pass, buffers bound
   by registry role), or ``Unsupported`` with the reason it cannot run on a device;
+- export: ``emit_onnx``, the layer as ONNX operators (``export.graph``);
 - presentation: ``describe`` for the summary table.
 """
 
@@ -32,6 +33,7 @@ from darknet_metal.model.weights import Params
 from darknet_metal.runtime.program import LayerEmitter, Tensor
 
 if TYPE_CHECKING:
+    from darknet_metal.export.graph import OnnxGraph
     from darknet_metal.runtime.train_state import LayerTrainState
 
 __all__ = ["Op", "Params", "Shape", "Unsupported", "as_rows", "emit_device_input_gradient",
@@ -215,6 +217,15 @@ class Op:
         raise Unsupported(f"no backward kernels for [{self.kind}] yet")
 
     # -- presentation ----------------------------------------------------------------------
+
+    # -- export ----------------------------------------------------------------------------
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        """The layer in ONNX: nodes reading ``g.source(i)`` for each of its inputs, with the
+        inference parameters ``params``; returns the value holding its output, (N, C, H, W)
+        as ``forward`` gives it. Raises ``ExportError`` (``g.refuse``) for what ONNX cannot
+        express here."""
+        raise g.refuse("this layer kind has no ONNX form")
 
     def describe(self) -> str:
         """The parameters column of the summary table."""

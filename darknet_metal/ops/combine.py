@@ -25,6 +25,7 @@ from darknet_metal.ops.base import Op, Params, Shape
 from darknet_metal.runtime.program import LayerEmitter, Param, Tensor
 
 if TYPE_CHECKING:
+    from darknet_metal.export.graph import OnnxGraph
     from darknet_metal.runtime.train_state import LayerTrainState
 
 _NORMALIZATION = {"none": 0, "relu": 1, "softmax": 2}
@@ -65,6 +66,13 @@ class _Combining(Op):
         """The steps adding the gradients of ``delta`` (after the activation's) into each
         input's delta ``grads`` (and the weights' accumulator in ``ts``)."""
         raise NotImplementedError
+
+    def onnx_combine(self, g: OnnxGraph, params: Params | None) -> str:
+        """The combination of the inputs in ONNX, before the activation."""
+        raise NotImplementedError
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        return g.activation(self.onnx_combine(g, params), self.activation)
 
     def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
                   workspace: np.ndarray | None) -> list[NativeStep]:
@@ -182,6 +190,41 @@ class ShortcutOp(_Combining):
         if self.weighted:
             self._emit_table(e, Param(self.index, "weights"), Param(self.index, "table"))
 
+    def normalized_weights(self, weights: np.ndarray) -> np.ndarray:
+        """(inputs, channels) float32 factors of the inputs (the previous layer first), from
+        the stored weights as ``shortcut_step`` normalises them (one column for
+        per_feature)."""
+        n = len(self.inputs)
+        w = np.asarray(weights, np.float32).reshape(n, -1)
+        norm = self.values["weights_normalization"]
+        if norm == "relu":
+            w = np.maximum(w, np.float32(0))
+            return w / (np.float32(1e-4) + w.sum(axis=0, dtype=np.float32))
+        if norm == "softmax":
+            e = np.exp(w - w.max(axis=0))
+            return e / (np.float32(1e-4) + e.sum(axis=0, dtype=np.float32))
+        return w
+
+    def onnx_combine(self, g: OnnxGraph, params: Params | None) -> str:
+        c = self.out_shape[0]
+        table = self.normalized_weights(params["weights"]) if self.weighted else None
+        total = ""
+        for k, layer in enumerate(self.inputs):
+            term = g.source(layer)
+            # Darknet adds the first min(C, C_k) channels of each source.
+            ck = g.shape_of(layer)[0]
+            if k and ck > c:
+                term = g.node("Slice", [term, g.const([0], "starts"), g.const([c], "ends"),
+                                        g.const([1], "axes")])
+            elif k and ck < c:
+                term = g.node("Pad", [term, g.const([0, 0, 0, 0, 0, c - ck, 0, 0], "pads")],
+                              mode="constant")
+            if table is not None:
+                factor = table[k].reshape(-1, 1, 1) if table.shape[1] > 1 else table[k, 0]
+                term = g.node("Mul", [term, g.const(factor, "weight")])
+            total = term if not total else g.node("Add", [total, term])
+        return total
+
     def combine(self, sources: list[np.ndarray], out: np.ndarray,
                 weights: np.ndarray | None) -> list[NativeStep]:
         v = self.values
@@ -278,6 +321,10 @@ class ScaleChannelsOp(_Combining):
                           f"{target}: expected {want}", "from")
         return cls(s, [s.index - 1, src], shape, target)
 
+    def onnx_combine(self, g: OnnxGraph, params: Params | None) -> str:
+        # The scale (N, C, 1, 1), or (N, 1, H, W) with scale_wh, broadcasts over x_from.
+        return g.node("Mul", [g.source(self.inputs[1]), g.source(self.inputs[0])])
+
     def combine(self, sources: list[np.ndarray], out: np.ndarray,
                 weights: np.ndarray | None) -> list[NativeStep]:
         # The previous layer holds the factors, the from= layer what they scale.
@@ -332,6 +379,9 @@ class SamOp(_Combining):
             raise s.error(f"layer {src} output {shapes[src]} differs from the input {shape}",
                           "from")
         return cls(s, [s.index - 1, src], shape, shape)
+
+    def onnx_combine(self, g: OnnxGraph, params: Params | None) -> str:
+        return g.node("Mul", [g.source(self.inputs[1]), g.source(self.inputs[0])])
 
     def combine(self, sources: list[np.ndarray], out: np.ndarray,
                 weights: np.ndarray | None) -> list[NativeStep]:

@@ -52,6 +52,7 @@ from darknet_metal.ops.key_dispositions import INFERENCE_ONLY
 from darknet_metal.runtime.program import LayerEmitter, Param, Tensor
 
 if TYPE_CHECKING:
+    from darknet_metal.export.graph import OnnxGraph
     from darknet_metal.runtime.train_state import LayerTrainState
 
 #: Input channels from which Winograd beats im2col + GEMM for a 3x3 convolution on the CPU:
@@ -261,6 +262,22 @@ class ConvolutionalOp(_Gemm):
                                         v["stride_x"], v["stride_y"], v["padding"],
                                         v["dilation"], v["groups"], act)
         return [step, *activation_steps_after(out, self.activation, fused=True)]
+
+    # -- export ----------------------------------------------------------------------------
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        v = self.values
+        c = self.in_shape[0]
+        n, size, groups, dilation = v["filters"], v["size"], v["groups"], v["dilation"]
+        w, b = fold_batchnorm(params)
+        # Darknet pads by padding*dilation (its im2col's offset) on every side.
+        pad = v["padding"] * dilation
+        y = g.node("Conv", [g.source(self.inputs[0]),
+                            g.const(w.reshape(n, c // groups, size, size), "weights"),
+                            g.const(b, "biases")],
+                   kernel_shape=[size, size], strides=[v["stride_y"], v["stride_x"]],
+                   pads=[pad, pad, pad, pad], dilations=[dilation, dilation], group=groups)
+        return g.activation(y, self.activation)
 
     # -- CPU training ------------------------------------------------------------------
 
@@ -492,6 +509,13 @@ class ConnectedOp(_Gemm):
 
     def stored_transposed(self, name: str) -> bool:
         return name == "weights"
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        w, b = fold_batchnorm(params)  # (outputs, inputs): y = x W^T + b
+        rows = g.node("Flatten", [g.source(self.inputs[0])], axis=1)
+        y = g.node("Gemm", [rows, g.const(w, "weights"), g.const(b, "biases")], transB=1)
+        y = g.activation(y, self.activation)
+        return g.node("Reshape", [y, g.shape([0, -1, 1, 1])])
 
     def prepare_cpu(self, params: Params | None, dtype: np.dtype) -> Any:
         w, b = fold_batchnorm(params)

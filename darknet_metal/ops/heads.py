@@ -14,12 +14,13 @@ from darknet_metal.inference.boxes import YoloHead
 from darknet_metal.metal import registry
 from darknet_metal.model.cfg import Section
 from darknet_metal.model.cfg_schema import IOU_LOSSES
-from darknet_metal.ops.base import Op, Shape, as_rows, emit_input_gradient
+from darknet_metal.ops.base import Op, Params, Shape, as_rows, emit_input_gradient
 from darknet_metal.ops.key_dispositions import DATA, IMPLEMENTED, INFERENCE_ONLY
 from darknet_metal.ops.loss import emit_device_add_into_input, emit_device_loss
 from darknet_metal.runtime.program import LayerEmitter
 
 if TYPE_CHECKING:
+    from darknet_metal.export.graph import OnnxGraph
     from darknet_metal.runtime.train_state import LayerTrainState
 
 
@@ -47,6 +48,15 @@ class SoftmaxOp(Op):
             raise s.error(f"groups={s.values['groups']} does not divide the {inputs} inputs",
                           "groups")
         return cls(s, [s.index - 1], shape, shape)
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        # Each image's values in memory order, in `groups` runs of softmax(x / T).
+        groups, temperature = self.values["groups"], self.values["temperature"]
+        x = g.node("Reshape", [g.source(self.inputs[0]), g.shape([0, groups, -1])])
+        if temperature != 1:
+            x = g.mul(x, 1.0 / temperature)
+        y = g.node("Softmax", [x], axis=2)
+        return g.node("Reshape", [y, g.shape([0, *self.out_shape])])
 
     def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
                   workspace: np.ndarray | None) -> list[NativeStep]:
@@ -118,6 +128,22 @@ class YoloOp(Op):
         v = self.values
         anchors = np.asarray(v["anchors"], np.float64).reshape(-1, 2)[list(v["mask"])]
         return YoloHead(anchors=anchors, classes=v["classes"], new_coords=bool(v["new_coords"]))
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        # Per anchor (x, y, w, h, objectness, classes): logistic on all but w and h unless
+        # new_coords, then x, y = v*scale_x_y - (scale_x_y - 1)/2.
+        v = self.values
+        n, (c, h, w) = len(v["mask"]), self.out_shape
+        x = g.node("Reshape", [g.source(self.inputs[0]), g.shape([0, n, c // n, h, w])])
+        xy, wh, rest = g.node("Split", [x, g.const([2, 2, c // n - 4], "split")], axis=2,
+                              outputs=3)
+        if not v["new_coords"]:
+            xy, rest = g.node("Sigmoid", [xy]), g.node("Sigmoid", [rest])
+        scale = v["scale_x_y"]
+        if scale != 1:
+            xy = g.add(g.mul(xy, scale), -0.5 * (scale - 1))
+        y = g.node("Concat", [xy, wh, rest], axis=2)
+        return g.node("Reshape", [y, g.shape([0, c, h, w])])
 
     def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
                   workspace: np.ndarray | None) -> list[NativeStep]:

@@ -11,12 +11,13 @@ import numpy as np
 
 from darknet_metal.cpu import dropout
 from darknet_metal.cpu import heads as cpu_heads
-from darknet_metal.ops.base import Op, as_rows, emit_input_gradient
+from darknet_metal.ops.base import Op, Params, as_rows, emit_input_gradient
 from darknet_metal.ops.key_dispositions import IMPLEMENTED
 from darknet_metal.ops.loss import emit_device_add_into_input, emit_device_loss
 from darknet_metal.runtime.program import LayerEmitter, Tensor
 
 if TYPE_CHECKING:
+    from darknet_metal.export.graph import OnnxGraph
     from darknet_metal.runtime.train_state import LayerTrainState
 
 
@@ -28,6 +29,9 @@ class _Identity(Op):
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         pass
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        return g.source(self.inputs[0])
 
 
 class DropoutOp(_Identity):

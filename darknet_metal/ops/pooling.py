@@ -11,6 +11,7 @@ from darknet_metal.cpu.step import NativeStep
 from darknet_metal.model.cfg import Section
 from darknet_metal.ops.base import (
     Op,
+    Params,
     Shape,
     emit_device_input_gradient,
     emit_input_gradient,
@@ -19,6 +20,7 @@ from darknet_metal.ops.base import (
 from darknet_metal.runtime.program import LayerEmitter, Tensor
 
 if TYPE_CHECKING:
+    from darknet_metal.export.graph import OnnxGraph
     from darknet_metal.runtime.train_state import LayerTrainState
 
 
@@ -56,6 +58,28 @@ class MaxpoolOp(Op):
             return [cpu_pooling.maxpool_depth_step(sources[0], out)]
         return [cpu_pooling.maxpool_step(sources[0], out, v["size"], v["stride_x"],
                                          v["stride_y"], v["padding"])]
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        v = self.values
+        x = g.source(self.inputs[0])
+        if v["maxpool_depth"]:
+            # Output channel k: the maximum of input channels k, k + K, k + 2K, ... (K the
+            # output channels): pad the channels with -inf to a multiple of K, then reduce
+            # over the (C/K, K) view's first axis.
+            c, h, w = self.in_shape
+            k = self.out_shape[0]
+            rows = -(-c // k)
+            if rows * k != c:
+                x = g.node("Pad", [x, g.const([0, 0, 0, 0, 0, rows * k - c, 0, 0], "pads"),
+                                   g.scalar(-np.inf)], mode="constant")
+            x = g.node("Reshape", [x, g.shape([0, rows, k, h, w])])
+            return g.reduce_max(x, 1)
+        # Darknet's window starts padding//2 before the input; ONNX ignores padded values,
+        # as Darknet does the positions outside.
+        pad = v["padding"]
+        begin, end = pad // 2, pad - pad // 2
+        return g.node("MaxPool", [x], kernel_shape=[v["size"], v["size"]],
+                      strides=[v["stride_y"], v["stride_x"]], pads=[begin, begin, end, end])
 
     def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         # Darknet keeps the position of each window's maximum for the backward.
@@ -122,6 +146,9 @@ class AvgpoolOp(Op):
     def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
                   workspace: np.ndarray | None) -> list[NativeStep]:
         return [cpu_pooling.avgpool_step(sources[0], out)]
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        return g.node("GlobalAveragePool", [g.source(self.inputs[0])])
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         emit_input_gradient(e, cpu_pooling.avgpool_backward_step)

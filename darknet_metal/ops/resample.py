@@ -11,6 +11,7 @@ from darknet_metal.cpu.step import NativeStep
 from darknet_metal.model.cfg import Section
 from darknet_metal.ops.base import (
     Op,
+    Params,
     Shape,
     emit_device_input_gradient,
     emit_input_gradient,
@@ -19,6 +20,7 @@ from darknet_metal.ops.base import (
 from darknet_metal.runtime.program import LayerEmitter
 
 if TYPE_CHECKING:
+    from darknet_metal.export.graph import OnnxGraph
     from darknet_metal.runtime.train_state import LayerTrainState
 
 
@@ -72,6 +74,22 @@ class UpsampleOp(Op):
         emit_device_input_gradient(e, "upsample_bwd_f32", {
             "cols": args[side[0]], "rows": args[side[1]], "planes": args["planes"]}, **args)
 
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        stride, scale = self.values["stride"], self.values["scale"]
+        x = g.source(self.inputs[0])
+        if stride > 0:
+            # Output pixel (y, x) is input (y // s, x // s): nearest, asymmetric, floor.
+            y = g.node("Resize", [x, "", g.const([1, 1, stride, stride], "scales",
+                                                 dtype=np.float32)],
+                       mode="nearest", coordinate_transformation_mode="asymmetric",
+                       nearest_mode="floor")
+        else:
+            # Darknet's reverse mode sums each -s x -s block: the block's mean times s^2.
+            s = -stride
+            y = g.mul(g.node("AveragePool", [x], kernel_shape=[s, s], strides=[s, s]),
+                      float(s * s))
+        return y if scale == 1 else g.mul(y, scale)
+
     def describe(self) -> str:
         return _describe_stride(self)
 
@@ -114,6 +132,20 @@ class ReorgOp(Op):
         v = self.values
         emit_input_gradient(e, lambda delta, into: cpu_resample.reorg_backward_step(
             delta, into, v["stride"], v["reverse"], self.kind))
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        # Darknet's index maps are not DepthToSpace's or SpaceToDepth's in general: gather
+        # each image's values through the map the CPU layer computes, applied to their own
+        # positions (exact in float64).
+        positions = np.arange(int(np.prod(self.in_shape)), dtype=np.float64)
+        moved = np.empty((1, *self.out_shape), np.float64)
+        cpu_resample.reorg_forward(positions.reshape(1, *self.in_shape), moved,
+                                   self.values["stride"], bool(self.values["reverse"]),
+                                   self.kind)
+        flat = g.node("Reshape", [g.source(self.inputs[0]), g.shape([0, -1])])
+        picked = g.node("Gather", [flat, g.const(moved.reshape(-1).astype(np.int64),
+                                                 "positions")], axis=1)
+        return g.node("Reshape", [picked, g.shape([0, *self.out_shape])])
 
     def _dims_args(self, batch: int) -> tuple[dict[str, int], dict[str, int]]:
         c, h, w = self.out_shape if self.maps_output_dims else self.in_shape

@@ -9,11 +9,12 @@ import numpy as np
 from darknet_metal.cpu import route as cpu_route
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.model.cfg import Section
-from darknet_metal.ops.base import Op, Shape
+from darknet_metal.ops.base import Op, Params, Shape
 from darknet_metal.ops.key_dispositions import INFERENCE_ONLY
 from darknet_metal.runtime.program import LayerEmitter
 
 if TYPE_CHECKING:
+    from darknet_metal.export.graph import OnnxGraph
     from darknet_metal.runtime.train_state import LayerTrainState
 
 
@@ -55,6 +56,19 @@ class RouteOp(Op):
             steps.append(cpu_route.route_step(part, out, group_id * width, width, offset))
             offset += width
         return steps
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
+        groups, group_id = self.values["groups"], self.values["group_id"]
+        parts = []
+        for layer in self.inputs:
+            part = g.source(layer)
+            if groups > 1:
+                width = g.shape_of(layer)[0] // groups
+                part = g.node("Slice", [part, g.const([group_id * width], "starts"),
+                                        g.const([(group_id + 1) * width], "ends"),
+                                        g.const([1], "axes")])
+            parts.append(part)
+        return g.concat(parts, axis=1)
 
     def emit_cpu_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         groups, group_id = self.values["groups"], self.values["group_id"]
