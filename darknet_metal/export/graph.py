@@ -18,7 +18,7 @@ import numpy as np
 from darknet_metal.errors import ExportError
 from darknet_metal.model.activations import ACTIVATIONS, CHANNEL_ACTIVATIONS
 
-__all__ = ["ELEMENTWISE_ACTIVATIONS", "INPUT", "OnnxGraph", "OnnxNode"]
+__all__ = ["INPUT", "OnnxGraph", "OnnxNode"]
 
 #: The graph input's name: the batch of images, (N, C, H, W).
 INPUT = "input"
@@ -124,19 +124,23 @@ class OnnxGraph:
     def greater(self, x: str, value: float) -> str:
         return self.node("Greater", [x, self.scalar(value)])
 
-    def reduce_max(self, x: str, axis: int) -> str:
-        """Maximum over ``axis``, the axis dropped (the axes moved from an attribute to an
-        input in opset 18)."""
+    def reduce_max(self, x: str, axis: int, keepdims: int = 0) -> str:
+        """Maximum over ``axis`` (the axes moved from an attribute to an input in opset
+        18)."""
         if self.opset >= 18:
-            return self.node("ReduceMax", [x, self.const([axis], "axes")], keepdims=0)
-        return self.node("ReduceMax", [x], axes=[axis], keepdims=0)
+            return self.node("ReduceMax", [x, self.const([axis], "axes")], keepdims=keepdims)
+        return self.node("ReduceMax", [x], axes=[axis], keepdims=keepdims)
+
+    def reduce_sum(self, x: str, axis: int) -> str:
+        """Sum over ``axis``, kept as a dimension of 1 (axes an input since opset 13)."""
+        return self.node("ReduceSum", [x, self.const([axis], "axes")], keepdims=1)
 
     def activation(self, x: str, act: int) -> str:
-        """Darknet's element-wise activation ``act`` (an ``ACTIVATION_ID`` value) of ``x``:
-        its ONNX operator where one computes Darknet's formula, else the formula."""
+        """Darknet's activation ``act`` (an ``ACTIVATION_ID`` value) of ``x`` (channels on
+        axis 1): its ONNX operator where one computes Darknet's formula, else the formula."""
         name = ACTIVATIONS[act]
         if name in CHANNEL_ACTIVATIONS:
-            raise self.refuse(f"activation={name} (across channels) has no ONNX form here")
+            return self._channel_activation(x, name)
         if name == "linear":
             return x
         if name in ("leaky", "revleaky"):
@@ -196,7 +200,16 @@ class OnnxGraph:
             return self.where(even, half, odd)
         raise self.refuse(f"activation={name} has no ONNX form here")  # pragma: no cover
 
+    def _channel_activation(self, x: str, name: str) -> str:
+        """Darknet's normalize_channels activations, each pixel across its channels (axis
+        1): positive parts over 1e-4 + their sum; or exp(x - m) over 1e-4 + the sum of
+        those, m = 0 (``_softmax``) or the pixel's maximum (``_softmax_maxval``)."""
+        if name == "normalize_channels":
+            parts = self.node("Relu", [x])
+        else:
+            if name == "normalize_channels_softmax_maxval":
+                x = self.node("Sub", [x, self.reduce_max(x, 1, keepdims=1)])
+            parts = self.node("Exp", [x])
+        return self.node("Div", [parts, self.add(self.reduce_sum(parts, 1), 1e-4)])
 
-#: Every element-wise activation ``OnnxGraph.activation`` writes (tests run each).
-ELEMENTWISE_ACTIVATIONS: tuple[str, ...] = tuple(
-    name for name in ACTIVATIONS if name not in CHANNEL_ACTIVATIONS)
+

@@ -12,9 +12,9 @@ from shared_paths import CFG_DIR, IMAGES, YOLOV3_TINY
 
 import darknet_metal as dm
 from darknet_metal.errors import ArgumentError, ExportError
-from darknet_metal.export.graph import ELEMENTWISE_ACTIVATIONS
 from darknet_metal.inference.boxes import decode_yolo
 from darknet_metal.inference.image import load_image, resize_image
+from darknet_metal.model.activations import ACTIVATIONS
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -236,11 +236,12 @@ def test_each_layer_kind_agrees_with_forward(tmp_path, case):
     check_export(net, tmp_path, "dynamic", x, case)
 
 
-@pytest.mark.parametrize("act", ELEMENTWISE_ACTIVATIONS)
+@pytest.mark.parametrize("act", ACTIVATIONS)
 def test_each_activation_agrees_with_forward(tmp_path, act):
     cfg = tmp_path / f"{act}.cfg"
     cfg.write_text(NET.format(w=12, h=12, c=3) + conv(8, act=act, bn=1)
-                   + conv(8, act=act, bn=0))
+                   + conv(8, act=act, bn=0) + "[connected]\noutput=6\nactivation="
+                   + act + "\n")
     net = dm.load(cfg, seed=3)
     # Inputs across every branch of the piecewise activations.
     x = (images(net.input_shape, 2, seed=4) - 0.5) * 24
@@ -250,16 +251,20 @@ def test_each_activation_agrees_with_forward(tmp_path, act):
 # -- refusals and options --------------------------------------------------------------------
 
 
-def test_a_channel_activation_is_refused_by_layer_and_nothing_is_written(tmp_path):
-    cfg = tmp_path / "norm.cfg"
-    cfg.write_text(NET.format(w=8, h=8, c=3) + conv(4)
-                   + conv(4, act="normalize_channels_softmax"))
+def test_heads_of_different_classes_are_refused_by_layer_and_nothing_is_written(tmp_path):
+    cfg = tmp_path / "heads.cfg"
+    cfg.write_text(CASES["yolo"].replace(
+        "[convolutional]\nbatch_normalize=0\nfilters=21\nsize=1\nstride=2",
+        "[convolutional]\nbatch_normalize=0\nfilters=18\nsize=1\nstride=2").replace(
+        "classes=2\nnum=3\nnew_coords=1", "classes=1\nnum=3\nnew_coords=1"))
     net = dm.load(cfg, seed=1)
     out = tmp_path / "refused.onnx"
-    with pytest.raises(ExportError, match=r"layer 1 \(convolutional\).*normalize_channels") as e:
-        net.export_onnx(out)
-    assert (e.value.layer, e.value.kind) == (1, "convolutional")
+    with pytest.raises(ExportError, match=r"layer 4 \(yolo\).*classes=2, not 1") as e:
+        net.export_onnx(out, outputs="boxes")
+    assert (e.value.layer, e.value.kind) == (4, "yolo")
     assert list(tmp_path.iterdir()) == [cfg]
+    net.export_onnx(out)  # the raw outputs need no common classes
+    assert out.exists()
 
 
 def test_boxes_need_yolo_layers(tmp_path):
