@@ -167,6 +167,8 @@ class OnnxGraph:
             return self.node("Mul", [x, self.node("Sigmoid", [x])])
         if name == "mish":
             # x*tanh(softplus(x)); Darknet returns x above 20, where tanh(softplus) is 1.
+            if self.opset >= 18:
+                return self.node("Mish", [x])
             soft = self.node("Softplus", [x])
             return self.node("Mul", [x, self.node("Tanh", [soft])])
         if name == "gelu":

@@ -90,10 +90,10 @@ def _decode(g: OnnxGraph, heads: list[Op], input_shape: tuple[int, int, int]
     _, net_h, net_w = input_shape
     for op in heads[1:]:
         if op.values["classes"] != heads[0].values["classes"]:
-            raise ExportError(f"layer {op.index} (yolo): outputs='boxes' needs every [yolo] "
-                              f"layer to have layer {heads[0].index}'s classes="
+            raise ExportError(f"layer {op.index} ({op.kind}): outputs='boxes' needs every "
+                              f"head to have layer {heads[0].index}'s classes="
                               f"{heads[0].values['classes']}, not {op.values['classes']}",
-                              layer=op.index, kind="yolo")
+                              layer=op.index, kind=op.kind)
     boxes, confidences = [], []
     for op in heads:
         g.layer, g.kind = op.index, op.kind

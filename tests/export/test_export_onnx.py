@@ -248,6 +248,21 @@ def test_each_activation_agrees_with_forward(tmp_path, act):
     check_export(net, tmp_path, 2, x, act)
 
 
+@pytest.mark.parametrize("act", ["mish", "normalize_channels_softmax_maxval"])
+def test_the_opset_18_forms_agree_with_forward(tmp_path, act):
+    # Opset 18 has Mish, and takes ReduceMax's axes as an input.
+    cfg = tmp_path / f"{act}.cfg"
+    cfg.write_text(NET.format(w=10, h=10, c=3) + conv(7, act=act)
+                   + "[maxpool]\nmaxpool_depth=1\nout_channels=3\n")
+    net = dm.load(cfg, seed=3)
+    path = tmp_path / "18.onnx"
+    net.export_onnx(path, batch="dynamic", opset=18)
+    assert onnx.load(str(path)).opset_import[0].version == 18
+    x = (images(net.input_shape, 2, seed=4) - 0.5) * 24
+    got = run_onnx(path, x)
+    assert_close(got["output"], forward_raw(net, x)[0], act)
+
+
 # -- refusals and options --------------------------------------------------------------------
 
 
