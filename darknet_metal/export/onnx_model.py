@@ -159,8 +159,10 @@ def build_model(net: ExportableNetwork, *, batch: int | str = 1, outputs: str = 
         named.append((BOXES, boxes, [batch, count, 4]))
         named.append((CONFIDENCES, confidences, [batch, count, heads[0].values["classes"]]))
 
-    nodes = [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), **n.attributes)
-             for n in g.nodes]
+    # Each node is named after its first output, l<layer>_...: profilers and viewers show
+    # the layer it belongs to.
+    nodes = [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.outputs[0],
+                              **n.attributes) for n in g.nodes]
     nodes += [helper.make_node("Identity", [value], [name]) for name, value, _ in named]
     initializers = [numpy_helper.from_array(array, name)
                     for name, array in g.initializers.items()]

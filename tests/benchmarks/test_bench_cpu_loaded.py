@@ -1,4 +1,5 @@
-"""CPU forward of yolov3-tiny 416 beside other work, against OpenCV DNN beside the same work.
+"""CPU forward of yolov3-tiny 416 beside other work, against OpenCV DNN and ONNX Runtime beside
+the same work.
 
 The benchmark starts the load itself and stops it at the end: another process doing
 multithreaded NumPy matrix products on its default BLAS threads (the case that made spinning
@@ -100,3 +101,27 @@ def test_peer_opencv_loaded(benchmark, loaded, peer, x):
         return net.forward(names)
 
     benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=2)
+
+
+@pytest.fixture(scope="module")
+def onnxruntime_peer(ours, tmp_path_factory):
+    """ONNX Runtime's CPU provider on our export of the same network, with as many threads."""
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    path = tmp_path_factory.mktemp("onnx") / "yolov3-tiny.onnx"
+    ours.export_onnx(path)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def test_ours_loaded_beside_onnxruntime(benchmark, loaded, ours, x):
+    benchmark.group = f"yolov3-tiny-416-cpu-beside-{loaded}-onnxruntime"
+    benchmark.pedantic(ours.forward, args=(x,), rounds=ROUNDS, warmup_rounds=2)
+
+
+def test_peer_onnxruntime_loaded(benchmark, loaded, onnxruntime_peer, x):
+    benchmark.group = f"yolov3-tiny-416-cpu-beside-{loaded}-onnxruntime"
+    benchmark.pedantic(onnxruntime_peer.run, args=(None, {"input": x}), rounds=ROUNDS,
+                       warmup_rounds=2)
