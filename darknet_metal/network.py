@@ -223,7 +223,8 @@ class Network:
         """Run the network on ``x`` (N, C, H, W) float32 and return layer outputs (copies).
 
         With ``outputs=None``: one (N, C, H, W) array per ``[yolo]`` layer, holding Darknet's
-        ``layer.output`` (logistic applied to x, y, objectness and classes). With
+        ``layer.output`` (logistic applied to x, y, objectness and classes); a network without
+        ``[yolo]`` layers (a classifier) gives its last layer's output. With
         ``outputs=[i, ...]``: the outputs of those 0-based cfg layers (``[net]`` not counted);
         negative indices count from the end.
         """
@@ -245,7 +246,7 @@ class Network:
                 f"x holds {len(bad)} NaN or infinite values (the first at index "
                 f"{tuple(int(i) for i in bad[0])}); they would make every output they reach NaN"
             )
-        wanted = (self.yolo_layers if outputs is None
+        wanted = (self.yolo_layers or [len(self.layers) - 1] if outputs is None
                   else arguments.layer_indices("outputs", outputs, len(self.layers)))
         if x.shape[0] not in self._fitting_batches:
             self.check_memory(x.shape[0])

@@ -111,3 +111,15 @@ def test_input_size_replaces_the_cfg_size():
     assert [o.shape for o in outs] == [(1, 255, 3, 2), (1, 255, 6, 4)]
     with pytest.raises(ValueError, match="input_size"):
         dm.load(CFG_DIR / "yolov4-tiny.cfg", input_size=(0, 32))
+
+
+def test_forward_of_a_classifier_gives_its_last_layers_output(tmp_path):
+    cfg = tmp_path / "classifier.cfg"
+    cfg.write_text("[net]\nwidth=8\nheight=8\nchannels=3\n[convolutional]\nfilters=4\nsize=3\n"
+                   "stride=1\npad=1\nactivation=leaky\n[avgpool]\n[softmax]\n")
+    net = dm.load(cfg, seed=1)
+    x = np.random.default_rng(0).random((2, 3, 8, 8), dtype=np.float32)
+    (probs,) = net.forward(x)
+    assert probs.shape == (2, 4, 1, 1)
+    np.testing.assert_array_equal(probs, net.forward(x, outputs=[-1])[0])
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-6)
