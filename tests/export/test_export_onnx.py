@@ -227,25 +227,27 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("batch", [1, "dynamic"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_each_layer_kind_agrees_with_forward(tmp_path, case):
+def test_each_layer_kind_agrees_with_forward(tmp_path, case, batch):
     cfg = tmp_path / f"{case}.cfg"
     cfg.write_text(CASES[case])
     net = dm.load(cfg, seed=7)
-    x = images(net.input_shape, 3, seed=2) * 2 - 0.5
-    check_export(net, tmp_path, "dynamic", x, case)
+    x = images(net.input_shape, 1 if batch == 1 else 3, seed=2) * 2 - 0.5
+    check_export(net, tmp_path, batch, x, case)
 
 
+@pytest.mark.parametrize("batch", [1, "dynamic"])
 @pytest.mark.parametrize("act", ACTIVATIONS)
-def test_each_activation_agrees_with_forward(tmp_path, act):
+def test_each_activation_agrees_with_forward(tmp_path, act, batch):
     cfg = tmp_path / f"{act}.cfg"
     cfg.write_text(NET.format(w=12, h=12, c=3) + conv(8, act=act, bn=1)
                    + conv(8, act=act, bn=0) + "[connected]\noutput=6\nactivation="
                    + act + "\n")
     net = dm.load(cfg, seed=3)
     # Inputs across every branch of the piecewise activations.
-    x = (images(net.input_shape, 2, seed=4) - 0.5) * 24
-    check_export(net, tmp_path, 2, x, act)
+    x = (images(net.input_shape, 1 if batch == 1 else 3, seed=4) - 0.5) * 24
+    check_export(net, tmp_path, batch, x, act)
 
 
 @pytest.mark.parametrize("act", ["mish", "normalize_channels_softmax_maxval"])
