@@ -21,6 +21,8 @@ from darknet_metal.errors import ArgumentError, DependencyError, ExportError
 from darknet_metal.export.graph import INPUT, OnnxGraph
 from darknet_metal.files import atomic_write
 
+__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "ExportableNetwork", "build_model", "export_onnx"]
+
 if TYPE_CHECKING:
     from darknet_metal.model.cfg import NetConfig
     from darknet_metal.model.weights import Params
@@ -38,7 +40,6 @@ class ExportableNetwork(Protocol):
     @property
     def input_shape(self) -> tuple[int, int, int]: ...
 
-__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "ExportableNetwork", "build_model", "export_onnx"]
 
 #: The operator set written unless asked otherwise: read by ONNX Runtime and OpenCV 4.x.
 DEFAULT_OPSET = 13
@@ -74,9 +75,14 @@ def _check_options(batch: int | str, outputs: str, fp16: bool, opset: int | None
     return batch, opset
 
 
+def _raw_name(op: Op) -> str:
+    """The output holding a [yolo] layer's output."""
+    return f"yolo_{op.index}"
+
+
 def _head_metadata(op: Op) -> dict[str, Any]:
     v = op.values
-    return {"layer": op.index, "output": f"yolo_{op.index}", "classes": v["classes"],
+    return {"layer": op.index, "output": _raw_name(op), "classes": v["classes"],
             "anchors": np.reshape(v["anchors"], (-1, 2)).tolist(), "mask": list(v["mask"]),
             "scale_x_y": v["scale_x_y"], "new_coords": bool(v["new_coords"]),
             "grid": list(op.out_shape[1:])}
@@ -111,9 +117,10 @@ def _decode(g: OnnxGraph, heads: list[Op], input_shape: tuple[int, int, int]
         cy = g.node("Div", [g.node("Add", [rows, ty]), g.scalar(h)])
         sides = []
         for t, anchor, size in ((tw, head.anchors[:, 0], net_w), (th, head.anchors[:, 1], net_h)):
-            scale = g.node("Mul", [t, t]) if head.new_coords else g.node("Exp", [t])
             if head.new_coords:
-                scale = g.mul(scale, 4.0)
+                scale = g.mul(g.node("Mul", [t, t]), 4.0)
+            else:
+                scale = g.node("Exp", [t])
             anchors = g.const(anchor.reshape(1, n, 1, 1, 1), "anchors")
             sides.append(g.node("Div", [g.node("Mul", [scale, anchors]), g.scalar(size)]))
         box = g.node("Concat", [cx, cy, *sides], axis=2)
@@ -134,25 +141,25 @@ def build_model(net: ExportableNetwork, *, batch: int | str = 1, outputs: str = 
     from onnx import TensorProto, helper, numpy_helper
 
     batch, opset = _check_options(batch, outputs, fp16, opset, onnx.defs.onnx_opset_version())
+    heads = [op for op in net.layers if op.detection_head is not None]
+    if outputs == "boxes" and not heads:
+        raise ExportError("outputs='boxes' needs [yolo] layers; this network has none")
     g = OnnxGraph(np.float16 if fp16 else np.float32, opset)
     g.layer_shapes[-1] = tuple(net.input_shape)
     for op in net.layers:
         g.layer, g.kind = op.index, op.kind
         g.layer_outputs[op.index] = op.emit_onnx(g, net.params.get(op.index))
         g.layer_shapes[op.index] = tuple(op.out_shape)
-    heads = [op for op in net.layers if op.detection_head is not None]
 
     elem = TensorProto.FLOAT16 if fp16 else TensorProto.FLOAT
     named: list[tuple[str, str, list[Any]]] = []
     if heads:
         for op in heads:
-            named.append((f"yolo_{op.index}", g.source(op.index), [batch, *op.out_shape]))
+            named.append((_raw_name(op), g.source(op.index), [batch, *op.out_shape]))
     else:
         last = net.layers[-1]
         named.append(("output", g.source(last.index), [batch, *last.out_shape]))
     if outputs == "boxes":
-        if not heads:
-            raise ExportError("outputs='boxes' needs [yolo] layers; this network has none")
         boxes, confidences = _decode(g, heads, net.input_shape)
         count = sum(len(op.detection_head.anchors) * op.out_shape[1] * op.out_shape[2]
                     for op in heads)
@@ -206,7 +213,8 @@ def _metadata(net: ExportableNetwork, heads: list[Op], outputs: str, fp16: bool)
         "darknet_metal.heads": json.dumps([_head_metadata(op) for op in heads]),
         "darknet_metal.classes": json.dumps(list(net.names) if net.names else None),
         "darknet_metal.outputs": json.dumps({
-            **{f"yolo_{op.index}": "the [yolo] layer's output as Darknet leaves it: (N, "
+            **({} if heads else {"output": "the last layer's output, (N, C, H, W)"}),
+            **{_raw_name(op): "the [yolo] layer's output as Darknet leaves it: (N, "
                "anchors*(5+classes), H, W), logistic on x, y, objectness and classes unless "
                "new_coords, scale_x_y applied" for op in heads},
             **({BOXES: "(N, K, 4) centre x, centre y, width, height relative to the network "

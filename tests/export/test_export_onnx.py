@@ -40,15 +40,11 @@ def raw_names(net) -> list[str]:
     return [f"yolo_{i}" for i in heads] if heads else ["output"]
 
 
-def forward_raw(net, x: np.ndarray) -> list[np.ndarray]:
-    return net.forward(x, outputs=net.yolo_layers or [len(net.layers) - 1])
-
-
 def check_export(net, tmp_path, batch, x: np.ndarray, label: str) -> None:
     path = tmp_path / f"{label}.onnx"
     net.export_onnx(path, batch=batch)
     got = run_onnx(path, x)
-    for name, want in zip(raw_names(net), forward_raw(net, x), strict=True):
+    for name, want in zip(raw_names(net), net.forward(x), strict=True):
         assert_close(got[name], want, f"{label} {name}")
 
 
@@ -86,7 +82,7 @@ def test_a_dynamic_batch_takes_any_batch(bundled, tmp_path):
     for count in (1, 2):
         x = images(net.input_shape, count, seed=count)
         got = run_onnx(path, x)
-        for name, want in zip(raw_names(net), forward_raw(net, x), strict=True):
+        for name, want in zip(raw_names(net), net.forward(x), strict=True):
             assert_close(got[name], want, f"batch {count} {name}")
 
 
@@ -111,7 +107,7 @@ def test_fp16_within_the_fp16_kernels_bound(bundled, tmp_path, name):
     assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     x = images(net.input_shape, 1)
     got = run_onnx(path, x.astype(np.float16))
-    for out_name, want in zip(raw_names(net), forward_raw(net, x), strict=True):
+    for out_name, want in zip(raw_names(net), net.forward(x), strict=True):
         half = got[out_name]
         assert half.dtype == np.float16
         error = np.linalg.norm(half.astype(np.float64) - want) / np.linalg.norm(want)
@@ -125,7 +121,7 @@ def test_boxes_are_decode_yolos_candidates(bundled, tmp_path):
     path = tmp_path / "boxes.onnx"
     net.export_onnx(path, outputs="boxes")
     got = run_onnx(path, x)
-    raw = forward_raw(net, x)
+    raw = net.forward(x)
     for name, want in zip(raw_names(net), raw, strict=True):
         assert_close(got[name], want, name)
     boxes, objectness, probs = [], [], []
@@ -174,7 +170,7 @@ def test_opencv_runs_the_yolov4_tiny_export(bundled, tmp_path):
     reader.setInput(x)
     names = list(reader.getUnconnectedOutLayersNames())
     outs = dict(zip(names, reader.forward(names), strict=True))
-    for name, want in zip(raw_names(net), forward_raw(net, x), strict=True):
+    for name, want in zip(raw_names(net), net.forward(x), strict=True):
         assert_close(outs[name], want, f"opencv {name}")
 
 
@@ -262,7 +258,7 @@ def test_the_opset_18_forms_agree_with_forward(tmp_path, act):
     assert onnx.load(str(path)).opset_import[0].version == 18
     x = (images(net.input_shape, 2, seed=4) - 0.5) * 24
     got = run_onnx(path, x)
-    assert_close(got["output"], forward_raw(net, x)[0], act)
+    assert_close(got["output"], net.forward(x)[0], act)
 
 
 # -- refusals and options --------------------------------------------------------------------
