@@ -94,10 +94,20 @@ inline gemm_share gemm_share_of(uint tid) {
 }
 
 // Reads a thread's share of the K tiles at k0 into registers, zero outside the matrices.
+// WHOLE: the tiles lie inside the matrices, so no load needs a guard.
 template <bool TA, bool TB, typename T>
 inline void gemm_tiled_read(constant dm_gemm_args& args, device const T* a, device const T* b,
                             uint row0, uint col0, uint k0, gemm_share sa, gemm_share sb,
-                            thread float* ra, thread float* rb) {
+                            bool whole, thread float* ra, thread float* rb) {
+    if (whole) {
+        for (uint j = 0; j < GEMM_TILED_LOADS; ++j) {
+            ra[j] = gemm_load_a<TA, T>(a, args.lda, row0 + sa.outer + j * sa.outer_step,
+                                       k0 + sa.k + j * sa.k_step);
+            rb[j] = gemm_load_b<TB, T>(b, args.ldb, k0 + sb.k + j * sb.k_step,
+                                       col0 + sb.outer + j * sb.outer_step);
+        }
+        return;
+    }
     for (uint j = 0; j < GEMM_TILED_LOADS; ++j) {
         const uint r = row0 + sa.outer + j * sa.outer_step, ka = k0 + sa.k + j * sa.k_step;
         ra[j] = (r < args.M && ka < args.K) ? gemm_load_a<TA, T>(a, args.lda, r, ka) : 0.0f;
@@ -146,15 +156,21 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
     // skips the arithmetic (only the edge tiles have such threads).
     const bool live = row0 + GEMM_TILED_ROWS * lid.y < args.M &&
                       col0 + GEMM_TILED_COLS * lid.x < args.N;
+    // Inside tiles (all but the edges) load, and store C, without guards.
+    const bool inside = row0 + GEMM_TILED_M <= args.M && col0 + GEMM_TILED_N <= args.N;
     float ra[GEMM_TILED_LOADS], rb[GEMM_TILED_LOADS];
-    gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, 0, sa, sb, ra, rb);
+    gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, 0, sa, sb, inside && GEMM_TK <= args.K,
+                               ra, rb);
     gemm_tiled_store(sa, sb, ra, rb, a_tiles, b_tiles);
     threadgroup_barrier(mem_flags::mem_threadgroup);
     uint buffer = 0;
     for (uint k0 = 0; k0 < args.K; k0 += GEMM_TK) {
         const bool more = k0 + GEMM_TK < args.K;
         // The next tiles' device loads are issued before this tile's arithmetic hides them.
-        if (more) gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, k0 + GEMM_TK, sa, sb, ra, rb);
+        if (more) {
+            gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, k0 + GEMM_TK, sa, sb,
+                                       inside && k0 + 2 * GEMM_TK <= args.K, ra, rb);
+        }
         threadgroup const float4* as = a_tiles + buffer * GEMM_TILED_BUFFER4;
         threadgroup const float4* bs = b_tiles + buffer * GEMM_TILED_BUFFER4;
         for (uint k = 0; live && k < GEMM_TK; ++k) {
@@ -174,6 +190,21 @@ kernel void gemm_tiled(constant dm_gemm_args& args [[buffer(0)]],
         // Orders this step's reads of one buffer before the next step's stores into it, and
         // the stores above before the next step's reads.
         threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    if (inside && args.bias_mode == DM_BIAS_NONE && args.beta == 0.0f &&
+        args.act == DM_ACT_LINEAR) {
+        // The plain product (a layer's input gradient, a batch-normalised layer's forward):
+        // stores only. The general epilogue below inlines the activation's switch per
+        // element, which made every short-K tile pay for it.
+        #pragma unroll
+        for (uint i = 0; i < GEMM_TILED_ROWS; ++i) {
+            const uint r = row0 + GEMM_TILED_ROWS * lid.y + i;
+            #pragma unroll
+            for (uint j = 0; j < GEMM_TILED_COLS; ++j) {
+                c[r * args.ldc + col0 + GEMM_TILED_COLS * lid.x + j] = T(acc[i][j]);
+            }
+        }
+        return;
     }
     if (TA || TB) {
         // Unrolled, so that acc stays in registers: a loop the compiler keeps indexes acc,
@@ -240,13 +271,16 @@ kernel void gemm_simd(constant dm_gemm_args& args [[buffer(0)]],
     // 32 lanes, as simdgroup functions need).
     const bool live = row0 + sr < args.M && col0 + sc < args.N;
     float ra[GEMM_TILED_LOADS], rb[GEMM_TILED_LOADS];
-    gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, 0, sa, sb, ra, rb);
+    gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, 0, sa, sb, false, ra, rb);
     gemm_tiled_store(sa, sb, ra, rb, a_tiles, b_tiles);
     threadgroup_barrier(mem_flags::mem_threadgroup);
     uint buffer = 0;
     for (uint k0 = 0; k0 < args.K; k0 += GEMM_TK) {
         const bool more = k0 + GEMM_TK < args.K;
-        if (more) gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, k0 + GEMM_TK, sa, sb, ra, rb);
+        if (more) {
+            gemm_tiled_read<TA, TB, T>(args, a, b, row0, col0, k0 + GEMM_TK, sa, sb, false, ra,
+                                       rb);
+        }
         // The tiles hold op(A)^T and op(B) K-major, GEMM_TILED_PITCH4 float4s a row: A's 8x8
         // blocks are read transposed.
         threadgroup const float* as =

@@ -1,7 +1,8 @@
 """Cases of ``shaders/gemm.metal``: every GEMM, tiled and simdgroup_matrix, against float64
 NumPy products, at sizes no tile divides: the bias by rows and by columns, the activation in
 the epilogue, ``beta * c`` accumulated (and never read with beta 0), batch and group slices,
-a leading dimension wider than the matrix (its pad left alone), and the half twins."""
+a leading dimension wider than the matrix (its pad left alone), the plain product's
+store-only epilogue, and the half twins."""
 
 from __future__ import annotations
 
@@ -86,6 +87,31 @@ def _beta_zero_never_reads_c(name: str) -> KernelCase:
                       make)
 
 
+def _plain(name: str) -> KernelCase:
+    """The plain product (no bias, beta 0, linear: the kernels' store-only epilogue) over two
+    slices, at sizes with whole 64x64 tiles (loaded and stored without guards) beside edge
+    tiles, and a K whose last step is partial; ldc wider than N, its pad left alone."""
+    slices, m, n, k, pad = 2, 130, 136, 40, 5
+    lda, ldb = _leading(name, m, n, k)
+    args, sizes = gemm_args(M=m, N=n, K=k, lda=lda, ldb=ldb, ldc=n + pad, bias_mode=BIAS_NONE,
+                            act=0, slices=slices, a_batch_stride=m * k, b_batch_stride=k * n,
+                            c_batch_stride=m * (n + pad))
+
+    def make(rng: np.random.Generator) -> CaseData:
+        pairs = [operands(rng, name, m, n, k) for _ in range(slices)]
+        c = nan_filled((slices, m, n + pad))
+        c[:, :, n:] = 7.0
+        want = np.stack([_product(a_op, b_op) for a_op, b_op, _, _ in pairs])
+        return CaseData({"a": np.stack([a for _, _, a, _ in pairs]),
+                         "b": np.stack([b for _, _, _, b in pairs]), "c": c},
+                        (Check("c", want, Close(1e-5, 1e-5 * np.sqrt(k)), np.s_[:, :, :n]),
+                         Check("c", c[:, :, n:], Exact(), np.s_[:, :, n:])))
+
+    return KernelCase(f"{name}-{slices}x{m}x{n}x{k}-plain-ldc+{pad}",
+                      (Step(name, args, sizes, {"a": "a", "b": "b", "bias": None, "c": "c"}),),
+                      make)
+
+
 def _sliced(name: str, *, accumulate: bool) -> KernelCase:
     """Slice z = image * groups + group offsets A by group, B and C by image and group: with
     a per-group bias and logistic, or (``accumulate``) beta 1 reading C through the same
@@ -162,6 +188,7 @@ CASES: tuple[KernelCase, ...] = (
       for beta in (0.0, 1.0, 0.5) for m, n, k in ((37, 45, 21), (5, 3, 70), (33, 1, 17),
                                                   (65, 130, 47), (64, 64, 16), (130, 70, 33))),
     *(_beta_zero_never_reads_c(name) for name in GEMMS),
+    *(_plain(name) for name in GEMMS),
     *(_sliced(name, accumulate=acc) for name in ("gemm_nn_f32", "gemm_nn_simd_f32")
       for acc in (True, False)),
     *(_bias_per_column(name) for name in ("gemm_nt_f32", "gemm_nt_simd_f32")),
