@@ -463,4 +463,140 @@ static DM_CLONES void dm_wino2_output_f32(const float *mm, const float *bias, pt
     }
 }
 
+/* Winograd F(4x4, 3x3) (points 0, +-1, +-2 and infinity). Input transform V = B^T d B for
+ * the 6x6 tile d of channels [c0, c1) at (4*ty - 1, 4*tx - 1), zero outside the image:
+ * v[(i*6 + j)*plane + c*tiles + ty*tiles_x + tx], tiles = tiles_y*tiles_x, plane =
+ * channels*tiles. Rows of the tile are combined first (per column), then columns, in the
+ * order of dm_wino4_bt below, as the scalar reference (winograd.pyx) does. */
+#define DM_WINO4_BT(o, d, s)                                                               \
+    do {                                                                                   \
+        (o)[0 * (s)] = 4.0f * (d)[0] - 5.0f * (d)[2] + (d)[4];                             \
+        (o)[1 * (s)] = -4.0f * (d)[1] - 4.0f * (d)[2] + (d)[3] + (d)[4];                   \
+        (o)[2 * (s)] = 4.0f * (d)[1] - 4.0f * (d)[2] - (d)[3] + (d)[4];                    \
+        (o)[3 * (s)] = -2.0f * (d)[1] - (d)[2] + 2.0f * (d)[3] + (d)[4];                   \
+        (o)[4 * (s)] = 2.0f * (d)[1] - (d)[2] - 2.0f * (d)[3] + (d)[4];                    \
+        (o)[5 * (s)] = 4.0f * (d)[1] - 5.0f * (d)[3] + (d)[5];                             \
+    } while (0)
+
+static DM_CLONES void dm_wino4_input_f32(const float *x, ptrdiff_t channels, ptrdiff_t c0,
+                                         ptrdiff_t c1, ptrdiff_t height, ptrdiff_t width,
+                                         ptrdiff_t tiles_y, ptrdiff_t tiles_x, float *v)
+{
+    const ptrdiff_t tiles = tiles_y * tiles_x, plane = channels * tiles;
+    /* d[i][j][m]: row 4ty-1+i, column 4(tx0+m)-1+j; t: the rows combined. */
+    float d[6][6][DM_WINO_CHUNK], t[6][6][DM_WINO_CHUNK];
+    for (ptrdiff_t c = c0; c < c1; c++) {
+        const float *xc = x + c * height * width;
+        for (ptrdiff_t ty = 0; ty < tiles_y; ty++) {
+            for (ptrdiff_t tx0 = 0; tx0 < tiles_x; tx0 += DM_WINO_CHUNK) {
+                const ptrdiff_t n = tiles_x - tx0 < DM_WINO_CHUNK ? tiles_x - tx0
+                                                                  : DM_WINO_CHUNK;
+                for (int i = 0; i < 6; i++) {
+                    const ptrdiff_t y = 4 * ty - 1 + i;
+                    if (y < 0 || y >= height) {
+                        for (int j = 0; j < 6; j++)
+                            for (ptrdiff_t m = 0; m < n; m++)
+                                d[i][j][m] = 0.0f;
+                        continue;
+                    }
+                    const float *row = xc + y * width;
+                    for (int j = 0; j < 6; j++) {
+                        for (ptrdiff_t m = 0; m < n; m++) {
+                            const ptrdiff_t xx = 4 * (tx0 + m) - 1 + j;
+                            d[i][j][m] = xx >= 0 && xx < width ? row[xx] : 0.0f;
+                        }
+                    }
+                }
+                for (int j = 0; j < 6; j++) {
+                    for (ptrdiff_t m = 0; m < n; m++) {
+                        const float col[6] = {d[0][j][m], d[1][j][m], d[2][j][m],
+                                              d[3][j][m], d[4][j][m], d[5][j][m]};
+                        DM_WINO4_BT(&t[0][j][m], col, 6 * DM_WINO_CHUNK);
+                    }
+                }
+                float *dst = v + c * tiles + ty * tiles_x + tx0;
+                for (int i = 0; i < 6; i++) {
+                    float *o = dst + i * 6 * plane;
+                    for (ptrdiff_t m = 0; m < n; m++) {
+                        const float rw[6] = {t[i][0][m], t[i][1][m], t[i][2][m],
+                                             t[i][3][m], t[i][4][m], t[i][5][m]};
+                        DM_WINO4_BT(o + m, rw, plane);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* A^T for F(4x4, 3x3): four outputs from six products. */
+#define DM_WINO4_AT(o, p, s)                                                               \
+    do {                                                                                   \
+        (o)[0 * (s)] = (p)[0] + (p)[1] + (p)[2] + (p)[3] + (p)[4];                         \
+        (o)[1 * (s)] = (p)[1] - (p)[2] + 2.0f * (p)[3] - 2.0f * (p)[4];                    \
+        (o)[2 * (s)] = (p)[1] + (p)[2] + 4.0f * (p)[3] + 4.0f * (p)[4];                    \
+        (o)[3 * (s)] = (p)[1] - (p)[2] + 8.0f * (p)[3] - 8.0f * (p)[4] + (p)[5];           \
+    } while (0)
+
+/* Winograd F(4x4, 3x3) output transform with the bias and the activation fused (act one
+ * dm_act_fusable() accepts): out[f] = act(A^T M A + bias[f]) for filters [f0, f1), where
+ * M[i][j] = mm[(i*6 + j)*plane + f*tiles + tile]. Rows of M first (per column), then
+ * columns, then the bias, as the scalar reference does. */
+static DM_CLONES void dm_wino4_output_f32(const float *mm, const float *bias, ptrdiff_t filters,
+                                          ptrdiff_t f0, ptrdiff_t f1, ptrdiff_t height,
+                                          ptrdiff_t width, ptrdiff_t tiles_y,
+                                          ptrdiff_t tiles_x, int act, float *out)
+{
+    const ptrdiff_t tiles = tiles_y * tiles_x, plane = filters * tiles;
+    float s[4][6][DM_WINO_CHUNK], r[4][4][DM_WINO_CHUNK];
+    for (ptrdiff_t f = f0; f < f1; f++) {
+        const float b = bias[f];
+        float *of = out + f * height * width;
+        for (ptrdiff_t ty = 0; ty < tiles_y; ty++) {
+            for (ptrdiff_t tx0 = 0; tx0 < tiles_x; tx0 += DM_WINO_CHUNK) {
+                const ptrdiff_t n = tiles_x - tx0 < DM_WINO_CHUNK ? tiles_x - tx0
+                                                                  : DM_WINO_CHUNK;
+                const float *p = mm + f * tiles + ty * tiles_x + tx0;
+                for (int j = 0; j < 6; j++) {
+                    for (ptrdiff_t m = 0; m < n; m++) {
+                        const float col[6] = {p[(0 * 6 + j) * plane + m],
+                                              p[(1 * 6 + j) * plane + m],
+                                              p[(2 * 6 + j) * plane + m],
+                                              p[(3 * 6 + j) * plane + m],
+                                              p[(4 * 6 + j) * plane + m],
+                                              p[(5 * 6 + j) * plane + m]};
+                        DM_WINO4_AT(&s[0][j][m], col, 6 * DM_WINO_CHUNK);
+                    }
+                }
+                for (int i = 0; i < 4; i++) {
+                    for (ptrdiff_t m = 0; m < n; m++) {
+                        const float rw[6] = {s[i][0][m], s[i][1][m], s[i][2][m],
+                                             s[i][3][m], s[i][4][m], s[i][5][m]};
+                        DM_WINO4_AT(&r[i][0][m], rw, DM_WINO_CHUNK);
+                    }
+                    for (int j = 0; j < 4; j++) {
+                        for (ptrdiff_t m = 0; m < n; m++)
+                            r[i][j][m] = r[i][j][m] + b;
+                        if (act != DM_ACT_LINEAR)
+                            dm_act_inplace(r[i][j], n, act);
+                    }
+                }
+                for (int i = 0; i < 4; i++) {
+                    const ptrdiff_t y = 4 * ty + i;
+                    if (y >= height)
+                        break;
+                    float *row = of + y * width + 4 * tx0;
+                    const ptrdiff_t avail = width - 4 * tx0;
+                    /* Tiles whose four columns are inside, then a possible partial tile. */
+                    const ptrdiff_t full = avail / 4 < n ? avail / 4 : n;
+                    for (ptrdiff_t m = 0; m < full; m++)
+                        for (int j = 0; j < 4; j++)
+                            row[4 * m + j] = r[i][j][m];
+                    for (int j = 0; full < n && 4 * full + j < avail; j++)
+                        row[4 * full + j] = r[i][j][full];
+                }
+            }
+        }
+    }
+}
+
 #endif

@@ -47,3 +47,9 @@ cdef extern from "kernels.h" nogil:
     void dm_wino2_output_f32(const float* m, const float* bias, Py_ssize_t filters,
                              Py_ssize_t f0, Py_ssize_t f1, Py_ssize_t height, Py_ssize_t width,
                              Py_ssize_t tiles_y, Py_ssize_t tiles_x, int act, float* out)
+    void dm_wino4_input_f32(const float* x, Py_ssize_t channels, Py_ssize_t c0, Py_ssize_t c1,
+                            Py_ssize_t height, Py_ssize_t width, Py_ssize_t tiles_y,
+                            Py_ssize_t tiles_x, float* v)
+    void dm_wino4_output_f32(const float* m, const float* bias, Py_ssize_t filters,
+                             Py_ssize_t f0, Py_ssize_t f1, Py_ssize_t height, Py_ssize_t width,
+                             Py_ssize_t tiles_y, Py_ssize_t tiles_x, int act, float* out)

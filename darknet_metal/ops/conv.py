@@ -3,7 +3,8 @@
 Batch normalisation (``ops.batchnorm``) is folded into the weights and biases at inference and
 runs unfolded in training. The weight, bias and input gradients are GEMMs too (col2im after
 the input gradient of a convolution). On the CPU, 3x3 stride-1 convolutions from
-``WINOGRAD_MIN_CHANNELS`` input channels use Winograd F(2x2, 3x3), the rest im2col + BLAS (or
+``WINOGRAD_MIN_CHANNELS`` input channels use Winograd (F(4x4, 3x3) from ``WINOGRAD4_MIN_SIZE``
+output rows and columns, else F(2x2, 3x3)), the rest im2col + BLAS (or
 a direct 3x3 loop for thin inputs, chosen inside ``cpu.conv``). On a device: im2col (skipped
 for 1x1 stride-1 unpadded convolutions, whose input already is the column matrix) and one
 batched, grouped GEMM with the bias and elementwise activation in its epilogue.
@@ -58,6 +59,12 @@ if TYPE_CHECKING:
 #: Input channels from which Winograd beats im2col + GEMM for a 3x3 convolution on the CPU:
 #: below it the 16 transformed GEMMs are too thin to pay for the transforms.
 WINOGRAD_MIN_CHANNELS = 32
+
+#: Least output height and width at which the CPU uses Winograd F(4x4, 3x3) rather than
+#: F(2x2, 3x3). Measured per layer on yolov4-tiny (AMD EPYC, 2 threads): at 104x104 and 52x52
+#: F(4x4) took 10-35% less time; at 26x26 (49 tiles, so 36 GEMMs 49 columns wide) it was
+#: 0-8% slower, and at 13x13 its tiles would cover 16x16.
+WINOGRAD4_MIN_SIZE = 48
 
 
 #: A weight gradient's GEMM covers several images and is split along K when it has fewer
@@ -228,17 +235,22 @@ class ConvolutionalOp(_Gemm):
             and self.in_shape[0] >= WINOGRAD_MIN_CHANNELS
         )
 
+    @property
+    def winograd_tile(self) -> int:
+        """The output tile m of the CPU's Winograd F(m x m, 3x3) for this convolution."""
+        return 4 if min(self.out_shape[1:]) >= WINOGRAD4_MIN_SIZE else 2
+
     def prepare_cpu(self, params: Params | None, dtype: np.dtype) -> Any:
         w, b = fold_batchnorm(params)
         w = np.ascontiguousarray(w, dtype)
         if self.uses_winograd:
-            w = winograd.transform_filters(w, self.in_shape[0])
+            w = winograd.transform_filters(w, self.in_shape[0], self.winograd_tile)
         return w, np.ascontiguousarray(b, dtype)
 
     def cpu_workspace(self, batch: int) -> int:
         if self.uses_winograd:
             return winograd.workspace_size(self.in_shape[0], self.out_shape[0],
-                                           *self.out_shape[1:])
+                                           *self.out_shape[1:], self.winograd_tile)
         return self._im2col_workspace()
 
     def _im2col_workspace(self) -> int:

@@ -5,6 +5,7 @@ import pytest
 from reference import np_conv
 
 from darknet_metal.cpu import conv, im2col, winograd
+from darknet_metal.errors import ArgumentError
 from darknet_metal.model.activations import ACTIVATION_ID
 
 LINEAR = ACTIVATION_ID["linear"]
@@ -105,12 +106,13 @@ def test_connected_matches_matmul(dtype):
     np.testing.assert_allclose(out, np.where(ref > 0, ref, 0.1 * ref), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("tile", winograd.TILES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(
     "shape",
     [(1, 16, 13, 13, 8), (2, 5, 7, 10, 3), (1, 3, 1, 1, 2), (1, 17, 26, 9, 33), (1, 8, 2, 3, 4)],
 )
-def test_winograd_matches_direct_convolution(shape, dtype):
+def test_winograd_matches_direct_convolution(shape, dtype, tile):
     n, c, h, w, f = shape
     rng = np.random.default_rng(h * w + c)
     x = rng.standard_normal((n, c, h, w)).astype(dtype)
@@ -118,8 +120,26 @@ def test_winograd_matches_direct_convolution(shape, dtype):
     b = rng.standard_normal(f).astype(dtype)
     ref = np_conv(x, wt, b, 3, 1, 1, 1, 1, 1)
     out = np.full((n, f, h, w), np.nan, dtype)
-    ws = np.empty(winograd.workspace_size(c, f, h, w), dtype)
-    winograd.winograd_forward(x, winograd.transform_filters(wt, c), b, out, ws, LEAKY)
+    ws = np.empty(winograd.workspace_size(c, f, h, w, tile), dtype)
+    winograd.winograd_forward(x, winograd.transform_filters(wt, c, tile), b, out, ws, LEAKY)
     scale = np.abs(ref).max()
-    tol = 2e-6 * scale if dtype == np.float32 else 1e-12 * scale
+    # F(4x4, 3x3)'s transforms scale by up to 8 and 1/24: about 10x F(2x2)'s rounding.
+    tol = (2e-6 if tile == 2 else 1e-5) * scale if dtype == np.float32 else 1e-12 * scale
     np.testing.assert_allclose(out, np.where(ref > 0, ref, 0.1 * ref), rtol=0, atol=tol)
+
+
+def test_winograd_refuses_unknown_tiles_and_filter_shapes():
+    x = np.zeros((1, 4, 8, 8), np.float32)
+    with pytest.raises(ArgumentError, match="tile=3"):
+        winograd.transform_filters(np.zeros((2, 36), np.float32), 4, 3)
+    with pytest.raises(ArgumentError, match="tile=5"):
+        winograd.workspace_size(4, 2, 8, 8, 5)
+    out = np.zeros((1, 2, 8, 8), np.float32)
+    ws = np.zeros(winograd.workspace_size(4, 2, 8, 8, 4), np.float32)
+    with pytest.raises(ArgumentError, match=r"\(16, F, 4\) or \(36, F, 4\)"):
+        winograd.winograd_forward(x, np.zeros((25, 2, 4), np.float32), np.zeros(2, np.float32),
+                                  out, ws, LEAKY)
+    small = np.zeros(winograd.workspace_size(4, 2, 8, 8, 4) - 1, np.float32)
+    with pytest.raises(ArgumentError, match="workspace"):
+        winograd.winograd_forward(x, np.zeros((36, 2, 4), np.float32), np.zeros(2, np.float32),
+                                  out, small, LEAKY)

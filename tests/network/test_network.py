@@ -58,7 +58,12 @@ def test_batch_of_two_equals_two_singles(yolov3_tiny, x):
 def test_float64_agrees_with_float32(x):
     cfg = CFG_DIR / "yolov4-tiny.cfg"
     small = np.random.default_rng(0).uniform(0, 1, (1, 3, 416, 416)).astype(np.float32)
-    a = dm.load(cfg, seed=3).forward(small)
+    net = dm.load(cfg, seed=3)
+    # Both Winograd variants are in this pass: F(4x4, 3x3) at 104 and 52, F(2x2, 3x3) at 26.
+    tiles = {op.index: op.winograd_tile for op in net.layers
+             if op.kind == "convolutional" and op.uses_winograd}
+    assert tiles[2] == 4 and tiles[10] == 4 and tiles[18] == 2, tiles
+    a = net.forward(small)
     b = dm.load(cfg, seed=3, dtype=np.float64).forward(small)
     assert b[0].dtype == np.float64
     for u, v in zip(a, b, strict=True):
