@@ -468,59 +468,74 @@ static DM_CLONES void dm_wino2_output_f32(const float *mm, const float *bias, pt
  * v[(i*6 + j)*plane + c*tiles + ty*tiles_x + tx], tiles = tiles_y*tiles_x, plane =
  * channels*tiles. Rows of the tile are combined first (per column), then columns, in the
  * order of dm_wino4_bt below, as the scalar reference (winograd.pyx) does. */
-#define DM_WINO4_BT(o, d, s)                                                               \
-    do {                                                                                   \
-        (o)[0 * (s)] = 4.0f * (d)[0] - 5.0f * (d)[2] + (d)[4];                             \
-        (o)[1 * (s)] = -4.0f * (d)[1] - 4.0f * (d)[2] + (d)[3] + (d)[4];                   \
-        (o)[2 * (s)] = 4.0f * (d)[1] - 4.0f * (d)[2] - (d)[3] + (d)[4];                    \
-        (o)[3 * (s)] = -2.0f * (d)[1] - (d)[2] + 2.0f * (d)[3] + (d)[4];                   \
-        (o)[4 * (s)] = 2.0f * (d)[1] - (d)[2] - 2.0f * (d)[3] + (d)[4];                    \
-        (o)[5 * (s)] = 4.0f * (d)[1] - 5.0f * (d)[3] + (d)[5];                             \
-    } while (0)
-
 static DM_CLONES void dm_wino4_input_f32(const float *x, ptrdiff_t channels, ptrdiff_t c0,
                                          ptrdiff_t c1, ptrdiff_t height, ptrdiff_t width,
                                          ptrdiff_t tiles_y, ptrdiff_t tiles_x, float *v)
 {
     const ptrdiff_t tiles = tiles_y * tiles_x, plane = channels * tiles;
-    /* d[i][j][m]: row 4ty-1+i, column 4(tx0+m)-1+j; t: the rows combined. */
-    float d[6][6][DM_WINO_CHUNK], t[6][6][DM_WINO_CHUNK];
+    /* ph[i][q][m] = x[4ty - 1 + i][4(tx0 + m) - 1 + q]: the tile row's input rows split by
+     * column phase, so that column j of tile m is ph[i][j % 4][m + j / 4] and every step
+     * below is a contiguous loop over tiles. t: the rows combined. */
+    float ph[6][4][DM_WINO_CHUNK + 1], t[6][6][DM_WINO_CHUNK];
     for (ptrdiff_t c = c0; c < c1; c++) {
         const float *xc = x + c * height * width;
         for (ptrdiff_t ty = 0; ty < tiles_y; ty++) {
             for (ptrdiff_t tx0 = 0; tx0 < tiles_x; tx0 += DM_WINO_CHUNK) {
                 const ptrdiff_t n = tiles_x - tx0 < DM_WINO_CHUNK ? tiles_x - tx0
                                                                   : DM_WINO_CHUNK;
+                /* Tiles m in [lo, hi) read columns 4(tx0+m)-1 .. 4(tx0+m)+2 inside the row. */
+                const ptrdiff_t lo = tx0 == 0 ? 1 : 0;
+                ptrdiff_t hi = (width - 3) / 4 - tx0 + 1;
+                hi = hi < lo ? lo : hi > n + 1 ? n + 1 : hi;
                 for (int i = 0; i < 6; i++) {
                     const ptrdiff_t y = 4 * ty - 1 + i;
                     if (y < 0 || y >= height) {
-                        for (int j = 0; j < 6; j++)
-                            for (ptrdiff_t m = 0; m < n; m++)
-                                d[i][j][m] = 0.0f;
+                        for (int q = 0; q < 4; q++)
+                            for (ptrdiff_t m = 0; m <= n; m++)
+                                ph[i][q][m] = 0.0f;
                         continue;
                     }
-                    const float *row = xc + y * width;
-                    for (int j = 0; j < 6; j++) {
-                        for (ptrdiff_t m = 0; m < n; m++) {
-                            const ptrdiff_t xx = 4 * (tx0 + m) - 1 + j;
-                            d[i][j][m] = xx >= 0 && xx < width ? row[xx] : 0.0f;
+                    const float *row = xc + y * width + 4 * tx0 - 1;
+                    for (ptrdiff_t m = lo; m < hi; m++) {
+                        ph[i][0][m] = row[4 * m];
+                        ph[i][1][m] = row[4 * m + 1];
+                        ph[i][2][m] = row[4 * m + 2];
+                        ph[i][3][m] = row[4 * m + 3];
+                    }
+                    for (ptrdiff_t m = 0; m <= n; m++) {
+                        if (m >= lo && m < hi)
+                            continue;
+                        for (int q = 0; q < 4; q++) {
+                            const ptrdiff_t xx = 4 * (tx0 + m) - 1 + q;
+                            ph[i][q][m] = xx >= 0 && xx < width ? xc[y * width + xx] : 0.0f;
                         }
                     }
                 }
                 for (int j = 0; j < 6; j++) {
+                    const int q = j % 4, o = j / 4;
+                    const float *d0 = ph[0][q] + o, *d1 = ph[1][q] + o, *d2 = ph[2][q] + o;
+                    const float *d3 = ph[3][q] + o, *d4 = ph[4][q] + o, *d5 = ph[5][q] + o;
                     for (ptrdiff_t m = 0; m < n; m++) {
-                        const float col[6] = {d[0][j][m], d[1][j][m], d[2][j][m],
-                                              d[3][j][m], d[4][j][m], d[5][j][m]};
-                        DM_WINO4_BT(&t[0][j][m], col, 6 * DM_WINO_CHUNK);
+                        t[0][j][m] = 4.0f * d0[m] - 5.0f * d2[m] + d4[m];
+                        t[1][j][m] = -4.0f * d1[m] - 4.0f * d2[m] + d3[m] + d4[m];
+                        t[2][j][m] = 4.0f * d1[m] - 4.0f * d2[m] - d3[m] + d4[m];
+                        t[3][j][m] = -2.0f * d1[m] - d2[m] + 2.0f * d3[m] + d4[m];
+                        t[4][j][m] = 2.0f * d1[m] - d2[m] - 2.0f * d3[m] + d4[m];
+                        t[5][j][m] = 4.0f * d1[m] - 5.0f * d3[m] + d5[m];
                     }
                 }
                 float *dst = v + c * tiles + ty * tiles_x + tx0;
                 for (int i = 0; i < 6; i++) {
+                    const float *r0 = t[i][0], *r1 = t[i][1], *r2 = t[i][2];
+                    const float *r3 = t[i][3], *r4 = t[i][4], *r5 = t[i][5];
                     float *o = dst + i * 6 * plane;
                     for (ptrdiff_t m = 0; m < n; m++) {
-                        const float rw[6] = {t[i][0][m], t[i][1][m], t[i][2][m],
-                                             t[i][3][m], t[i][4][m], t[i][5][m]};
-                        DM_WINO4_BT(o + m, rw, plane);
+                        o[0 * plane + m] = 4.0f * r0[m] - 5.0f * r2[m] + r4[m];
+                        o[1 * plane + m] = -4.0f * r1[m] - 4.0f * r2[m] + r3[m] + r4[m];
+                        o[2 * plane + m] = 4.0f * r1[m] - 4.0f * r2[m] - r3[m] + r4[m];
+                        o[3 * plane + m] = -2.0f * r1[m] - r2[m] + 2.0f * r3[m] + r4[m];
+                        o[4 * plane + m] = 2.0f * r1[m] - r2[m] - 2.0f * r3[m] + r4[m];
+                        o[5 * plane + m] = 4.0f * r1[m] - 5.0f * r3[m] + r5[m];
                     }
                 }
             }

@@ -146,7 +146,7 @@ cdef void output_transform(const floating* m, const floating* bias, Py_ssize_t f
 
 cdef inline void _bt4(const floating* d, Py_ssize_t ds, floating* o,
                       Py_ssize_t os) noexcept nogil:
-    # B^T of F(4x4, 3x3) on six values d[k*ds], into o[k*os]; kernels.h's DM_WINO4_BT.
+    # B^T of F(4x4, 3x3) on six values d[k*ds], into o[k*os]; dm_wino4_input_f32's formulas.
     o[0] = 4 * d[0] - 5 * d[2 * ds] + d[4 * ds]
     o[os] = -4 * d[ds] - 4 * d[2 * ds] + d[3 * ds] + d[4 * ds]
     o[2 * os] = 4 * d[ds] - 4 * d[2 * ds] - d[3 * ds] + d[4 * ds]
