@@ -26,6 +26,7 @@ from libc.float cimport FLT_MAX
 from libc.math cimport exp
 
 from darknet_metal.cpu.fmath cimport flog, logistic
+from darknet_metal.cpu.kernels cimport DM_ACT_LOGISTIC, dm_act_f32
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
@@ -253,6 +254,7 @@ cdef struct YoloParams:
     double alpha        # scale_x_y
     double beta         # -0.5 * (scale_x_y - 1), rounded as the dtype computes it
     bint new_coords
+    bint exact          # Darknet's scalar logistic; else kernels.h's vectorised one (float32)
 
 
 @cython.cdivision(True)
@@ -265,10 +267,14 @@ cdef void _yolo(const floating* src, floating* dst, const YoloParams* p) noexcep
         for i in range(entries * spatial):
             dst[base + i] = src[base + i]
         if not p.new_coords:
-            for i in range(2 * spatial):
-                dst[base + i] = logistic(dst[base + i])
-            for i in range(4 * spatial, entries * spatial):
-                dst[base + i] = logistic(dst[base + i])
+            if floating is float and not p.exact:
+                dm_act_f32(dst + base, 2 * spatial, DM_ACT_LOGISTIC)
+                dm_act_f32(dst + base + 4 * spatial, (entries - 4) * spatial, DM_ACT_LOGISTIC)
+            else:
+                for i in range(2 * spatial):
+                    dst[base + i] = logistic(dst[base + i])
+                for i in range(4 * spatial, entries * spatial):
+                    dst[base + i] = logistic(dst[base + i])
         for i in range(2 * spatial):
             dst[base + i] = dst[base + i] * alpha + beta
 
@@ -282,7 +288,7 @@ cdef void _yolo_step(const StepData* d) noexcept nogil:
 
 
 def yolo_step(x, out, int n, int classes, double scale_x_y=1.0,
-              bint new_coords=False) -> NativeStep:
+              bint new_coords=False, bint exact=True) -> NativeStep:
     """Darknet ``[yolo]`` forward: the layer's ``output`` as forward_yolo_layer leaves it.
 
     x: (N, n*(5+classes), H, W), the preceding convolution's output; out: same shape and
@@ -290,7 +296,10 @@ def yolo_step(x, out, int n, int classes, double scale_x_y=1.0,
     x, y, w, h, objectness, classes. Unless new_coords, the logistic ``1/(1+exp(-v))`` is
     applied to x, y, objectness and the classes (w, h are left raw); then, always,
     ``x, y = v*scale_x_y - 0.5*(scale_x_y - 1)`` (computed in float32 for float32 input,
-    as Darknet's scal_add_cpu does).
+    as Darknet's scal_add_cpu does). ``exact``: the logistic is Darknet's scalar
+    ``1/(1+expf(-v))`` (training: the loss sees Darknet's bits); False: for float32, the
+    vectorised logistic of the convolution epilogues (``kernels.h``, within a few ulp of it,
+    about 4x faster).
     """
     check_input("x", x)
     check_out(out, x, x.shape)
@@ -313,6 +322,7 @@ def yolo_step(x, out, int n, int classes, double scale_x_y=1.0,
         p.alpha = scale_x_y
         p.beta = -0.5 * (scale_x_y - 1.0)
     p.new_coords = new_coords
+    p.exact = exact
     return step
 
 

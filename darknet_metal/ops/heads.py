@@ -147,13 +147,16 @@ class YoloOp(Op):
 
     def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
                   workspace: np.ndarray | None) -> list[NativeStep]:
+        # Inference: the vectorised logistic, as the convolutions' fused activations.
         v = self.values
         return [cpu_heads.yolo_step(sources[0], out, len(v["mask"]), v["classes"],
-                                    v["scale_x_y"], v["new_coords"])]
+                                    v["scale_x_y"], v["new_coords"], exact=False)]
 
     def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
-        super().emit_cpu_train(e, ts)
+        # Training: Darknet's scalar logistic, so that the loss and its delta see its bits.
         v = self.values
+        e.host(e.inputs, [e.output], lambda r, w: [cpu_heads.yolo_step(
+            r[0], w[0], len(v["mask"]), v["classes"], v["scale_x_y"], v["new_coords"])])
         truths = ts.truth(e.batch)
         stats = ts.buffer("stats", (len(yolo_loss.YOLO_STAT_NAMES),), np.float64)
         net_w, net_h = ts.net_size

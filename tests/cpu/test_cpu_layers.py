@@ -413,10 +413,11 @@ def test_softmax_matches_opencv(tmp_path):
      (1, 0, 2.0, True, (7, 1)), (3, 2, 1.1, True, (4, 4))],
 )  # fmt: skip
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_yolo(n, classes, scale_x_y, new_coords, hw, dtype):
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "vectorised"])
+def test_yolo(n, classes, scale_x_y, new_coords, hw, dtype, exact):
     x = _rand((2, n * (5 + classes), *hw), n + classes, dtype, scale=3.0)
     out = np.empty_like(x)
-    heads.yolo_forward(x, out, n, classes, scale_x_y, new_coords)
+    heads.yolo_step(x, out, n, classes, scale_x_y, new_coords, exact=exact).run()
     rtol = 1e-6 if dtype == np.float32 else 1e-14
     np.testing.assert_allclose(
         out, np_yolo(x, n, classes, scale_x_y, new_coords), rtol=rtol, atol=rtol
@@ -461,11 +462,13 @@ def test_yolo_matches_opencv_detections(tmp_path):
 @pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden Darknet outputs not available")
 @pytest.mark.parametrize("stem", ["dog", "coffee"])
 @pytest.mark.parametrize("conv,yolo,hw", [(15, 16, 13), (22, 23, 26)])
-def test_yolo_matches_darknet_golden(stem, conv, yolo, hw):
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "vectorised"])
+def test_yolo_matches_darknet_golden(stem, conv, yolo, hw, exact):
     x = np.fromfile(GOLDEN / f"{stem}_layer{conv}.bin", "<f4").reshape(1, 255, hw, hw)
     expected = np.fromfile(GOLDEN / f"{stem}_layer{yolo}.bin", "<f4").reshape(1, 255, hw, hw)
     out = np.empty_like(x)
-    heads.yolo_forward(x, out, 3, 80)  # yolov3-tiny: mask of 3 anchors, 80 classes
+    # yolov3-tiny: mask of 3 anchors, 80 classes.
+    heads.yolo_step(x, out, 3, 80, exact=exact).run()
     # w and h are copied untouched; the logistic channels differ by a few ulps at most
     # because the golden binary was built with fast-math, whose vectorised expf rounds
     # differently from the scalar expf used here.
