@@ -156,30 +156,44 @@ cdef void _maxpool_planes(const StepData* d, Py_ssize_t first,
 cdef Py_ssize_t MAXPOOL_SPLIT_OUTPUTS = 1 << 15
 
 
-ctypedef struct MaxpoolJob:
+ctypedef void (*planes_fn)(const StepData* d, Py_ssize_t first,
+                          Py_ssize_t last) noexcept nogil
+
+
+ctypedef struct PlanesJob:
+    # A max pooling's planes [first, last) a part, shared out among the executor's threads.
     const StepData* d
+    planes_fn planes
     Py_ssize_t span  # planes per part
 
 
-cdef void _maxpool_part(void* ctx, int part) noexcept nogil:
-    cdef MaxpoolJob* j = <MaxpoolJob*>ctx
+cdef void _planes_part(void* ctx, int part) noexcept nogil:
+    cdef PlanesJob* j = <PlanesJob*>ctx
     cdef const MaxpoolParams* p = <const MaxpoolParams*>j.d.params
     cdef Py_ssize_t first = part * j.span
-    _maxpool_planes(j.d, first, min(p.planes, first + j.span))
+    j.planes(j.d, first, min(p.planes, first + j.span))
+
+
+cdef void _share_planes(const StepData* d, planes_fn planes) noexcept nogil:
+    # Planes are independent: whole planes a part, every output computed as on one thread.
+    cdef const MaxpoolParams* p = <const MaxpoolParams*>d.params
+    cdef PlanesJob job
+    cdef Py_ssize_t parts = min(p.planes, <Py_ssize_t>cpu_threads() * 4)
+    if parts < 1:
+        return
+    job.d, job.planes = d, planes
+    job.span = (p.planes + parts - 1) // parts
+    run_parts(_planes_part, &job, <int>((p.planes + job.span - 1) // job.span))
 
 
 cdef void _maxpool_step(const StepData* d) noexcept nogil:
-    # Planes are independent: large poolings are shared out among the executor's threads,
-    # whole planes each (every output is computed as on one thread).
+    # Large float32 poolings are shared out among the executor's threads.
     cdef const MaxpoolParams* p = <const MaxpoolParams*>d.params
-    cdef MaxpoolJob job
-    cdef Py_ssize_t parts = min(p.planes, <Py_ssize_t>cpu_threads() * 4)
-    if not d.f32 or parts < 2 or p.planes * p.out_h * p.out_w < MAXPOOL_SPLIT_OUTPUTS:
+    if (not d.f32 or cpu_threads() < 2 or p.planes < 2
+            or p.planes * p.out_h * p.out_w < MAXPOOL_SPLIT_OUTPUTS):
         _maxpool_planes(d, 0, p.planes)
-        return
-    job.d = d
-    job.span = (p.planes + parts - 1) // parts
-    run_parts(_maxpool_part, &job, <int>((p.planes + job.span - 1) // job.span))
+    else:
+        _share_planes(d, _maxpool_planes)
 
 
 def maxpool_step(x, out, int size, int stride_x, int stride_y, int padding) -> NativeStep:
@@ -254,34 +268,19 @@ cdef void _maxpool_train_planes(const floating* src, floating* dst, int32_t* ind
                 indexes[at] = <int32_t>best_at
 
 
-ctypedef struct MaxpoolTrainJob:
-    const StepData* d
-    Py_ssize_t span  # planes per part
-
-
-cdef void _maxpool_train_part(void* ctx, int part) noexcept nogil:
-    cdef MaxpoolTrainJob* j = <MaxpoolTrainJob*>ctx
-    cdef const MaxpoolParams* p = <const MaxpoolParams*>j.d.params
-    cdef Py_ssize_t first = part * j.span, last = min(p.planes, first + j.span)
-    if j.d.f32:
-        _maxpool_train_planes(<const float*>j.d.buf[MAXPOOL_X], <float*>j.d.buf[MAXPOOL_OUT],
-                              <int32_t*>j.d.buf[MAXPOOL_INDEXES], p, first, last)
+cdef void _maxpool_train_range(const StepData* d, Py_ssize_t first,
+                               Py_ssize_t last) noexcept nogil:
+    cdef const MaxpoolParams* p = <const MaxpoolParams*>d.params
+    if d.f32:
+        _maxpool_train_planes(<const float*>d.buf[MAXPOOL_X], <float*>d.buf[MAXPOOL_OUT],
+                              <int32_t*>d.buf[MAXPOOL_INDEXES], p, first, last)
     else:
-        _maxpool_train_planes(<const double*>j.d.buf[MAXPOOL_X],
-                              <double*>j.d.buf[MAXPOOL_OUT],
-                              <int32_t*>j.d.buf[MAXPOOL_INDEXES], p, first, last)
+        _maxpool_train_planes(<const double*>d.buf[MAXPOOL_X], <double*>d.buf[MAXPOOL_OUT],
+                              <int32_t*>d.buf[MAXPOOL_INDEXES], p, first, last)
 
 
 cdef void _maxpool_train_step(const StepData* d) noexcept nogil:
-    # Planes are independent: shared out among the executor's threads, whole planes each.
-    cdef const MaxpoolParams* p = <const MaxpoolParams*>d.params
-    cdef MaxpoolTrainJob job
-    cdef Py_ssize_t parts = min(p.planes, <Py_ssize_t>cpu_threads() * 4)
-    if parts < 1:
-        return
-    job.d = d
-    job.span = (p.planes + parts - 1) // parts
-    run_parts(_maxpool_train_part, &job, <int>((p.planes + job.span - 1) // job.span))
+    _share_planes(d, _maxpool_train_range)
 
 
 def _check_indexes(indexes, out, x, str out_name="out") -> None:

@@ -145,18 +145,20 @@ class YoloOp(Op):
         y = g.node("Concat", [xy, wh, rest], axis=2)
         return g.node("Reshape", [y, g.shape([0, c, h, w])])
 
+    def _cpu_step(self, x: np.ndarray, out: np.ndarray, *, exact: bool) -> NativeStep:
+        v = self.values
+        return cpu_heads.yolo_step(x, out, len(v["mask"]), v["classes"], v["scale_x_y"],
+                                   v["new_coords"], exact=exact)
+
     def cpu_steps(self, state: Any, sources: list[np.ndarray], out: np.ndarray,
                   workspace: np.ndarray | None) -> list[NativeStep]:
         # Inference: the vectorised logistic, as the convolutions' fused activations.
-        v = self.values
-        return [cpu_heads.yolo_step(sources[0], out, len(v["mask"]), v["classes"],
-                                    v["scale_x_y"], v["new_coords"], exact=False)]
+        return [self._cpu_step(sources[0], out, exact=False)]
 
     def emit_cpu_train(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         # Training: Darknet's scalar logistic, so that the loss and its delta see its bits.
+        e.host(e.inputs, [e.output], lambda r, w: [self._cpu_step(r[0], w[0], exact=True)])
         v = self.values
-        e.host(e.inputs, [e.output], lambda r, w: [cpu_heads.yolo_step(
-            r[0], w[0], len(v["mask"]), v["classes"], v["scale_x_y"], v["new_coords"])])
         truths = ts.truth(e.batch)
         stats = ts.buffer("stats", (len(yolo_loss.YOLO_STAT_NAMES),), np.float64)
         net_w, net_h = ts.net_size
