@@ -22,9 +22,10 @@ from darknet_metal.cpu.im2col cimport col2im, im2col
 from darknet_metal.cpu.kernels cimport (
     dm_bias_act_f32,
     DM_DIRECT_FB,
-    dm_conv3x3_direct_prepare_f32,
+    dm_conv3x3_direct_pad_f32,
     dm_conv3x3_direct_rows_f32,
     dm_conv3x3_direct_scratch,
+    dm_conv3x3_direct_weights_f32,
 )
 from darknet_metal.cpu.step cimport NativeStep, StepData, StepFn, new_step
 
@@ -60,6 +61,14 @@ cdef Py_ssize_t IM2COL_BLOCK = 1 << 16
 #: rather than by im2col + GEMM: with K = 9*C this small, BLAS runs far below its peak.
 cdef Py_ssize_t DIRECT_MAX = 16
 DIRECT_MAX_CHANNELS = DIRECT_MAX
+#: The same for stride 2.
+cdef Py_ssize_t DIRECT_MAX_STRIDE2 = 64
+DIRECT_MAX_CHANNELS_STRIDE2 = DIRECT_MAX_STRIDE2
+
+
+def _set_direct_limits(int stride1, int stride2) -> None:
+    global DIRECT_MAX, DIRECT_MAX_STRIDE2
+    DIRECT_MAX, DIRECT_MAX_STRIDE2 = stride1, stride2
 
 
 def workspace_size(int channels, int ksize, int groups, int out_h, int out_w) -> int:
@@ -150,20 +159,57 @@ cdef void _block_part(void* ctx, int part) noexcept nogil:
 
 
 ctypedef struct DirectJob:
+    const float* x
     const float* bias
-    const float* scratch
+    float* scratch
     float* out
     const ConvParams* p
-    Py_ssize_t row_parts, rows
+    Py_ssize_t row_parts, rows, fblocks, fb_parts, fbs, pad_channels
+
+
+cdef void _direct_pad_part(void* ctx, int part) noexcept nogil:
+    cdef DirectJob* j = <DirectJob*>ctx
+    cdef Py_ssize_t c0 = part * j.pad_channels
+    dm_conv3x3_direct_pad_f32(j.x, j.p.height, j.p.width, j.p.stride_x, c0,
+                              min(j.p.channels, c0 + j.pad_channels), j.scratch)
 
 
 cdef void _direct_part(void* ctx, int part) noexcept nogil:
     cdef DirectJob* j = <DirectJob*>ctx
     cdef const ConvParams* p = j.p
-    cdef Py_ssize_t fb = part // j.row_parts
-    cdef Py_ssize_t y0 = (part % j.row_parts) * j.rows, y1 = min(p.height, y0 + j.rows)
-    dm_conv3x3_direct_rows_f32(p.channels, p.height, p.width, j.bias, p.filters, p.act,
-                               j.scratch, fb, y0, y1, j.out)
+    cdef Py_ssize_t fb0 = (part // j.row_parts) * j.fbs, fb1 = min(j.fblocks, fb0 + j.fbs)
+    cdef Py_ssize_t y0 = (part % j.row_parts) * j.rows, y1 = min(p.out_h, y0 + j.rows)
+    dm_conv3x3_direct_rows_f32(p.channels, p.height, p.width, p.stride_x, j.bias, p.filters,
+                               p.act, j.scratch, fb0, fb1, y0, y1, j.out)
+
+
+cdef void _conv2d_direct(const float* x, const float* weights, const float* bias, float* out,
+                         float* workspace, const ConvParams* p, bint split) noexcept nogil:
+    cdef Py_ssize_t b, pad_parts = 1, parts = 1
+    cdef int threads = cpu_threads()
+    cdef DirectJob job
+    job.bias, job.scratch, job.p = bias, workspace, p
+    job.fblocks = (p.filters + DM_DIRECT_FB - 1) // DM_DIRECT_FB
+    if split:
+        parts = threads * DIRECT_PARTS_PER_THREAD
+        pad_parts = min(p.channels, threads)
+    # Parts are blocks of rows with every filter block (a row's input then stays in cache
+    # across them), split by filter blocks too only when there are fewer rows than parts.
+    job.fb_parts = min(job.fblocks, (parts + p.out_h - 1) // p.out_h)
+    job.fbs = (job.fblocks + job.fb_parts - 1) // job.fb_parts
+    job.fb_parts = (job.fblocks + job.fbs - 1) // job.fbs
+    job.row_parts = min(p.out_h, (parts + job.fb_parts - 1) // job.fb_parts)
+    job.rows = (p.out_h + job.row_parts - 1) // job.row_parts
+    job.row_parts = (p.out_h + job.rows - 1) // job.rows
+    job.pad_channels = (p.channels + pad_parts - 1) // pad_parts
+    pad_parts = (p.channels + job.pad_channels - 1) // job.pad_channels
+    dm_conv3x3_direct_weights_f32(weights, p.channels, p.height, p.width, p.stride_x,
+                                  p.filters, workspace)
+    for b in range(p.batch):
+        job.x = x + b * p.channels * p.height * p.width
+        job.out = out + b * p.filters * p.out_h * p.out_w
+        run_parts(_direct_pad_part, &job, <int>pad_parts)
+        run_parts(_direct_part, &job, <int>(job.fb_parts * job.row_parts))
 
 
 cdef void _conv2d(const floating* x, const floating* weights, const floating* bias,
@@ -175,39 +221,27 @@ cdef void _conv2d(const floating* x, const floating* weights, const floating* bi
     cdef Py_ssize_t in_plane = height * width
     # The direct kernel takes its scratch from the workspace; a caller that sized it for
     # im2col only may have given too little, and then the GEMM path runs instead.
-    cdef bint direct3 = (floating is float and p.ksize == 3 and p.stride_x == 1
-                         and p.stride_y == 1 and p.pad == 1 and p.dilation == 1
-                         and p.groups == 1 and channels <= DIRECT_MAX
+    cdef bint direct3 = (floating is float and p.ksize == 3 and p.stride_x == p.stride_y
+                         and p.pad == 1 and p.dilation == 1 and p.groups == 1
+                         and ((p.stride_x == 1 and channels <= DIRECT_MAX)
+                              or (p.stride_x == 2 and channels <= DIRECT_MAX_STRIDE2))
                          and p.workspace_size >= dm_conv3x3_direct_scratch(
-                             channels, filters, height, width))
+                             channels, filters, height, width, p.stride_x))
     # Unfold a block of output rows at a time so the im2col columns stay in cache between
     # being written and being multiplied.
     cdef Py_ssize_t block_rows = max(1, IM2COL_BLOCK // max(1, k * out_w))
     cdef Py_ssize_t blocks = (out_h + block_rows - 1) // block_rows
     cdef int threads = cpu_threads()
     cdef bint split = threads > 1 and <double>fg * spatial * k >= SPLIT_WORK
-    cdef Py_ssize_t b, g, oy0, oy1, cols, fblocks
+    cdef Py_ssize_t b, g, oy0, oy1, cols
     cdef const floating* src
     cdef floating* dst
     cdef BlockJob block_job
-    cdef DirectJob direct_job
+    if floating is float:
+        if direct3:
+            _conv2d_direct(x, weights, bias, out, workspace, p, split)
+            return
     for b in range(p.batch):
-        if floating is float:
-            if direct3:
-                dm_conv3x3_direct_prepare_f32(x + b * channels * in_plane, channels, height,
-                                              width, weights, filters, workspace)
-                fblocks = (filters + DM_DIRECT_FB - 1) // DM_DIRECT_FB
-                direct_job.bias, direct_job.scratch = bias, workspace
-                direct_job.out, direct_job.p = out + b * filters * spatial, p
-                direct_job.row_parts = 1
-                if split:
-                    direct_job.row_parts = max(
-                        1, min(height, (threads * DIRECT_PARTS_PER_THREAD + fblocks - 1)
-                               // fblocks))
-                direct_job.rows = (height + direct_job.row_parts - 1) // direct_job.row_parts
-                direct_job.row_parts = (height + direct_job.rows - 1) // direct_job.rows
-                run_parts(_direct_part, &direct_job, <int>(fblocks * direct_job.row_parts))
-                continue
         for g in range(p.groups):
             src = x + (b * channels + g * cg) * in_plane
             dst = out + (b * filters + g * fg) * spatial

@@ -244,46 +244,81 @@ static DM_CLONES void dm_maxpool2x2s2_f32(const float *src, float *dst, ptrdiff_
 typedef float dm_v16 __attribute__((vector_size(64)));
 typedef float dm_v16u __attribute__((vector_size(64), aligned(4), may_alias));
 
-/* Output columns computed together by the direct convolution, and filters per pass. */
-#define DM_DIRECT_XB 16
-#define DM_DIRECT_FB 8
+typedef float dm_v8 __attribute__((vector_size(32)));
+typedef float dm_v8u __attribute__((vector_size(32), aligned(4), may_alias));
 
-/* Floats of scratch dm_conv3x3_direct_f32 needs. */
-static inline ptrdiff_t dm_conv3x3_direct_scratch(ptrdiff_t channels, ptrdiff_t filters,
-                                                  ptrdiff_t height, ptrdiff_t width)
+/* Filters computed together by the direct convolution, and the column multiple its padded
+ * rows are laid out to (the widest variant's block). */
+#define DM_DIRECT_FB 8
+#define DM_DIRECT_XPAD 32
+
+/* Floats of one phase of a padded input row of the direct convolution: whole blocks of
+ * output columns plus the taps past the last. */
+static inline ptrdiff_t dm_direct_phase_width(ptrdiff_t out_w)
 {
-    ptrdiff_t wp = (width + DM_DIRECT_XB - 1) / DM_DIRECT_XB * DM_DIRECT_XB + 2;
-    ptrdiff_t fblocks = (filters + DM_DIRECT_FB - 1) / DM_DIRECT_FB;
-    return channels * (height + 2) * wp + fblocks * channels * 9 * DM_DIRECT_FB;
+    return (out_w + DM_DIRECT_XPAD - 1) / DM_DIRECT_XPAD * DM_DIRECT_XPAD + 2;
 }
 
-/* 3x3, stride 1, pad 1 convolution of one image computed directly (no im2col), for few
- * input channels where the GEMM's inner dimension would be too thin for BLAS, in two parts
- * so that the second can be shared out among threads:
- * dm_conv3x3_direct_prepare_f32 fills scratch (dm_conv3x3_direct_scratch() floats: a
- * zero-padded copy of x and the weights regrouped by blocks of DM_DIRECT_FB filters), then
- * dm_conv3x3_direct_rows_f32 computes output rows [y0, y1) of filter block fb.
+/* Floats of scratch the direct convolution needs: the padded input, then the weights. */
+static inline ptrdiff_t dm_conv3x3_direct_scratch(ptrdiff_t channels, ptrdiff_t filters,
+                                                  ptrdiff_t height, ptrdiff_t width,
+                                                  ptrdiff_t stride)
+{
+    const ptrdiff_t out_w = (width - 1) / stride + 1;
+    const ptrdiff_t fblocks = (filters + DM_DIRECT_FB - 1) / DM_DIRECT_FB;
+    return channels * (height + 2) * stride * dm_direct_phase_width(out_w)
+           + fblocks * channels * 9 * DM_DIRECT_FB;
+}
+
+/* 3x3, pad 1, stride 1 or 2 convolution of one image computed directly (no im2col), for
+ * few input channels where the GEMM's inner dimension would be too thin for BLAS, in parts
+ * that can be shared out among threads. Scratch (dm_conv3x3_direct_scratch() floats) holds
+ * the input zero-padded, each padded row split into `stride` phases (phase p, column j =
+ * padded column stride*j + p) so every tap of a run of output columns is a contiguous
+ * read, then the weights regrouped by blocks of DM_DIRECT_FB filters.
+ * dm_conv3x3_direct_pad_f32 fills the padded planes of channels [c0, c1);
+ * dm_conv3x3_direct_weights_f32 the weights; then dm_conv3x3_direct_rows_f32 computes output
+ * rows [y0, y1) of filter blocks [fb0, fb1).
  * x: (channels, height, width); weights: (filters, channels*9) in (c, ky, kx) order;
- * out: (filters, height, width) = act(sum_{c,ky,kx} w*x + bias), the sum taken in
- * (c, ky, kx) order from 0 and the bias added last, act one dm_act_fusable() accepts (any
- * other is left undone). */
-static inline void dm_conv3x3_direct_prepare_f32(const float *x, ptrdiff_t channels,
+ * out: (filters, out_h, out_w), out = (in - 1) / stride + 1, = act(sum_{c,ky,kx} w*x +
+ * bias), the sum a chain of fused multiply-adds in (c, ky, kx) order from 0 and the bias
+ * added last, act one dm_act_fusable() accepts (any other is left undone). */
+static inline void dm_conv3x3_direct_pad_f32(const float *x, ptrdiff_t height,
+                                             ptrdiff_t width, ptrdiff_t stride, ptrdiff_t c0,
+                                             ptrdiff_t c1, float *scratch)
+{
+    const ptrdiff_t pw = dm_direct_phase_width((width - 1) / stride + 1);
+    const ptrdiff_t row_len = stride * pw, plane = (height + 2) * row_len;
+    for (ptrdiff_t c = c0; c < c1; c++) {
+        float *dst = scratch + c * plane;
+        memset(dst, 0, (size_t)row_len * sizeof(float));
+        memset(dst + (height + 1) * row_len, 0, (size_t)row_len * sizeof(float));
+        for (ptrdiff_t y = 0; y < height; y++) {
+            const float *src = x + (c * height + y) * width;
+            float *row = dst + (y + 1) * row_len;
+            memset(row, 0, (size_t)row_len * sizeof(float));
+            if (stride == 1) {
+                memcpy(row + 1, src, (size_t)width * sizeof(float));
+                continue;
+            }
+            /* Phase 0 holds input columns -1, 1, 3, ...; phase 1 columns 0, 2, 4, ... */
+            for (ptrdiff_t j = 1; 2 * j - 1 < width; j++)
+                row[j] = src[2 * j - 1];
+            for (ptrdiff_t j = 0; 2 * j < width; j++)
+                row[pw + j] = src[2 * j];
+        }
+    }
+}
+
+static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t channels,
                                                  ptrdiff_t height, ptrdiff_t width,
-                                                 const float *weights, ptrdiff_t filters,
+                                                 ptrdiff_t stride, ptrdiff_t filters,
                                                  float *scratch)
 {
     const ptrdiff_t k = channels * 9;
-    const ptrdiff_t wp = (width + DM_DIRECT_XB - 1) / DM_DIRECT_XB * DM_DIRECT_XB + 2;
-    const ptrdiff_t hp = height + 2;
+    const ptrdiff_t pw = dm_direct_phase_width((width - 1) / stride + 1);
     const ptrdiff_t fblocks = (filters + DM_DIRECT_FB - 1) / DM_DIRECT_FB;
-    float *padded = scratch;
-    float *wblk = scratch + channels * hp * wp;
-
-    memset(padded, 0, (size_t)(channels * hp * wp) * sizeof(float));
-    for (ptrdiff_t c = 0; c < channels; c++)
-        for (ptrdiff_t y = 0; y < height; y++)
-            memcpy(padded + (c * hp + y + 1) * wp + 1, x + (c * height + y) * width,
-                   (size_t)width * sizeof(float));
+    float *wblk = scratch + channels * (height + 2) * stride * pw;
     /* wblk[fb][kk][f]: the FB filters of a block side by side for each tap; filters past
      * the end get zero weights and are never stored. */
     for (ptrdiff_t fb = 0; fb < fblocks; fb++)
@@ -295,51 +330,146 @@ static inline void dm_conv3x3_direct_prepare_f32(const float *x, ptrdiff_t chann
             }
 }
 
-static DM_CLONES void dm_conv3x3_direct_rows_f32(ptrdiff_t channels, ptrdiff_t height,
-                                                 ptrdiff_t width, const float *bias,
-                                                 ptrdiff_t filters, int act,
-                                                 const float *scratch, ptrdiff_t fb,
-                                                 ptrdiff_t y0, ptrdiff_t y1, float *out)
+/* The row kernel's variants: blocks of 32 columns (16 accumulators) with AVX-512, of 8 (8
+ * accumulators) with AVX2 + FMA and elsewhere (NEON's 32 registers hold 8 accumulators of
+ * two vectors). On an x86-64 CPU without FMA the default calls libm's fmaf: slow but the
+ * same bits. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+#define DM_DR_NAME dm_direct_rows_v4
+#define DM_DR_BODY dm_direct_rows_v4_body
+#define DM_DR_ATTR __attribute__((target("arch=x86-64-v4"), unused))
+#define DM_DR_VEC dm_v16
+#define DM_DR_VECU dm_v16u
+#define DM_DR_XV 2
+#include "direct_rows.h"
+#define DM_DR_NAME dm_direct_rows_v3
+#define DM_DR_BODY dm_direct_rows_v3_body
+#define DM_DR_ATTR __attribute__((target("arch=x86-64-v3"), unused))
+#define DM_DR_VEC dm_v8
+#define DM_DR_VECU dm_v8u
+#define DM_DR_XV 1
+#include "direct_rows.h"
+#endif
+#define DM_DR_NAME dm_direct_rows_base
+#define DM_DR_BODY dm_direct_rows_base_body
+#define DM_DR_ATTR __attribute__((unused))
+#define DM_DR_VEC dm_v8
+#define DM_DR_VECU dm_v8u
+#define DM_DR_XV 1
+#include "direct_rows.h"
+
+/* The widest variant of the FMA kernels this CPU runs: 4 (x86-64-v4: AVX-512), 3
+ * (x86-64-v3: AVX2 + FMA) or 0 (the portable one). */
+static inline int dm_fma_level(void)
 {
-    const ptrdiff_t k = channels * 9;
-    const ptrdiff_t wp = (width + DM_DIRECT_XB - 1) / DM_DIRECT_XB * DM_DIRECT_XB + 2;
-    const ptrdiff_t hp = height + 2;
-    const float *padded = scratch;
-    const float *wb = scratch + channels * hp * wp + fb * k * DM_DIRECT_FB;
-    const ptrdiff_t nf = filters - fb * DM_DIRECT_FB < DM_DIRECT_FB
-                             ? filters - fb * DM_DIRECT_FB
-                             : DM_DIRECT_FB;
-    for (ptrdiff_t y = y0; y < y1; y++) {
-        for (ptrdiff_t x0 = 0; x0 < width; x0 += DM_DIRECT_XB) {
-            dm_v16 acc[DM_DIRECT_FB];
-            for (int f = 0; f < DM_DIRECT_FB; f++)
-                acc[f] = (dm_v16){0};
-            for (ptrdiff_t c = 0; c < channels; c++) {
-                for (int ky = 0; ky < 3; ky++) {
-                    const float *row = padded + (c * hp + y + ky) * wp + x0;
-                    for (int kx = 0; kx < 3; kx++) {
-                        const dm_v16 s = *(const dm_v16u *)(row + kx);
-                        const float *wk = wb + ((c * 3 + ky) * 3 + kx) * DM_DIRECT_FB;
-                        for (int f = 0; f < DM_DIRECT_FB; f++)
-                            acc[f] = acc[f] + wk[f] * s;
-                    }
-                }
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4"))
+        return 4;
+    if (__builtin_cpu_supports("x86-64-v3"))
+        return 3;
+#endif
+    return 0;
+}
+
+static inline void dm_conv3x3_direct_rows_f32(ptrdiff_t channels, ptrdiff_t height,
+                                              ptrdiff_t width, ptrdiff_t stride,
+                                              const float *bias, ptrdiff_t filters, int act,
+                                              const float *scratch, ptrdiff_t fb0,
+                                              ptrdiff_t fb1, ptrdiff_t y0, ptrdiff_t y1,
+                                              float *out)
+{
+    switch (dm_fma_level()) {
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+    case 4:
+        dm_direct_rows_v4(channels, height, width, stride, bias, filters, act, scratch, fb0,
+                          fb1, y0, y1, out);
+        return;
+    case 3:
+        dm_direct_rows_v3(channels, height, width, stride, bias, filters, act, scratch, fb0,
+                          fb1, y0, y1, out);
+        return;
+#endif
+    default:
+        dm_direct_rows_base(channels, height, width, stride, bias, filters, act, scratch, fb0,
+                            fb1, y0, y1, out);
+    }
+}
+
+/* Rows of weights the packed product computes together, and the floats of its right-hand
+ * operand one pass over the weights keeps in cache (128 KiB). */
+#define DM_GEMM8_M 8
+#define DM_GEMM8_PANEL 32768
+
+/* Floats of a (m, k) matrix packed by dm_pack8_f32. */
+static inline ptrdiff_t dm_pack8_size(ptrdiff_t m, ptrdiff_t k)
+{
+    return (m + DM_GEMM8_M - 1) / DM_GEMM8_M * DM_GEMM8_M * k;
+}
+
+/* packed[mb][kk][f] = a[mb*8 + f][kk] for the (m, k) row-major a: blocks of 8 rows, each
+ * stored column by column (rows past m are zero), the order dm_gemm8_f32 reads. */
+static inline void dm_pack8_f32(const float *a, ptrdiff_t m, ptrdiff_t k, float *packed)
+{
+    for (ptrdiff_t mb = 0; mb < (m + DM_GEMM8_M - 1) / DM_GEMM8_M; mb++)
+        for (ptrdiff_t kk = 0; kk < k; kk++)
+            for (ptrdiff_t f = 0; f < DM_GEMM8_M; f++) {
+                const ptrdiff_t row = mb * DM_GEMM8_M + f;
+                packed[(mb * k + kk) * DM_GEMM8_M + f] = row < m ? a[row * k + kk] : 0.0f;
             }
-            const ptrdiff_t nx = width - x0 < DM_DIRECT_XB ? width - x0 : DM_DIRECT_XB;
-            for (ptrdiff_t f = 0; f < nf; f++) {
-                const ptrdiff_t ff = fb * DM_DIRECT_FB + f;
-                float *o = out + (ff * height + y) * width + x0;
-                const dm_v16 v = acc[f] + bias[ff];
-                if (nx == DM_DIRECT_XB)
-                    *(dm_v16u *)o = v;
-                else
-                    for (ptrdiff_t j = 0; j < nx; j++)
-                        o[j] = v[j];
-            }
-        }
-        /* The activation on the finished rows while they are in L1. */
-        for (ptrdiff_t f = 0; act != DM_ACT_LINEAR && f < nf; f++)
-            dm_act_inplace(out + ((fb * DM_DIRECT_FB + f) * height + y) * width, width, act);
+}
+
+/* c[i][x] = act(sum_kk a[i][kk] * b[kk][x] + bias[i]) for the rows i of 8-row blocks
+ * [mb0, mb1) and the columns x in [x0, x1), with a (m, k) packed by dm_pack8_f32, b (k, n)
+ * and c (m, n) row-major, x0 a multiple of 32 (parts running at once may share out the rows
+ * and columns: each writes only its own). The sum is a chain of fused multiply-adds in kk
+ * order from 0, the bias (none if NULL) added last; act one dm_act_fusable() accepts.
+ * No packing of b: its rows are read in place (the product of a 1x1 convolution's weights
+ * with its input planes). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+#define DM_PG_NAME dm_gemm8_v4
+#define DM_PG_BODY dm_gemm8_v4_body
+#define DM_PG_ATTR __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast"), unused))
+#define DM_PG_FMA(acc, a, b) ((acc) = (acc) + (a) * (b))
+#define DM_PG_VEC dm_v16
+#define DM_PG_VECU dm_v16u
+#define DM_PG_XV 2
+#include "packed_gemm.h"
+#define DM_PG_NAME dm_gemm8_v3
+#define DM_PG_BODY dm_gemm8_v3_body
+#define DM_PG_ATTR __attribute__((target("arch=x86-64-v3"), optimize("fp-contract=fast"), unused))
+#define DM_PG_FMA(acc, a, b) ((acc) = (acc) + (a) * (b))
+#define DM_PG_VEC dm_v8
+#define DM_PG_VECU dm_v8u
+#define DM_PG_XV 1
+#include "packed_gemm.h"
+#endif
+#define DM_PG_NAME dm_gemm8_base
+#define DM_PG_BODY dm_gemm8_base_body
+#define DM_PG_ATTR __attribute__((unused))
+#define DM_PG_FMA(acc, a, b)                             \
+    for (int l_ = 0; l_ < 8; l_++)                       \
+        (acc)[l_] = __builtin_fmaf((a)[l_], (b)[l_], (acc)[l_])
+#define DM_PG_VEC dm_v8
+#define DM_PG_VECU dm_v8u
+#define DM_PG_XV 1
+#include "packed_gemm.h"
+
+static inline void dm_gemm8_f32(ptrdiff_t m, ptrdiff_t k, const float *packed, const float *b,
+                                ptrdiff_t n, const float *bias, int act, ptrdiff_t mb0,
+                                ptrdiff_t mb1, ptrdiff_t x0, ptrdiff_t x1, float *c)
+{
+    switch (dm_fma_level()) {
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+    case 4:
+        dm_gemm8_v4(m, k, packed, b, n, bias, act, mb0, mb1, x0, x1, c);
+        return;
+    case 3:
+        dm_gemm8_v3(m, k, packed, b, n, bias, act, mb0, mb1, x0, x1, c);
+        return;
+#endif
+    default:
+        dm_gemm8_base(m, k, packed, b, n, bias, act, mb0, mb1, x0, x1, c);
     }
 }
 

@@ -33,14 +33,24 @@ cdef extern from "kernels.h" nogil:
                              Py_ssize_t w, Py_ssize_t out_h, Py_ssize_t out_w)
     enum: DM_DIRECT_FB  # filters per block of the direct convolution
     Py_ssize_t dm_conv3x3_direct_scratch(Py_ssize_t channels, Py_ssize_t filters,
-                                         Py_ssize_t height, Py_ssize_t width)
-    void dm_conv3x3_direct_prepare_f32(const float* x, Py_ssize_t channels, Py_ssize_t height,
-                                       Py_ssize_t width, const float* weights,
+                                         Py_ssize_t height, Py_ssize_t width,
+                                         Py_ssize_t stride)
+    void dm_conv3x3_direct_pad_f32(const float* x, Py_ssize_t height, Py_ssize_t width,
+                                   Py_ssize_t stride, Py_ssize_t c0, Py_ssize_t c1,
+                                   float* scratch)
+    void dm_conv3x3_direct_weights_f32(const float* weights, Py_ssize_t channels,
+                                       Py_ssize_t height, Py_ssize_t width, Py_ssize_t stride,
                                        Py_ssize_t filters, float* scratch)
     void dm_conv3x3_direct_rows_f32(Py_ssize_t channels, Py_ssize_t height, Py_ssize_t width,
-                                    const float* bias, Py_ssize_t filters, int act,
-                                    const float* scratch, Py_ssize_t fb, Py_ssize_t y0,
-                                    Py_ssize_t y1, float* out)
+                                    Py_ssize_t stride, const float* bias, Py_ssize_t filters,
+                                    int act, const float* scratch, Py_ssize_t fb0,
+                                    Py_ssize_t fb1, Py_ssize_t y0, Py_ssize_t y1, float* out)
+    enum: DM_GEMM8_M  # weight rows per block of the packed product
+    Py_ssize_t dm_pack8_size(Py_ssize_t m, Py_ssize_t k)
+    void dm_pack8_f32(const float* a, Py_ssize_t m, Py_ssize_t k, float* packed)
+    void dm_gemm8_f32(Py_ssize_t m, Py_ssize_t k, const float* packed, const float* b,
+                      Py_ssize_t n, const float* bias, int act, Py_ssize_t mb0,
+                      Py_ssize_t mb1, Py_ssize_t x0, Py_ssize_t x1, float* c)
     void dm_wino2_input_f32(const float* x, Py_ssize_t channels, Py_ssize_t c0, Py_ssize_t c1,
                             Py_ssize_t height, Py_ssize_t width, Py_ssize_t tiles_y,
                             Py_ssize_t tiles_x, float* v)

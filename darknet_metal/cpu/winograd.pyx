@@ -22,6 +22,11 @@ from cython cimport floating
 from darknet_metal.cpu.activations cimport ACT_COUNT, activate_array
 from darknet_metal.cpu.blas cimport cpu_threads, gemm_rowmajor_batch, part_fn, run_parts
 from darknet_metal.cpu.kernels cimport (
+    DM_ACT_LINEAR,
+    DM_GEMM8_M,
+    dm_gemm8_f32,
+    dm_pack8_f32,
+    dm_pack8_size,
     dm_wino2_input_f32,
     dm_wino2_output_f32,
     dm_wino4_input_f32,
@@ -52,13 +57,30 @@ def _check_tile(int tile) -> int:
 
 
 def transform_filters(weights: np.ndarray, channels: int, tile: int = 2) -> np.ndarray:
-    """Darknet weights (F, C*3*3) -> Winograd filters ((tile+2)^2, F, C) for F(tile x tile,
-    3x3), computed in float64."""
+    """Darknet weights (F, C*3*3) -> the Winograd filters of F(tile x tile, 3x3), computed in
+    float64, in the layout ``winograd_step`` takes for their dtype: float64 ((tile+2)^2, F,
+    C); float32 ((tile+2)^2, ``packed_size(F, C)``), each position's (F, C) matrix packed for
+    ``kernels.h``'s ``dm_gemm8_f32`` (the GEMMs then read the transformed input in place)."""
     g_t = _G[_check_tile(tile)]
     f = weights.shape[0]
     g = np.asarray(weights, np.float64).reshape(f, channels, 3, 3)
     u = np.einsum("ik,fckl,jl->ijfc", g_t, g, g_t)
-    return np.ascontiguousarray(u.reshape((tile + 2) ** 2, f, channels), dtype=weights.dtype)
+    u = np.ascontiguousarray(u.reshape((tile + 2) ** 2, f, channels), dtype=weights.dtype)
+    if u.dtype != np.float32:
+        return u
+    packed = np.empty(((tile + 2) ** 2, dm_pack8_size(f, channels)), np.float32)
+    cdef float[:, :, ::1] src = u
+    cdef float[:, ::1] dst = packed
+    cdef Py_ssize_t i
+    if f and channels:
+        for i in range(u.shape[0]):
+            dm_pack8_f32(&src[i, 0, 0], f, channels, &dst[i, 0])
+    return packed
+
+
+def packed_size(int filters, int channels) -> int:
+    """Floats of one position's packed float32 Winograd filters."""
+    return dm_pack8_size(filters, channels)
 
 
 def workspace_size(int channels, int filters, int height, int width, int tile=2) -> int:
@@ -267,6 +289,21 @@ cdef void _output_part(void* ctx, int part) noexcept nogil:
                             j.tiles_x, j.act, j.out)
 
 
+ctypedef struct GemmJob:
+    const float* filters  # packed, a position after another
+    const float* v
+    float* m
+    Py_ssize_t channels, nf, tiles
+
+
+cdef void _gemm_part(void* ctx, int part) noexcept nogil:
+    cdef GemmJob* j = <GemmJob*>ctx
+    dm_gemm8_f32(j.nf, j.channels, j.filters + part * dm_pack8_size(j.nf, j.channels),
+                 j.v + part * j.channels * j.tiles, j.tiles, NULL, DM_ACT_LINEAR, 0,
+                 (j.nf + DM_GEMM8_M - 1) // DM_GEMM8_M, 0, j.tiles,
+                 j.m + part * j.nf * j.tiles)
+
+
 cdef inline void _run_split(part_fn fn, TransformJob* job, int threads) noexcept nogil:
     cdef Py_ssize_t parts = min(job.count, <Py_ssize_t>threads * TRANSFORM_PARTS_PER_THREAD)
     job.span = (job.count + parts - 1) // parts
@@ -284,6 +321,7 @@ cdef void _winograd(const floating* x, const floating* filters, const floating* 
     cdef floating* m = v + alpha * alpha * channels * tiles
     cdef Py_ssize_t b
     cdef TransformJob job
+    cdef GemmJob gemm_job
     cdef int threads = cpu_threads()
     if channels == 0 or nf == 0:
         threads = 1  # nothing to split (and no part of zero width)
@@ -307,10 +345,16 @@ cdef void _winograd(const floating* x, const floating* filters, const floating* 
         else:
             input_transform(x + b * channels * plane, channels, height, width, tiles_y,
                             tiles_x, v)
-        gemm_rowmajor_batch(alpha * alpha, False, False, <int>nf, <int>tiles, <int>channels,
-                            filters, <int>channels, nf * channels,
-                            v, <int>tiles, channels * tiles,
-                            0, m, <int>tiles, nf * tiles)
+        if floating is float:
+            # A part per position: its packed filters times its transformed tiles.
+            gemm_job.filters, gemm_job.v, gemm_job.m = filters, v, m
+            gemm_job.channels, gemm_job.nf, gemm_job.tiles = channels, nf, tiles
+            run_parts(_gemm_part, &gemm_job, alpha * alpha)
+        else:
+            gemm_rowmajor_batch(alpha * alpha, False, False, <int>nf, <int>tiles,
+                                <int>channels, filters, <int>channels, nf * channels,
+                                v, <int>tiles, channels * tiles,
+                                0, m, <int>tiles, nf * tiles)
         if floating is float:
             job.m, job.bias, job.out = m, bias, out + b * nf * plane
             job.count, job.act = nf, p.act
@@ -343,23 +387,26 @@ def winograd_step(x, filters, bias, out, workspace, int act) -> NativeStep:
     """``out = act(conv3x3(x, stride 1, pad 1) + bias)`` through F(2x2, 3x3) or F(4x4, 3x3),
     as ``filters`` were transformed for.
 
-    x: (N, C, H, W); filters: (16, F, C) or (36, F, C) from ``transform_filters`` with tile
-    2 or 4; bias: (F,); out: (N, F, H, W); workspace: 1-D, at least ``workspace_size(C, F,
+    x: (N, C, H, W); filters: ``transform_filters`` with tile 2 or 4 ((16 or 36, F, C) in
+    float64, packed (16 or 36, ``packed_size(F, C)``) in float32); bias: (F,); out: (N, F, H, W); workspace: 1-D, at least ``workspace_size(C, F,
     H, W, tile)`` elements. All C-contiguous, of one dtype (float32 or float64). ``act`` is
     an elementwise activation id.
     """
     check_input("x", x)
-    check_input("filters", filters, (3,), x, layout="(16 or 36, F, C)")
+    check_input("filters", filters, (2, 3), x, layout="(16 or 36, F, C) or (16 or 36, packed)")
     check_input("bias", bias, (1,), x, layout="(F,)")
     check_input("out", out, (4,), x, writable=True)
     cdef Py_ssize_t batch, channels, height, width
-    cdef Py_ssize_t nf = filters.shape[1]
+    cdef Py_ssize_t nf = bias.shape[0]
     batch, channels, height, width = x.shape
     tile = {16: 2, 36: 4}.get(filters.shape[0], 0)
-    if tile == 0 or filters.shape[2] != channels:
+    layout = ((filters.shape[0], dm_pack8_size(nf, channels)) if x.dtype == np.float32
+              else (filters.shape[0], nf, channels))
+    if tile == 0 or filters.shape != layout:
         raise ArgumentError(f"winograd_forward: filters shape {filters.shape}, expected "
-                            f"(16, F, {channels}) or (36, F, {channels})")
-    if bias.shape[0] != nf or out.shape != (batch, nf, height, width):
+                            f"{(16,) + layout[1:]} or {(36,) + layout[1:]} "
+                            f"(transform_filters of {nf} filters, {channels} channels)")
+    if out.shape != (batch, nf, height, width):
         raise ArgumentError(f"winograd_forward: out {out.shape} / bias {bias.shape} do not "
                             f"match ({batch}, {nf}, {height}, {width})")
     check_workspace(workspace, x, workspace_size(channels, nf, height, width, tile),

@@ -136,10 +136,19 @@ def test_winograd_refuses_unknown_tiles_and_filter_shapes():
         winograd.workspace_size(4, 2, 8, 8, 5)
     out = np.zeros((1, 2, 8, 8), np.float32)
     ws = np.zeros(winograd.workspace_size(4, 2, 8, 8, 4), np.float32)
-    with pytest.raises(ArgumentError, match=r"\(16, F, 4\) or \(36, F, 4\)"):
+    # float32 filters are packed ((16 or 36, packed_size(F, C))), float64 ones are not.
+    packed = winograd.packed_size(2, 4)
+    with pytest.raises(ArgumentError, match=rf"\(16, {packed}\) or \(36, {packed}\)"):
         winograd.winograd_forward(x, np.zeros((25, 2, 4), np.float32), np.zeros(2, np.float32),
                                   out, ws, LEAKY)
-    small = np.zeros(winograd.workspace_size(4, 2, 8, 8, 4) - 1, np.float32)
-    with pytest.raises(ArgumentError, match="workspace"):
+    with pytest.raises(ArgumentError, match=rf"\(16, {packed}\) or \(36, {packed}\)"):
         winograd.winograd_forward(x, np.zeros((36, 2, 4), np.float32), np.zeros(2, np.float32),
-                                  out, small, LEAKY)
+                                  out, ws, LEAKY)
+    with pytest.raises(ArgumentError, match=r"\(16, 2, 4\) or \(36, 2, 4\)"):
+        winograd.winograd_forward(x.astype(np.float64), np.zeros((36, packed)),
+                                  np.zeros(2), out.astype(np.float64), ws.astype(np.float64),
+                                  LEAKY)
+    small = np.zeros(winograd.workspace_size(4, 2, 8, 8, 4) - 1, np.float32)
+    filters = winograd.transform_filters(np.zeros((2, 36), np.float32), 4, 4)
+    with pytest.raises(ArgumentError, match="workspace"):
+        winograd.winograd_forward(x, filters, np.zeros(2, np.float32), out, small, LEAKY)

@@ -1,0 +1,103 @@
+/* One instruction-set variant of the direct 3x3 convolution's row kernel (see
+ * dm_conv3x3_direct_rows_f32 in kernels.h). A template, included once per variant with
+ *   DM_DR_NAME   the function's name, DM_DR_BODY its body's,
+ *   DM_DR_ATTR   its attributes (the target it is compiled for),
+ *   DM_DR_VEC    a float vector type, DM_DR_VECU its unaligned, aliasing twin,
+ *   DM_DR_XV     vectors of output columns per block,
+ * defined; it undefines them. The variants differ only in how many columns a block holds
+ * (the accumulators must fit the set's registers): every output is the same chain of fused
+ * multiply-adds in (c, ky, kx) order from 0, then + bias, then the activation, so every
+ * variant computes the same bits. */
+
+/* The body, inlined into the variant once per stride so that the taps' offsets are
+ * constants and the loop over them unrolls. */
+DM_INLINE DM_DR_ATTR void DM_DR_BODY(ptrdiff_t channels, ptrdiff_t height, ptrdiff_t width,
+                                     const ptrdiff_t stride, const float *bias,
+                                     ptrdiff_t filters, int act, const float *scratch,
+                                     ptrdiff_t fb0, ptrdiff_t fb1, ptrdiff_t y0, ptrdiff_t y1,
+                                     float *out)
+{
+    enum { LANES = sizeof(DM_DR_VEC) / sizeof(float), XB = LANES * DM_DR_XV };
+    const ptrdiff_t out_h = (height - 1) / stride + 1, out_w = (width - 1) / stride + 1;
+    const ptrdiff_t pw = dm_direct_phase_width(out_w), row_len = stride * pw;
+    const ptrdiff_t plane = (height + 2) * row_len, k = channels * 9;
+    /* Tap kx of output column x reads padded column stride*x + kx: phase kx % stride, at
+     * kx / stride past x. */
+    const ptrdiff_t tap[3] = {0, (1 % stride) * pw + 1 / stride, (2 % stride) * pw + 2 / stride};
+    /* Every filter block of a row before the next row: the row's input (channels x 3 padded
+     * rows) is read from memory once, then from cache (filter blocks outermost was measured
+     * up to 3x slower once the input outgrows the cache). */
+    for (ptrdiff_t y = y0; y < y1; y++)
+    for (ptrdiff_t fb = fb0; fb < fb1; fb++) {
+        const ptrdiff_t nf = filters - fb * DM_DIRECT_FB < DM_DIRECT_FB
+                                 ? filters - fb * DM_DIRECT_FB
+                                 : DM_DIRECT_FB;
+        float *o = out + (fb * DM_DIRECT_FB * out_h + y) * out_w;
+        for (ptrdiff_t x0 = 0; x0 < out_w; x0 += XB) {
+            DM_DR_VEC acc[DM_DIRECT_FB][DM_DR_XV];
+#pragma GCC unroll 8
+            for (int f = 0; f < DM_DIRECT_FB; f++)
+#pragma GCC unroll 4
+                for (int v = 0; v < DM_DR_XV; v++)
+                    acc[f][v] = (DM_DR_VEC){0};
+            const float *wk = scratch + channels * plane + fb * k * DM_DIRECT_FB;
+            for (ptrdiff_t c = 0; c < channels; c++) {
+                for (int ky = 0; ky < 3; ky++) {
+                    const float *row = scratch + c * plane + (stride * y + ky) * row_len + x0;
+#pragma GCC unroll 3
+                    for (int kx = 0; kx < 3; kx++, wk += DM_DIRECT_FB) {
+                        DM_DR_VEC s[DM_DR_XV];
+#pragma GCC unroll 4
+                        for (int v = 0; v < DM_DR_XV; v++)
+                            s[v] = *(const DM_DR_VECU *)(row + tap[kx] + v * LANES);
+#pragma GCC unroll 8
+                        for (int f = 0; f < DM_DIRECT_FB; f++) {
+                            DM_DR_VEC w;
+                            for (int l = 0; l < LANES; l++)
+                                w[l] = wk[f];
+#pragma GCC unroll 4
+                            for (int v = 0; v < DM_DR_XV; v++)
+                                for (int l = 0; l < LANES; l++)
+                                    acc[f][v][l] = __builtin_fmaf(w[l], s[v][l], acc[f][v][l]);
+                        }
+                    }
+                }
+            }
+            const ptrdiff_t nx = out_w - x0 < XB ? out_w - x0 : XB;
+            for (ptrdiff_t f = 0; f < nf; f++) {
+                float *dst = o + f * out_h * out_w + x0;
+                for (int v = 0; v < DM_DR_XV; v++) {
+                    const DM_DR_VEC r = acc[f][v] + bias[fb * DM_DIRECT_FB + f];
+                    if (nx == XB)
+                        *(DM_DR_VECU *)(dst + v * LANES) = r;
+                    else
+                        for (ptrdiff_t j = 0; j < LANES && v * LANES + j < nx; j++)
+                            dst[v * LANES + j] = r[j];
+                }
+            }
+        }
+        /* The activation on the finished rows while they are in L1. */
+        for (ptrdiff_t f = 0; act != DM_ACT_LINEAR && f < nf; f++)
+            dm_act_inplace(o + f * out_h * out_w, out_w, act);
+    }
+}
+
+static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_t width,
+                                  ptrdiff_t stride, const float *bias, ptrdiff_t filters,
+                                  int act, const float *scratch, ptrdiff_t fb0,
+                                  ptrdiff_t fb1, ptrdiff_t y0, ptrdiff_t y1, float *out)
+{
+    if (stride == 1)
+        DM_DR_BODY(channels, height, width, 1, bias, filters, act, scratch, fb0, fb1, y0, y1,
+                   out);
+    else
+        DM_DR_BODY(channels, height, width, 2, bias, filters, act, scratch, fb0, fb1, y0, y1,
+                   out);
+}
+
+#undef DM_DR_NAME
+#undef DM_DR_BODY
+#undef DM_DR_ATTR
+#undef DM_DR_VEC
+#undef DM_DR_VECU
+#undef DM_DR_XV

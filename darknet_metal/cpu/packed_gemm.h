@@ -1,0 +1,104 @@
+/* One instruction-set variant of dm_gemm8_f32 (kernels.h), the product of weights packed by
+ * dm_pack8_f32 with row-major planes. A template, included once per variant with
+ *   DM_PG_NAME   the function's name, DM_PG_BODY its body's, DM_PG_ATTR their attributes,
+ *   DM_PG_VEC    a float vector type, DM_PG_VECU its unaligned, aliasing twin,
+ *   DM_PG_XV     vectors of columns per block,
+ *   DM_PG_FMA    (acc, a, b): acc = a * b + acc rounded once, lane by lane,
+ * defined; it undefines them. Every output is the chain of fused multiply-adds in k order
+ * from 0, then + bias, then the activation, whatever the variant: all compute the same bits. */
+
+DM_INLINE DM_PG_ATTR void DM_PG_BODY(ptrdiff_t m, ptrdiff_t k, const float *packed,
+                                     const float *b, ptrdiff_t n, const float *bias, int act,
+                                     ptrdiff_t mb0, ptrdiff_t mb1, ptrdiff_t x0, ptrdiff_t x1,
+                                     float *c)
+{
+    enum { LANES = sizeof(DM_PG_VEC) / sizeof(float), XB = LANES * DM_PG_XV };
+    /* Columns a pass over the filter blocks takes: their k rows of b stay in L2 meanwhile. */
+    ptrdiff_t chunk = DM_GEMM8_PANEL / k / XB * XB;
+    if (chunk < XB)
+        chunk = XB;
+    for (ptrdiff_t c0 = x0; c0 < x1; c0 += chunk) {
+        const ptrdiff_t c1 = x1 - c0 < chunk ? x1 : c0 + chunk;
+        for (ptrdiff_t mb = mb0; mb < mb1; mb++) {
+            const ptrdiff_t nf = m - mb * DM_GEMM8_M < DM_GEMM8_M ? m - mb * DM_GEMM8_M
+                                                                 : DM_GEMM8_M;
+            const float *ap = packed + mb * k * DM_GEMM8_M;
+            for (ptrdiff_t x = c0; x < c1; x += XB) {
+                /* The last block ends at column n: it may start inside the one before,
+                 * whose columns it computes again and does not store. */
+                const ptrdiff_t xs = x + XB <= n ? x : n - XB;
+                float tmp[DM_GEMM8_M][XB];
+                if (n < XB) {
+                    /* Fewer columns than a block: one at a time (tiny layers only). */
+                    for (int f = 0; f < DM_GEMM8_M; f++)
+                        for (ptrdiff_t j = 0; j < n; j++) {
+                            float sum = 0.0f;
+                            for (ptrdiff_t kk = 0; kk < k; kk++)
+                                sum = __builtin_fmaf(ap[kk * DM_GEMM8_M + f], b[kk * n + j], sum);
+                            tmp[f][j] = f < nf && bias ? sum + bias[mb * DM_GEMM8_M + f] : sum;
+                        }
+                    if (act != DM_ACT_LINEAR)
+                        for (int f = 0; f < DM_GEMM8_M; f++)
+                            dm_act_f32(tmp[f], n, act);
+                    for (ptrdiff_t f = 0; f < nf; f++)
+                        memcpy(c + (mb * DM_GEMM8_M + f) * n, tmp[f], (size_t)n * sizeof(float));
+                    continue;
+                }
+                DM_PG_VEC acc[DM_GEMM8_M][DM_PG_XV];
+#pragma GCC unroll 8
+                for (int f = 0; f < DM_GEMM8_M; f++)
+#pragma GCC unroll 4
+                    for (int v = 0; v < DM_PG_XV; v++)
+                        acc[f][v] = (DM_PG_VEC){0};
+                const float *bp = b + xs;
+                const float *wk = ap;
+                for (ptrdiff_t kk = 0; kk < k; kk++, bp += n, wk += DM_GEMM8_M) {
+                    DM_PG_VEC s[DM_PG_XV];
+#pragma GCC unroll 4
+                    for (int v = 0; v < DM_PG_XV; v++)
+                        s[v] = *(const DM_PG_VECU *)(bp + v * LANES);
+#pragma GCC unroll 8
+                    for (int f = 0; f < DM_GEMM8_M; f++) {
+                        /* wk[f] in every lane (x - 0 is x exactly, so this is only the
+                         * broadcast). */
+                        const DM_PG_VEC w = wk[f] - (DM_PG_VEC){0};
+#pragma GCC unroll 4
+                        for (int v = 0; v < DM_PG_XV; v++)
+                            DM_PG_FMA(acc[f][v], w, s[v]);
+                    }
+                }
+                /* Bias and activation on the block in L1, then its new columns out. */
+                for (int f = 0; f < DM_GEMM8_M; f++)
+                    for (int v = 0; v < DM_PG_XV; v++) {
+                        const DM_PG_VEC r = f < nf && bias ? acc[f][v] + bias[mb * DM_GEMM8_M + f]
+                                                           : acc[f][v];
+                        *(DM_PG_VECU *)(tmp[f] + v * LANES) = r;
+                    }
+                /* Out of line: the activation is the one dm_act_f32 computes everywhere
+                 * (inlined here it would be contracted into fused multiply-adds). */
+                if (act != DM_ACT_LINEAR)
+                    dm_act_f32(tmp[0], DM_GEMM8_M * XB, act);
+                const ptrdiff_t skip = x - xs, end = x1 - xs < XB ? x1 - xs : XB;
+                for (ptrdiff_t f = 0; f < nf; f++)
+                    memcpy(c + (mb * DM_GEMM8_M + f) * n + x, tmp[f] + skip,
+                           (size_t)(end - skip) * sizeof(float));
+            }
+        }
+    }
+}
+
+static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
+                                  const float *b, ptrdiff_t n, const float *bias, int act,
+                                  ptrdiff_t mb0, ptrdiff_t mb1, ptrdiff_t x0, ptrdiff_t x1,
+                                  float *c)
+{
+    DM_PG_BODY(m, k, packed, b, n, bias, act, mb0, mb1, x0, x1, c);
+}
+
+#undef DM_PG_NAME
+#undef DM_PG_BODY
+#undef DM_PG_ATTR
+#undef DM_PG_VEC
+#undef DM_PG_VECU
+#undef DM_PG_XV
+#undef DM_PG_FMA
