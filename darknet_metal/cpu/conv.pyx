@@ -8,10 +8,13 @@ without the GIL: ``bias_activate`` and the kernels it and the GEMM loops call
 (``blas.gemm_rowmajor``, ``im2col.im2col`` and ``col2im``, ``activations.activate_array``,
 ``kernels.h``) are ``noexcept nogil``.
 
-float32 3x3 stride-1 pad-1 convolutions with at most ``DIRECT_MAX_CHANNELS`` input channels
-(the first layers of a detector) skip im2col and BLAS: ``kernels.h`` computes them directly,
-vectorised along output rows. With K = 9*C of 27 or 144, BLAS was measured at a fraction of
-its peak, and the direct loop is 2-3x faster on one core than the GEMM on two.
+float32 3x3 pad-1 convolutions with at most ``DIRECT_MAX_CHANNELS`` input channels at stride 1
+and ``DIRECT_MAX_CHANNELS_STRIDE2`` at stride 2 (the first layers of a detector) skip im2col
+and BLAS: ``kernels.h`` computes them directly, vectorised along output rows, each sum in
+Darknet's own order and rounding (so training keeps Darknet's arithmetic). With K = 9*C this
+small, BLAS runs far below its peak; the direct loop was
+measured 2-3x faster on one core than the GEMM on two at stride 1 (C <= 16), and 0.62-0.95x
+the GEMM's time at stride 2 (C = 3 to 64; at 128 and more it was no faster).
 """
 
 from cython cimport floating
@@ -58,7 +61,7 @@ cdef void bias_activate(floating* out, const floating* bias, Py_ssize_t channels
 cdef Py_ssize_t IM2COL_BLOCK = 1 << 16
 
 #: Most input channels for which a float32 3x3 stride-1 convolution is computed directly
-#: rather than by im2col + GEMM: with K = 9*C this small, BLAS runs far below its peak.
+#: rather than by im2col + GEMM.
 cdef Py_ssize_t DIRECT_MAX = 16
 DIRECT_MAX_CHANNELS = DIRECT_MAX
 #: The same for stride 2.
@@ -66,9 +69,16 @@ cdef Py_ssize_t DIRECT_MAX_STRIDE2 = 64
 DIRECT_MAX_CHANNELS_STRIDE2 = DIRECT_MAX_STRIDE2
 
 
-def _set_direct_limits(int stride1, int stride2) -> None:
-    global DIRECT_MAX, DIRECT_MAX_STRIDE2
-    DIRECT_MAX, DIRECT_MAX_STRIDE2 = stride1, stride2
+def direct_workspace_size(int channels, int filters, int height, int width, int ksize,
+                          int stride_x, int stride_y, int pad, int dilation, int groups) -> int:
+    """Elements of workspace a float32 convolution computed directly needs (its padded input
+    and regrouped weights), or 0 where it is computed by im2col + GEMM. ``conv2d_step`` takes
+    the direct path only when its workspace holds this much."""
+    if (ksize, stride_x, pad, dilation, groups) != (3, stride_y, 1, 1, 1) or not (
+            (stride_x == 1 and channels <= DIRECT_MAX)
+            or (stride_x == 2 and channels <= DIRECT_MAX_STRIDE2)):
+        return 0
+    return dm_conv3x3_direct_scratch(channels, filters, height, width, stride_x)
 
 
 def workspace_size(int channels, int ksize, int groups, int out_h, int out_w) -> int:

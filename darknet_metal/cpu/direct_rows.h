@@ -5,8 +5,9 @@
  *   DM_DR_VEC    a float vector type, DM_DR_VECU its unaligned, aliasing twin,
  *   DM_DR_XV     vectors of output columns per block,
  * defined; it undefines them. The variants differ only in how many columns a block holds
- * (the accumulators must fit the set's registers): every output is the same chain of fused
- * multiply-adds in (c, ky, kx) order from 0, then + bias, then the activation, so every
+ * (the accumulators must fit the set's registers): every output is the same chain of
+ * products, each rounded and then added (not fused: Darknet's own arithmetic, which training
+ * reproduces), in (c, ky, kx) order from 0, then + bias, then the activation, so every
  * variant computes the same bits. */
 
 /* The body, inlined into the variant once per stride so that the taps' offsets are
@@ -44,7 +45,7 @@ DM_INLINE DM_DR_ATTR void DM_DR_BODY(ptrdiff_t channels, ptrdiff_t height, ptrdi
             for (ptrdiff_t c = 0; c < channels; c++) {
                 for (int ky = 0; ky < 3; ky++) {
                     const float *row = scratch + c * plane + (stride * y + ky) * row_len + x0;
-#pragma GCC unroll 3
+#pragma GCC unroll 1
                     for (int kx = 0; kx < 3; kx++, wk += DM_DIRECT_FB) {
                         DM_DR_VEC s[DM_DR_XV];
 #pragma GCC unroll 4
@@ -52,13 +53,12 @@ DM_INLINE DM_DR_ATTR void DM_DR_BODY(ptrdiff_t channels, ptrdiff_t height, ptrdi
                             s[v] = *(const DM_DR_VECU *)(row + tap[kx] + v * LANES);
 #pragma GCC unroll 8
                         for (int f = 0; f < DM_DIRECT_FB; f++) {
-                            DM_DR_VEC w;
-                            for (int l = 0; l < LANES; l++)
-                                w[l] = wk[f];
+                            /* wk[f] in every lane (x - 0 is x exactly: only the
+                             * broadcast). */
+                            const DM_DR_VEC w = wk[f] - (DM_DR_VEC){0};
 #pragma GCC unroll 4
                             for (int v = 0; v < DM_DR_XV; v++)
-                                for (int l = 0; l < LANES; l++)
-                                    acc[f][v][l] = __builtin_fmaf(w[l], s[v][l], acc[f][v][l]);
+                                acc[f][v] = acc[f][v] + w * s[v];
                         }
                     }
                 }

@@ -281,8 +281,8 @@ static inline ptrdiff_t dm_conv3x3_direct_scratch(ptrdiff_t channels, ptrdiff_t 
  * rows [y0, y1) of filter blocks [fb0, fb1).
  * x: (channels, height, width); weights: (filters, channels*9) in (c, ky, kx) order;
  * out: (filters, out_h, out_w), out = (in - 1) / stride + 1, = act(sum_{c,ky,kx} w*x +
- * bias), the sum a chain of fused multiply-adds in (c, ky, kx) order from 0 and the bias
- * added last, act one dm_act_fusable() accepts (any other is left undone). */
+ * bias), the sum taken in (c, ky, kx) order from 0 (Darknet's GEMM order) and the bias added
+ * last, act one dm_act_fusable() accepts (any other is left undone). */
 static inline void dm_conv3x3_direct_pad_f32(const float *x, ptrdiff_t height,
                                              ptrdiff_t width, ptrdiff_t stride, ptrdiff_t c0,
                                              ptrdiff_t c1, float *scratch)
@@ -331,9 +331,8 @@ static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t
 }
 
 /* The row kernel's variants: blocks of 32 columns (16 accumulators) with AVX-512, of 8 (8
- * accumulators) with AVX2 + FMA and elsewhere (NEON's 32 registers hold 8 accumulators of
- * two vectors). On an x86-64 CPU without FMA the default calls libm's fmaf: slow but the
- * same bits. */
+ * accumulators) with AVX2 and elsewhere (NEON's 32 registers hold 8 accumulators of two
+ * vectors). */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
 #define DM_DR_NAME dm_direct_rows_v4
 #define DM_DR_BODY dm_direct_rows_v4_body
@@ -400,6 +399,8 @@ static inline void dm_conv3x3_direct_rows_f32(ptrdiff_t channels, ptrdiff_t heig
  * operand one pass over the weights keeps in cache (128 KiB). */
 #define DM_GEMM8_M 8
 #define DM_GEMM8_PANEL 32768
+/* Rows of b copied at a time when it has fewer columns than a block (16 KiB of stack). */
+#define DM_GEMM8_KC 128
 
 /* Floats of a (m, k) matrix packed by dm_pack8_f32. */
 static inline ptrdiff_t dm_pack8_size(ptrdiff_t m, ptrdiff_t k)

@@ -26,45 +26,45 @@ DM_INLINE DM_PG_ATTR void DM_PG_BODY(ptrdiff_t m, ptrdiff_t k, const float *pack
             for (ptrdiff_t x = c0; x < c1; x += XB) {
                 /* The last block ends at column n: it may start inside the one before,
                  * whose columns it computes again and does not store. */
-                const ptrdiff_t xs = x + XB <= n ? x : n - XB;
+                const ptrdiff_t xs = x + XB <= n ? x : (n < XB ? 0 : n - XB);
                 float tmp[DM_GEMM8_M][XB];
-                if (n < XB) {
-                    /* Fewer columns than a block: one at a time (tiny layers only). */
-                    for (int f = 0; f < DM_GEMM8_M; f++)
-                        for (ptrdiff_t j = 0; j < n; j++) {
-                            float sum = 0.0f;
-                            for (ptrdiff_t kk = 0; kk < k; kk++)
-                                sum = __builtin_fmaf(ap[kk * DM_GEMM8_M + f], b[kk * n + j], sum);
-                            tmp[f][j] = f < nf && bias ? sum + bias[mb * DM_GEMM8_M + f] : sum;
-                        }
-                    if (act != DM_ACT_LINEAR)
-                        for (int f = 0; f < DM_GEMM8_M; f++)
-                            dm_act_f32(tmp[f], n, act);
-                    for (ptrdiff_t f = 0; f < nf; f++)
-                        memcpy(c + (mb * DM_GEMM8_M + f) * n, tmp[f], (size_t)n * sizeof(float));
-                    continue;
-                }
                 DM_PG_VEC acc[DM_GEMM8_M][DM_PG_XV];
 #pragma GCC unroll 8
                 for (int f = 0; f < DM_GEMM8_M; f++)
 #pragma GCC unroll 4
                     for (int v = 0; v < DM_PG_XV; v++)
                         acc[f][v] = (DM_PG_VEC){0};
-                const float *bp = b + xs;
-                const float *wk = ap;
-                for (ptrdiff_t kk = 0; kk < k; kk++, bp += n, wk += DM_GEMM8_M) {
-                    DM_PG_VEC s[DM_PG_XV];
-#pragma GCC unroll 4
-                    for (int v = 0; v < DM_PG_XV; v++)
-                        s[v] = *(const DM_PG_VECU *)(bp + v * LANES);
-#pragma GCC unroll 8
-                    for (int f = 0; f < DM_GEMM8_M; f++) {
-                        /* wk[f] in every lane (x - 0 is x exactly, so this is only the
-                         * broadcast). */
-                        const DM_PG_VEC w = wk[f] - (DM_PG_VEC){0};
+                /* b's rows in place, or, with fewer columns than a block, copied by runs of
+                 * DM_GEMM8_KC rows into a zero-padded panel (the chain of each output goes on
+                 * from one run to the next unchanged). */
+                float panel[n < XB ? DM_GEMM8_KC : 1][XB];
+                for (ptrdiff_t k0 = 0; k0 < k; k0 += n < XB ? DM_GEMM8_KC : k) {
+                    const ptrdiff_t k1 = n >= XB || k - k0 < DM_GEMM8_KC ? k : k0 + DM_GEMM8_KC;
+                    const float *bp = b + k0 * n + xs;
+                    ptrdiff_t ldb = n;
+                    if (n < XB) {
+                        for (ptrdiff_t kk = k0; kk < k1; kk++) {
+                            memcpy(panel[kk - k0], b + kk * n, (size_t)n * sizeof(float));
+                            memset(panel[kk - k0] + n, 0, (size_t)(XB - n) * sizeof(float));
+                        }
+                        bp = panel[0];
+                        ldb = XB;
+                    }
+                    const float *wk = ap + k0 * DM_GEMM8_M;
+                    for (ptrdiff_t kk = k0; kk < k1; kk++, bp += ldb, wk += DM_GEMM8_M) {
+                        DM_PG_VEC s[DM_PG_XV];
 #pragma GCC unroll 4
                         for (int v = 0; v < DM_PG_XV; v++)
-                            DM_PG_FMA(acc[f][v], w, s[v]);
+                            s[v] = *(const DM_PG_VECU *)(bp + v * LANES);
+#pragma GCC unroll 8
+                        for (int f = 0; f < DM_GEMM8_M; f++) {
+                            /* wk[f] in every lane (x - 0 is x exactly, so this is only the
+                             * broadcast). */
+                            const DM_PG_VEC w = wk[f] - (DM_PG_VEC){0};
+#pragma GCC unroll 4
+                            for (int v = 0; v < DM_PG_XV; v++)
+                                DM_PG_FMA(acc[f][v], w, s[v]);
+                        }
                     }
                 }
                 /* Bias and activation on the block in L1, then its new columns out. */
@@ -79,6 +79,7 @@ DM_INLINE DM_PG_ATTR void DM_PG_BODY(ptrdiff_t m, ptrdiff_t k, const float *pack
                 if (act != DM_ACT_LINEAR)
                     dm_act_f32(tmp[0], DM_GEMM8_M * XB, act);
                 const ptrdiff_t skip = x - xs, end = x1 - xs < XB ? x1 - xs : XB;
+                /* (n < XB: xs = x = 0 and end = n.) */
                 for (ptrdiff_t f = 0; f < nf; f++)
                     memcpy(c + (mb * DM_GEMM8_M + f) * n + x, tmp[f] + skip,
                            (size_t)(end - skip) * sizeof(float));

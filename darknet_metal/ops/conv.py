@@ -264,7 +264,11 @@ class ConvolutionalOp(_Gemm):
         if self.uses_winograd:
             return winograd.workspace_size(self.in_shape[0], self.out_shape[0],
                                            *self.out_shape[1:], self.winograd_tile)
-        return self._im2col_workspace()
+        v = self.values
+        direct = cpu_conv.direct_workspace_size(
+            self.in_shape[0], self.out_shape[0], self.in_shape[1], self.in_shape[2], v["size"],
+            v["stride_x"], v["stride_y"], v["padding"], v["dilation"], v["groups"])
+        return max(self._im2col_workspace(), direct)
 
     def _im2col_workspace(self) -> int:
         """Elements of im2col columns the convolution unfolds (0 for a plain 1x1, which

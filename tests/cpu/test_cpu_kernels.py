@@ -33,20 +33,28 @@ def random_case(n, c, h, w, f, seed):
     return x, wt, b
 
 
-# n, c, h, w, f: widths with a partial 16-column block (37, 5), exact blocks (32), filter
-# counts with a partial block of 8 (11, 3), the channel limit of the direct path (16).
-DIRECT_CASES = [(2, 3, 9, 37, 11), (1, 1, 4, 5, 3), (1, 16, 6, 32, 8), (1, 2, 1, 1, 17)]
+# n, c, h, w, f, stride: output widths with a partial block of 8 or 32 columns (37, 5, 19,
+# 35), exact blocks (32), filter counts with a partial block of 8 (11, 3, 17), the channel
+# limits of the direct path (16 at stride 1, 64 at stride 2), odd and even input sizes at
+# stride 2 (Darknet's output is (in - 1) // 2 + 1).
+DIRECT_CASES = [(2, 3, 9, 37, 11, 1), (1, 1, 4, 5, 3, 1), (1, 16, 6, 32, 8, 1),
+                (1, 2, 1, 1, 17, 1), (2, 3, 9, 37, 11, 2), (1, 32, 10, 70, 8, 2),
+                (1, 64, 7, 64, 17, 2), (1, 5, 2, 3, 9, 2), (1, 8, 1, 1, 3, 2)]
 
 
 @pytest.mark.parametrize("act", [LINEAR, LEAKY, LOGISTIC])
 @pytest.mark.parametrize("case", DIRECT_CASES)
 def test_float32_3x3_few_channels_matches_reference(case, act):
-    n, c, h, w, f = case
+    n, c, h, w, f, s = case
+    assert c <= (conv.DIRECT_MAX_CHANNELS if s == 1 else conv.DIRECT_MAX_CHANNELS_STRIDE2)
     x, wt, b = random_case(n, c, h, w, f, seed=sum(case) + act)
-    out = np.full((n, f, h, w), np.nan, np.float32)
-    ws = np.empty(conv.workspace_size(c, 3, 1, h, w), np.float32)
-    conv.conv2d_forward(x, wt, b, out, ws, 3, 1, 1, 1, 1, 1, act)
-    ref = np_conv(x, wt, b, 3, 1, 1, 1, 1, 1)
+    oh, ow = (h - 1) // s + 1, (w - 1) // s + 1
+    out = np.full((n, f, oh, ow), np.nan, np.float32)
+    direct = conv.direct_workspace_size(c, f, h, w, 3, s, s, 1, 1, 1)
+    assert direct > 0
+    ws = np.empty(max(conv.workspace_size(c, 3, 1, oh, ow), direct), np.float32)
+    conv.conv2d_forward(x, wt, b, out, ws, 3, s, s, 1, 1, 1, act)
+    ref = np_conv(x, wt, b, 3, s, s, 1, 1, 1)
     np.testing.assert_allclose(out, apply(act, ref), rtol=1e-4, atol=1e-4)
 
 
