@@ -69,16 +69,24 @@ cdef Py_ssize_t DIRECT_MAX_STRIDE2 = 64
 DIRECT_MAX_CHANNELS_STRIDE2 = DIRECT_MAX_STRIDE2
 
 
+cdef Py_ssize_t _direct_scratch(Py_ssize_t channels, Py_ssize_t filters, Py_ssize_t height,
+                                Py_ssize_t width, int ksize, int stride_x, int stride_y,
+                                int pad, int dilation, int groups) noexcept nogil:
+    # The scratch of the float32 direct path, 0 for a convolution it does not take.
+    if (ksize != 3 or stride_x != stride_y or pad != 1 or dilation != 1 or groups != 1
+            or not ((stride_x == 1 and channels <= DIRECT_MAX)
+                    or (stride_x == 2 and channels <= DIRECT_MAX_STRIDE2))):
+        return 0
+    return dm_conv3x3_direct_scratch(channels, filters, height, width, stride_x)
+
+
 def direct_workspace_size(int channels, int filters, int height, int width, int ksize,
                           int stride_x, int stride_y, int pad, int dilation, int groups) -> int:
     """Elements of workspace a float32 convolution computed directly needs (its padded input
     and regrouped weights), or 0 where it is computed by im2col + GEMM. ``conv2d_step`` takes
     the direct path only when its workspace holds this much."""
-    if (ksize, stride_x, pad, dilation, groups) != (3, stride_y, 1, 1, 1) or not (
-            (stride_x == 1 and channels <= DIRECT_MAX)
-            or (stride_x == 2 and channels <= DIRECT_MAX_STRIDE2)):
-        return 0
-    return dm_conv3x3_direct_scratch(channels, filters, height, width, stride_x)
+    return _direct_scratch(channels, filters, height, width, ksize, stride_x, stride_y, pad,
+                           dilation, groups)
 
 
 def workspace_size(int channels, int ksize, int groups, int out_h, int out_w) -> int:
@@ -231,12 +239,10 @@ cdef void _conv2d(const floating* x, const floating* weights, const floating* bi
     cdef Py_ssize_t in_plane = height * width
     # The direct kernel takes its scratch from the workspace; a caller that sized it for
     # im2col only may have given too little, and then the GEMM path runs instead.
-    cdef bint direct3 = (floating is float and p.ksize == 3 and p.stride_x == p.stride_y
-                         and p.pad == 1 and p.dilation == 1 and p.groups == 1
-                         and ((p.stride_x == 1 and channels <= DIRECT_MAX)
-                              or (p.stride_x == 2 and channels <= DIRECT_MAX_STRIDE2))
-                         and p.workspace_size >= dm_conv3x3_direct_scratch(
-                             channels, filters, height, width, p.stride_x))
+    cdef Py_ssize_t direct = _direct_scratch(channels, filters, height, width, p.ksize,
+                                             p.stride_x, p.stride_y, p.pad, p.dilation,
+                                             p.groups)
+    cdef bint direct3 = floating is float and 0 < direct <= p.workspace_size
     # Unfold a block of output rows at a time so the im2col columns stay in cache between
     # being written and being multiplied.
     cdef Py_ssize_t block_rows = max(1, IM2COL_BLOCK // max(1, k * out_w))

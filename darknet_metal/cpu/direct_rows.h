@@ -1,6 +1,6 @@
 /* One instruction-set variant of the direct 3x3 convolution's row kernel (see
  * dm_conv3x3_direct_rows_f32 in kernels.h). A template, included once per variant with
- *   DM_DR_NAME   the function's name, DM_DR_BODY its body's,
+ *   DM_DR_NAME   the function's name,
  *   DM_DR_ATTR   its attributes (the target it is compiled for),
  *   DM_DR_VEC    a float vector type, DM_DR_VECU its unaligned, aliasing twin,
  *   DM_DR_XV     vectors of output columns per block,
@@ -10,13 +10,10 @@
  * reproduces), in (c, ky, kx) order from 0, then + bias, then the activation, so every
  * variant computes the same bits. */
 
-/* The body, inlined into the variant once per stride so that the taps' offsets are
- * constants and the loop over them unrolls. */
-DM_INLINE DM_DR_ATTR void DM_DR_BODY(ptrdiff_t channels, ptrdiff_t height, ptrdiff_t width,
-                                     const ptrdiff_t stride, const float *bias,
-                                     ptrdiff_t filters, int act, const float *scratch,
-                                     ptrdiff_t fb0, ptrdiff_t fb1, ptrdiff_t y0, ptrdiff_t y1,
-                                     float *out)
+static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_t width,
+                                  ptrdiff_t stride, const float *bias, ptrdiff_t filters,
+                                  int act, const float *scratch, ptrdiff_t fb0, ptrdiff_t fb1,
+                                  ptrdiff_t y0, ptrdiff_t y1, float *out)
 {
     enum { LANES = sizeof(DM_DR_VEC) / sizeof(float), XB = LANES * DM_DR_XV };
     const ptrdiff_t out_h = (height - 1) / stride + 1, out_w = (width - 1) / stride + 1;
@@ -45,6 +42,8 @@ DM_INLINE DM_DR_ATTR void DM_DR_BODY(ptrdiff_t channels, ptrdiff_t height, ptrdi
             for (ptrdiff_t c = 0; c < channels; c++) {
                 for (int ky = 0; ky < 3; ky++) {
                     const float *row = scratch + c * plane + (stride * y + ky) * row_len + x0;
+                    /* Not unrolled: the three taps' loads and broadcasts at once spill
+                     * accumulators. */
 #pragma GCC unroll 1
                     for (int kx = 0; kx < 3; kx++, wk += DM_DIRECT_FB) {
                         DM_DR_VEC s[DM_DR_XV];
@@ -82,21 +81,7 @@ DM_INLINE DM_DR_ATTR void DM_DR_BODY(ptrdiff_t channels, ptrdiff_t height, ptrdi
     }
 }
 
-static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_t width,
-                                  ptrdiff_t stride, const float *bias, ptrdiff_t filters,
-                                  int act, const float *scratch, ptrdiff_t fb0,
-                                  ptrdiff_t fb1, ptrdiff_t y0, ptrdiff_t y1, float *out)
-{
-    if (stride == 1)
-        DM_DR_BODY(channels, height, width, 1, bias, filters, act, scratch, fb0, fb1, y0, y1,
-                   out);
-    else
-        DM_DR_BODY(channels, height, width, 2, bias, filters, act, scratch, fb0, fb1, y0, y1,
-                   out);
-}
-
 #undef DM_DR_NAME
-#undef DM_DR_BODY
 #undef DM_DR_ATTR
 #undef DM_DR_VEC
 #undef DM_DR_VECU

@@ -248,7 +248,7 @@ typedef float dm_v8 __attribute__((vector_size(32)));
 typedef float dm_v8u __attribute__((vector_size(32), aligned(4), may_alias));
 
 /* Filters computed together by the direct convolution, and the column multiple its padded
- * rows are laid out to (the widest variant's block). */
+ * rows are laid out to (a multiple of every variant's block). */
 #define DM_DIRECT_FB 8
 #define DM_DIRECT_XPAD 32
 
@@ -330,19 +330,18 @@ static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t
             }
 }
 
-/* The row kernel's variants: blocks of 32 columns (16 accumulators) with AVX-512, of 8 (8
- * accumulators) with AVX2 and elsewhere (NEON's 32 registers hold 8 accumulators of two
- * vectors). */
+/* The row kernel's variants: blocks of 16 columns with AVX-512, of 8 with AVX2 and
+ * elsewhere, 8 accumulators each (NEON's 32 registers hold 8 of two vectors). 32 columns and
+ * 16 accumulators with AVX-512 measured 1.2-1.4x slower: with a separate multiply and add,
+ * the weight broadcasts no longer fold into the multiplies. */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
 #define DM_DR_NAME dm_direct_rows_v4
-#define DM_DR_BODY dm_direct_rows_v4_body
 #define DM_DR_ATTR __attribute__((target("arch=x86-64-v4"), unused))
 #define DM_DR_VEC dm_v16
 #define DM_DR_VECU dm_v16u
-#define DM_DR_XV 2
+#define DM_DR_XV 1
 #include "direct_rows.h"
 #define DM_DR_NAME dm_direct_rows_v3
-#define DM_DR_BODY dm_direct_rows_v3_body
 #define DM_DR_ATTR __attribute__((target("arch=x86-64-v3"), unused))
 #define DM_DR_VEC dm_v8
 #define DM_DR_VECU dm_v8u
@@ -350,7 +349,6 @@ static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t
 #include "direct_rows.h"
 #endif
 #define DM_DR_NAME dm_direct_rows_base
-#define DM_DR_BODY dm_direct_rows_base_body
 #define DM_DR_ATTR __attribute__((unused))
 #define DM_DR_VEC dm_v8
 #define DM_DR_VECU dm_v8u
@@ -429,7 +427,6 @@ static inline void dm_pack8_f32(const float *a, ptrdiff_t m, ptrdiff_t k, float 
  * with its input planes). */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
 #define DM_PG_NAME dm_gemm8_v4
-#define DM_PG_BODY dm_gemm8_v4_body
 #define DM_PG_ATTR __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast"), unused))
 #define DM_PG_FMA(acc, a, b) ((acc) = (acc) + (a) * (b))
 #define DM_PG_VEC dm_v16
@@ -437,7 +434,6 @@ static inline void dm_pack8_f32(const float *a, ptrdiff_t m, ptrdiff_t k, float 
 #define DM_PG_XV 2
 #include "packed_gemm.h"
 #define DM_PG_NAME dm_gemm8_v3
-#define DM_PG_BODY dm_gemm8_v3_body
 #define DM_PG_ATTR __attribute__((target("arch=x86-64-v3"), optimize("fp-contract=fast"), unused))
 #define DM_PG_FMA(acc, a, b) ((acc) = (acc) + (a) * (b))
 #define DM_PG_VEC dm_v8
@@ -446,7 +442,6 @@ static inline void dm_pack8_f32(const float *a, ptrdiff_t m, ptrdiff_t k, float 
 #include "packed_gemm.h"
 #endif
 #define DM_PG_NAME dm_gemm8_base
-#define DM_PG_BODY dm_gemm8_base_body
 #define DM_PG_ATTR __attribute__((unused))
 #define DM_PG_FMA(acc, a, b)                             \
     for (int l_ = 0; l_ < 8; l_++)                       \

@@ -1,13 +1,13 @@
 /* One instruction-set variant of dm_gemm8_f32 (kernels.h), the product of weights packed by
  * dm_pack8_f32 with row-major planes. A template, included once per variant with
- *   DM_PG_NAME   the function's name, DM_PG_BODY its body's, DM_PG_ATTR their attributes,
+ *   DM_PG_NAME   the function's name, DM_PG_ATTR its attributes,
  *   DM_PG_VEC    a float vector type, DM_PG_VECU its unaligned, aliasing twin,
  *   DM_PG_XV     vectors of columns per block,
  *   DM_PG_FMA    (acc, a, b): acc = a * b + acc rounded once, lane by lane,
  * defined; it undefines them. Every output is the chain of fused multiply-adds in k order
  * from 0, then + bias, then the activation, whatever the variant: all compute the same bits. */
 
-DM_INLINE DM_PG_ATTR void DM_PG_BODY(ptrdiff_t m, ptrdiff_t k, const float *packed,
+static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                                      const float *b, ptrdiff_t n, const float *bias, int act,
                                      ptrdiff_t mb0, ptrdiff_t mb1, ptrdiff_t x0, ptrdiff_t x1,
                                      float *c)
@@ -88,16 +88,7 @@ DM_INLINE DM_PG_ATTR void DM_PG_BODY(ptrdiff_t m, ptrdiff_t k, const float *pack
     }
 }
 
-static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
-                                  const float *b, ptrdiff_t n, const float *bias, int act,
-                                  ptrdiff_t mb0, ptrdiff_t mb1, ptrdiff_t x0, ptrdiff_t x1,
-                                  float *c)
-{
-    DM_PG_BODY(m, k, packed, b, n, bias, act, mb0, mb1, x0, x1, c);
-}
-
 #undef DM_PG_NAME
-#undef DM_PG_BODY
 #undef DM_PG_ATTR
 #undef DM_PG_VEC
 #undef DM_PG_VECU
