@@ -12,9 +12,9 @@ float32 3x3 pad-1 convolutions with at most ``DIRECT_MAX_CHANNELS`` input channe
 and ``DIRECT_MAX_CHANNELS_STRIDE2`` at stride 2 (the first layers of a detector) skip im2col
 and BLAS: ``kernels.h`` computes them directly, vectorised along output rows, each sum in
 Darknet's own order and rounding (so training keeps Darknet's arithmetic). With K = 9*C this
-small, BLAS runs far below its peak; the direct loop was
-measured 2-3x faster on one core than the GEMM on two at stride 1 (C <= 16), and 0.62-0.95x
-the GEMM's time at stride 2 (C = 3 to 64; at 128 and more it was no faster).
+small, BLAS runs far below its peak; the direct loop was measured 2-3x faster on one core
+than the GEMM on two at stride 1 (C <= 16), and at stride 2 0.62x the GEMM's time for C = 3.
+From 32 channels the inference path's packed product (``packed_conv``) is faster than either.
 """
 
 from cython cimport floating
@@ -65,7 +65,7 @@ cdef Py_ssize_t IM2COL_BLOCK = 1 << 16
 cdef Py_ssize_t DIRECT_MAX = 16
 DIRECT_MAX_CHANNELS = DIRECT_MAX
 #: The same for stride 2.
-cdef Py_ssize_t DIRECT_MAX_STRIDE2 = 64
+cdef Py_ssize_t DIRECT_MAX_STRIDE2 = 16
 DIRECT_MAX_CHANNELS_STRIDE2 = DIRECT_MAX_STRIDE2
 
 
@@ -94,7 +94,7 @@ def workspace_size(int channels, int ksize, int groups, int out_h, int out_w) ->
     return (channels // groups) * ksize * ksize * out_h * out_w
 
 
-def _conv_geometry(str where, tuple x_shape, str w_name, tuple w_shape, str o_name,
+def conv_geometry(str where, tuple x_shape, str w_name, tuple w_shape, str o_name,
                    tuple o_shape, int ksize, int stride_x, int stride_y, int pad, int dilation,
                    int groups) -> tuple:
     """Check a convolution's shapes against each other and its geometry.
@@ -321,7 +321,7 @@ def conv2d_step(x, weights, bias, out, workspace, int ksize, int stride_x, int s
     check_input("bias", bias, (1,), x, layout="(F,)")
     check_input("out", out, (4,), x, writable=True)
     cdef Py_ssize_t batch, channels, height, width, filters, out_h, out_w, k
-    batch, channels, height, width, filters, out_h, out_w, k = _conv_geometry(
+    batch, channels, height, width, filters, out_h, out_w, k = conv_geometry(
         "conv2d_forward", x.shape, "weights", weights.shape, "out", out.shape, ksize,
         stride_x, stride_y, pad, dilation, groups)
     if bias.shape[0] != filters:
@@ -552,7 +552,7 @@ cdef NativeStep _conv_backward_step(StepFn fn, str kind, tuple arrays, tuple x_s
     """The shared checks and parameters of the two backward steps; ``arrays`` are in the
     kind's role order, workspace last."""
     like = arrays[0]
-    batch, channels, height, width, filters, out_h, out_w, k = _conv_geometry(
+    batch, channels, height, width, filters, out_h, out_w, k = conv_geometry(
         kind, x_shape, w_name, w_shape, "delta", delta_shape, ksize, stride_x, stride_y, pad,
         dilation, groups)
     cdef bint one_by_one = ksize == 1 and stride_x == 1 and stride_y == 1 and pad == 0

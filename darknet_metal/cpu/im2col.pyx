@@ -23,6 +23,8 @@ back into one, for tests and tools.
 from cython cimport floating
 from libc.string cimport memset
 
+from darknet_metal.cpu.kernels cimport dm_copy_even_f32
+
 import numpy as np
 
 from darknet_metal.errors import ArgumentError
@@ -69,6 +71,8 @@ cdef void im2col(const floating* im, Py_ssize_t channels, Py_ssize_t height, Py_
             if stride_x == 1:
                 for ox in range(ox_lo, ox_hi):
                     dst[ox] = src[ix + ox - ox_lo]
+            elif floating is float and stride_x == 2:
+                dm_copy_even_f32(src + ix, dst + ox_lo, ox_hi - ox_lo)
             else:
                 for ox in range(ox_lo, ox_hi):
                     dst[ox] = src[ix]

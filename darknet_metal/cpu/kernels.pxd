@@ -31,6 +31,7 @@ cdef extern from "kernels.h" nogil:
                          Py_ssize_t spatial, int act)
     void dm_maxpool2x2s2_f32(const float* src, float* dst, Py_ssize_t planes, Py_ssize_t h,
                              Py_ssize_t w, Py_ssize_t out_h, Py_ssize_t out_w)
+    void dm_copy_even_f32(const float* src, float* dst, Py_ssize_t n)
     enum: DM_DIRECT_FB  # filters per block of the direct convolution
     Py_ssize_t dm_conv3x3_direct_scratch(Py_ssize_t channels, Py_ssize_t filters,
                                          Py_ssize_t height, Py_ssize_t width,
@@ -50,7 +51,8 @@ cdef extern from "kernels.h" nogil:
     void dm_pack8_f32(const float* a, Py_ssize_t m, Py_ssize_t k, float* packed)
     void dm_gemm8_f32(Py_ssize_t m, Py_ssize_t k, const float* packed, const float* b,
                       Py_ssize_t n, const float* bias, int act, Py_ssize_t mb0,
-                      Py_ssize_t mb1, Py_ssize_t x0, Py_ssize_t x1, float* c)
+                      Py_ssize_t mb1, Py_ssize_t x0, Py_ssize_t x1, float* c,
+                      Py_ssize_t ldc)
     void dm_wino2_input_f32(const float* x, Py_ssize_t channels, Py_ssize_t c0, Py_ssize_t c1,
                             Py_ssize_t height, Py_ssize_t width, Py_ssize_t tiles_y,
                             Py_ssize_t tiles_x, float* v)

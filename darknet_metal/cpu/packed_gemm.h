@@ -10,7 +10,7 @@
 static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                                      const float *b, ptrdiff_t n, const float *bias, int act,
                                      ptrdiff_t mb0, ptrdiff_t mb1, ptrdiff_t x0, ptrdiff_t x1,
-                                     float *c)
+                                     float *c, ptrdiff_t ldc)
 {
     enum { LANES = sizeof(DM_PG_VEC) / sizeof(float), XB = LANES * DM_PG_XV };
     /* Columns a pass over the filter blocks takes: their k rows of b stay in L2 meanwhile. */
@@ -81,7 +81,7 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                 const ptrdiff_t skip = x - xs, end = x1 - xs < XB ? x1 - xs : XB;
                 /* (n < XB: xs = x = 0 and end = n.) */
                 for (ptrdiff_t f = 0; f < nf; f++)
-                    memcpy(c + (mb * DM_GEMM8_M + f) * n + x, tmp[f] + skip,
+                    memcpy(c + (mb * DM_GEMM8_M + f) * ldc + x, tmp[f] + skip,
                            (size_t)(end - skip) * sizeof(float));
             }
         }

@@ -301,7 +301,7 @@ cdef void _gemm_part(void* ctx, int part) noexcept nogil:
     dm_gemm8_f32(j.nf, j.channels, j.filters + part * dm_pack8_size(j.nf, j.channels),
                  j.v + part * j.channels * j.tiles, j.tiles, NULL, DM_ACT_LINEAR, 0,
                  (j.nf + DM_GEMM8_M - 1) // DM_GEMM8_M, 0, j.tiles,
-                 j.m + part * j.nf * j.tiles)
+                 j.m + part * j.nf * j.tiles, j.tiles)
 
 
 cdef inline void _run_split(part_fn fn, TransformJob* job, int threads) noexcept nogil:

@@ -4,9 +4,10 @@ Batch normalisation (``ops.batchnorm``) is folded into the weights and biases at
 runs unfolded in training. The weight, bias and input gradients are GEMMs too (col2im after
 the input gradient of a convolution). On the CPU, 3x3 stride-1 convolutions from
 ``WINOGRAD_MIN_CHANNELS`` input channels use Winograd (F(4x4, 3x3) from ``WINOGRAD4_MIN_SIZE``
-output rows and columns, else F(2x2, 3x3)), plain float32 1x1 convolutions the packed product
-of ``cpu.pointwise`` (weights packed once), the rest im2col + BLAS (or a direct 3x3 loop for
-thin inputs, chosen inside ``cpu.conv``). On a device: im2col (skipped
+output rows and columns, else F(2x2, 3x3)); thin 3x3 inputs a direct loop (``cpu.conv``);
+the other float32 convolutions of one group ``cpu.packed_conv``'s product with weights
+packed once (after im2col, except for plain 1x1 convolutions); the rest (float64, groups)
+im2col + BLAS. On a device: im2col (skipped
 for 1x1 stride-1 unpadded convolutions, whose input already is the column matrix) and one
 batched, grouped GEMM with the bias and elementwise activation in its epilogue.
 """
@@ -19,7 +20,7 @@ import numpy as np
 
 from darknet_metal.cpu import batchnorm as cpu_batchnorm
 from darknet_metal.cpu import conv as cpu_conv
-from darknet_metal.cpu import pointwise, winograd
+from darknet_metal.cpu import packed_conv, winograd
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.metal.dispatch import (
     BIAS_COLS,
@@ -241,34 +242,37 @@ class ConvolutionalOp(_Gemm):
         """The output tile m of the CPU's Winograd F(m x m, 3x3) for this convolution."""
         return 4 if min(self.out_shape[1:]) >= WINOGRAD4_MIN_SIZE else 2
 
-    def uses_pointwise(self, dtype: np.dtype) -> bool:
-        """Whether the CPU runs this convolution in ``dtype`` as ``cpu.pointwise``'s packed
-        product: float32, 1x1, stride 1, no padding, one group."""
+    def uses_packed(self, dtype: np.dtype) -> bool:
+        """Whether the CPU runs this convolution in ``dtype`` as ``cpu.packed_conv``'s product
+        with packed weights: float32, one group, neither Winograd nor the direct 3x3 loop."""
         v = self.values
         return (
             np.dtype(dtype) == np.float32
-            and (v["size"], v["stride_x"], v["stride_y"], v["padding"], v["groups"])
-            == (1, 1, 1, 0, 1)
+            and v["groups"] == 1
+            and not self.uses_winograd
+            and not self._direct_workspace()
         )
+
+    def _direct_workspace(self) -> int:
+        v = self.values
+        return cpu_conv.direct_workspace_size(
+            self.in_shape[0], self.out_shape[0], self.in_shape[1], self.in_shape[2], v["size"],
+            v["stride_x"], v["stride_y"], v["padding"], v["dilation"], v["groups"])
 
     def prepare_cpu(self, params: Params | None, dtype: np.dtype) -> Any:
         w, b = fold_batchnorm(params)
         w = np.ascontiguousarray(w, dtype)
         if self.uses_winograd:
             w = winograd.transform_filters(w, self.in_shape[0], self.winograd_tile)
-        elif self.uses_pointwise(dtype):
-            w = pointwise.pack_weights(w)
+        elif self.uses_packed(dtype):
+            w = packed_conv.pack_weights(w)
         return w, np.ascontiguousarray(b, dtype)
 
     def cpu_workspace(self, batch: int) -> int:
         if self.uses_winograd:
             return winograd.workspace_size(self.in_shape[0], self.out_shape[0],
                                            *self.out_shape[1:], self.winograd_tile)
-        v = self.values
-        direct = cpu_conv.direct_workspace_size(
-            self.in_shape[0], self.out_shape[0], self.in_shape[1], self.in_shape[2], v["size"],
-            v["stride_x"], v["stride_y"], v["padding"], v["dilation"], v["groups"])
-        return max(self._im2col_workspace(), direct)
+        return max(self._im2col_workspace(), self._direct_workspace())
 
     def _im2col_workspace(self) -> int:
         """Elements of im2col columns the convolution unfolds (0 for a plain 1x1, which
@@ -286,8 +290,10 @@ class ConvolutionalOp(_Gemm):
         act = fused_activation(self.activation)
         if self.uses_winograd:
             step = winograd.winograd_step(sources[0], w, b, out, workspace, act)
-        elif self.uses_pointwise(out.dtype):
-            step = pointwise.conv1x1_step(sources[0], w, b, out, act)
+        elif self.uses_packed(out.dtype):
+            step = packed_conv.conv_step(sources[0], w, b, out, workspace, v["size"],
+                                         v["stride_x"], v["stride_y"], v["padding"],
+                                         v["dilation"], act)
         else:
             step = cpu_conv.conv2d_step(sources[0], w, b, out, workspace, v["size"],
                                         v["stride_x"], v["stride_y"], v["padding"],
