@@ -20,6 +20,7 @@ from cython cimport floating
 from libc.float cimport FLT_MAX
 from libc.string cimport memmove, memset
 
+from darknet_metal.cpu.blas cimport cpu_threads, run_parts
 from darknet_metal.cpu.fmath cimport fexp
 from darknet_metal.cpu.step cimport STEP_BUFFERS, NativeStep, StepData, StepFn, new_step
 
@@ -118,61 +119,101 @@ cdef void _normalize_weights(const floating* w, floating* table,
             table[i * channels + c] = _norm_weight(w[base + i * stride], max_val, total, p.norm)
 
 
-cdef void _shortcut_scale(const floating* src, floating* dst, const floating* table,
-                          const ShortcutParams* p) noexcept nogil:
-    # out = x * table[0, channel]
-    cdef Py_ssize_t channels = p.channels, spatial = p.spatial, b, c, i, at
+cdef void _shortcut_planes(floating* out, const floating* table, const StepData* d,
+                           const ShortcutParams* p, Py_ssize_t first,
+                           Py_ssize_t last) noexcept nogil:
+    # Planes [first, last) of out (plane b*C + c): x (scaled) written first, then the sources
+    # added one after the other, as Darknet adds them, so every element rounds alike however
+    # the planes are shared out.
+    cdef const floating* x = <const floating*>d.buf[SHORTCUT_X]
+    cdef const floating* src
+    cdef floating* dst
+    cdef Py_ssize_t channels = p.channels, spatial = p.spatial, q, b, c, c_add, i
     cdef floating wt
-    for b in range(p.batch):
-        for c in range(channels):
-            wt = table[c]
-            at = (b * channels + c) * spatial
-            for i in range(spatial):
-                dst[at + i] = src[at + i] * wt
-
-
-cdef void _shortcut_add(floating* dst, const floating* src, Py_ssize_t c_add,
-                        const floating* table, Py_ssize_t row,
-                        const ShortcutParams* p) noexcept nogil:
-    # out[:, :min(C, C_add)] += add[:, :min(C, C_add)] (* table[row, channel])
-    cdef Py_ssize_t c_out = p.channels, spatial = p.spatial, b, c, i, at, at_add
-    cdef Py_ssize_t c_min = c_out if c_out < c_add else c_add
-    cdef floating wt
-    for b in range(p.batch):
-        for c in range(c_min):
-            at = (b * c_out + c) * spatial
-            at_add = (b * c_add + c) * spatial
+    cdef int k
+    cdef const floating* xq
+    cdef floating w0
+    cdef int k0
+    for q in range(first, last):
+        b, c = q // channels, q % channels
+        dst = out + q * spatial
+        xq = x + q * spatial
+        k0 = 0
+        if p.first and p.n_sources > 0 and c < p.source_channels[0]:
+            # x and the first source in one pass over the plane (the same two roundings as
+            # writing x, then adding the source).
+            k0 = 1
+            src = (<const floating*>d.buf[p.source_role[0]]
+                   + (b * p.source_channels[0] + c) * spatial)
             if p.weighted:
-                wt = table[row * c_out + c]
+                w0, wt = table[c], table[p.first_row * channels + c]
                 for i in range(spatial):
-                    dst[at + i] = dst[at + i] + src[at_add + i] * wt
+                    dst[i] = xq[i] * w0 + src[i] * wt
             else:
                 for i in range(spatial):
-                    dst[at + i] = dst[at + i] + src[at_add + i]
+                    dst[i] = xq[i] + src[i]
+        elif p.first:
+            if p.weighted:
+                wt = table[c]
+                for i in range(spatial):
+                    dst[i] = xq[i] * wt
+            elif xq != dst:
+                memmove(dst, xq, spatial * sizeof(floating))
+        for k in range(k0, p.n_sources):
+            c_add = p.source_channels[k]
+            if c >= c_add:
+                continue
+            src = <const floating*>d.buf[p.source_role[k]] + (b * c_add + c) * spatial
+            if p.weighted:
+                wt = table[(p.first_row + k) * channels + c]
+                for i in range(spatial):
+                    dst[i] = dst[i] + src[i] * wt
+            else:
+                for i in range(spatial):
+                    dst[i] = dst[i] + src[i]
 
 
-cdef void _shortcut(floating* out, floating* table, const StepData* d,
-                    const ShortcutParams* p) noexcept nogil:
-    cdef const floating* x = <const floating*>d.buf[SHORTCUT_X]
-    cdef int k
-    if p.first:
-        if p.weighted:
-            _normalize_weights(<const floating*>d.buf[SHORTCUT_WEIGHTS], table, p)
-            _shortcut_scale(x, out, table, p)
-        elif x != out:
-            memmove(out, x, p.batch * p.channels * p.spatial * sizeof(floating))
-    # Sources one after the other, as Darknet adds them: the sums round alike.
-    for k in range(p.n_sources):
-        _shortcut_add(out, <const floating*>d.buf[p.source_role[k]], p.source_channels[k],
-                      table, p.first_row + k, p)
+#: Least elements of a shortcut whose planes are shared out among the executor's threads.
+cdef Py_ssize_t SHORTCUT_SPLIT_ELEMENTS = 1 << 16
+
+
+ctypedef struct ShortcutJob:
+    const StepData* d
+    const ShortcutParams* p
+    Py_ssize_t span  # planes per part
+
+
+cdef void _shortcut_part(void* ctx, int part) noexcept nogil:
+    cdef ShortcutJob* j = <ShortcutJob*>ctx
+    cdef Py_ssize_t first = part * j.span
+    cdef Py_ssize_t last = min(j.p.batch * j.p.channels, first + j.span)
+    if j.d.f32:
+        _shortcut_planes(<float*>j.d.buf[SHORTCUT_OUT], <const float*>j.d.buf[SHORTCUT_TABLE],
+                         j.d, j.p, first, last)
+    else:
+        _shortcut_planes(<double*>j.d.buf[SHORTCUT_OUT],
+                         <const double*>j.d.buf[SHORTCUT_TABLE], j.d, j.p, first, last)
 
 
 cdef void _shortcut_step(const StepData* d) noexcept nogil:
     cdef const ShortcutParams* p = <const ShortcutParams*>d.params
-    if d.f32:
-        _shortcut(<float*>d.buf[SHORTCUT_OUT], <float*>d.buf[SHORTCUT_TABLE], d, p)
-    else:
-        _shortcut(<double*>d.buf[SHORTCUT_OUT], <double*>d.buf[SHORTCUT_TABLE], d, p)
+    cdef ShortcutJob job
+    cdef Py_ssize_t planes = p.batch * p.channels, parts = 1
+    if p.first and p.weighted:
+        # The normalised weights, once for every plane.
+        if d.f32:
+            _normalize_weights(<const float*>d.buf[SHORTCUT_WEIGHTS],
+                               <float*>d.buf[SHORTCUT_TABLE], p)
+        else:
+            _normalize_weights(<const double*>d.buf[SHORTCUT_WEIGHTS],
+                               <double*>d.buf[SHORTCUT_TABLE], p)
+    if planes < 1:
+        return
+    if planes * p.spatial >= SHORTCUT_SPLIT_ELEMENTS:
+        parts = min(planes, <Py_ssize_t>cpu_threads() * 4)
+    job.d, job.p = d, p
+    job.span = (planes + parts - 1) // parts
+    run_parts(_shortcut_part, &job, <int>((planes + job.span - 1) // job.span))
 
 
 def shortcut_step(x, sources, weights, str weights_type, str weights_normalization,

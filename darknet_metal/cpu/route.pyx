@@ -15,6 +15,7 @@ arguments and returns a ``NativeStep`` (``step.pyx``) that copies without the GI
 from cython cimport floating
 from libc.string cimport memcpy
 
+from darknet_metal.cpu.blas cimport cpu_threads, run_parts
 from darknet_metal.cpu.step cimport NativeStep, StepData, StepFn, new_step
 
 import numpy as np
@@ -36,16 +37,45 @@ cdef struct RouteParams:
     Py_ssize_t size          # copied per sample
 
 
+#: Least bytes of a route copy shared out among the executor's threads (in pieces of at
+#: least half of it).
+cdef Py_ssize_t ROUTE_SPLIT_BYTES = 1 << 20
+
+
+ctypedef struct RouteJob:
+    const RouteParams* p
+    const char* src
+    char* out
+    Py_ssize_t pieces, piece  # pieces per sample, bytes per piece
+
+
+cdef void _route_part(void* ctx, int part) noexcept nogil:
+    cdef RouteJob* j = <RouteJob*>ctx
+    cdef const RouteParams* p = j.p
+    cdef Py_ssize_t b = part // j.pieces, start = (part % j.pieces) * j.piece
+    cdef Py_ssize_t size = min(p.size - start, j.piece)
+    if size > 0:
+        memcpy(j.out + b * p.out_sample + p.out_offset + start,
+               j.src + b * p.src_sample + p.src_offset + start, size)
+
+
 cdef void _route_step(const StepData* d) noexcept nogil:
     cdef const RouteParams* p = <const RouteParams*>d.params
-    cdef const char* src = d.buf[ROUTE_SRC]
-    cdef char* out = d.buf[ROUTE_OUT]
-    cdef Py_ssize_t b
+    cdef RouteJob job
+    cdef int b
     if p.size == 0:
         return
-    for b in range(p.batch):
-        memcpy(out + b * p.out_sample + p.out_offset, src + b * p.src_sample + p.src_offset,
-               p.size)
+    job.p, job.src, job.out = p, d.buf[ROUTE_SRC], d.buf[ROUTE_OUT]
+    job.pieces, job.piece = 1, p.size
+    if p.batch * p.size < ROUTE_SPLIT_BYTES:
+        for b in range(p.batch):
+            _route_part(&job, <int>b)
+        return
+    job.pieces = max(1, min(<Py_ssize_t>cpu_threads() * 2 // p.batch,
+                            p.size // (ROUTE_SPLIT_BYTES // 2)))
+    # Pieces of whole cache lines.
+    job.piece = ((p.size + job.pieces - 1) // job.pieces + 63) // 64 * 64
+    run_parts(_route_part, &job, <int>(p.batch * job.pieces))
 
 
 def _count(name: str, value: object) -> int:
