@@ -407,6 +407,8 @@ static inline void dm_conv3x3_direct_rows_f32(ptrdiff_t channels, ptrdiff_t heig
 #define DM_GEMM8_PANEL 32768
 /* Rows of b copied at a time when it has fewer columns than a block (16 KiB of stack). */
 #define DM_GEMM8_KC 128
+/* How far ahead of a block (floats) the first pass over b's rows prefetches them. */
+#define DM_GEMM8_PREFETCH 64
 
 /* Floats of a (m, k) matrix packed by dm_pack8_f32. */
 static inline ptrdiff_t dm_pack8_size(ptrdiff_t m, ptrdiff_t k)

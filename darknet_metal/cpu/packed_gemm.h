@@ -51,7 +51,13 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                         ldb = XB;
                     }
                     const float *wk = ap + k0 * DM_GEMM8_M;
+                    /* The first pass over a run of columns reads each of b's k rows from
+                     * memory: one stream per row, more than the hardware prefetchers follow,
+                     * so each row's next blocks are asked for here. */
+                    const int fetch = mb == mb0 && ldb == n;
                     for (ptrdiff_t kk = k0; kk < k1; kk++, bp += ldb, wk += DM_GEMM8_M) {
+                        if (fetch)
+                            __builtin_prefetch(bp + DM_GEMM8_PREFETCH, 0, 3);
                         DM_PG_VEC s[DM_PG_XV];
 #pragma GCC unroll 4
                         for (int v = 0; v < DM_PG_XV; v++)
