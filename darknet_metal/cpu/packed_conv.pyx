@@ -10,11 +10,12 @@ prepared (``pack_weights``), and the columns are read where they lie: ``kernels.
 and adds the bias and the activation while each block is in cache. Only for inference:
 training keeps Darknet's im2col + GEMM (``conv.conv2d_step``).
 
-The unfolding is shared out with the product: on large outputs each part unfolds a block of
-output rows (at least ``MIN_BLOCK_COLUMNS`` columns) into its own stretch of the workspace and
-multiplies it by every filter while it is in cache; when that leaves fewer blocks than parts
-(small outputs with many channels), the whole input is unfolded first, by channels, and the
-product shared out by runs of columns and blocks of filters.
+The unfolding is shared out with the product: on large outputs each part takes a run of
+blocks of output rows (at least ``MIN_BLOCK_COLUMNS`` columns a block) and unfolds one block
+after another into its own stretch of the workspace, multiplying each by every filter while it
+is in cache; when there are fewer blocks than parts (small outputs with many channels), the
+whole input is unfolded first, by channels, and the product shared out by runs of columns and
+blocks of filters.
 
 Contract: the package's (``darknet_metal.cpu``), float32 only; ``conv_step`` checks its
 arguments and returns the ``NativeStep`` that runs a layer without the GIL.
@@ -82,8 +83,8 @@ ctypedef struct PackedJob:
     Py_ssize_t mblocks, spatial
     # A product shared out by runs of columns and blocks of filters.
     Py_ssize_t mb_parts, mbs, col_parts, cols
-    # Blocks of output rows, each unfolded and multiplied by one part.
-    Py_ssize_t block_rows
+    # Runs of blocks of output rows, each block unfolded and multiplied in turn by one part.
+    Py_ssize_t block_rows, part_blocks
     # The unfolding shared out by channels.
     Py_ssize_t unfold_channels
 
@@ -113,17 +114,21 @@ cdef void _product_part(void* ctx, int part) noexcept nogil:
 
 
 cdef void _block_part(void* ctx, int part) noexcept nogil:
-    # Output rows [oy0, oy1): unfolded into their own stretch of the workspace (the blocks
-    # together are one whole unfolding, so parts running at once never share scratch), then
-    # multiplied by every filter while in cache.
+    # Blocks of output rows [oy0, oy1) one after the other, each unfolded into this part's
+    # own stretch of the workspace (which stays in cache from block to block; parts running
+    # at once never share one) and multiplied by every filter while in cache.
     cdef PackedJob* j = <PackedJob*>ctx
     cdef const PackedParams* p = j.p
-    cdef Py_ssize_t oy0 = part * j.block_rows, oy1 = min(p.out_h, oy0 + j.block_rows)
-    cdef Py_ssize_t cols = (oy1 - oy0) * p.out_w
-    cdef float* columns = j.columns + oy0 * p.out_w * p.k
-    _unfold(j, 0, p.channels, oy0, oy1, columns)
-    dm_gemm8_f32(p.filters, p.k, j.packed, columns, cols, j.bias, p.act, 0, j.mblocks, 0, cols,
-                 j.out + oy0 * p.out_w, j.spatial)
+    cdef Py_ssize_t first = part * j.part_blocks * j.block_rows
+    cdef Py_ssize_t last = min(p.out_h, first + j.part_blocks * j.block_rows)
+    cdef Py_ssize_t oy0, oy1, cols
+    cdef float* columns = j.columns + part * j.block_rows * p.out_w * p.k
+    for oy0 in range(first, last, j.block_rows):
+        oy1 = min(last, oy0 + j.block_rows)
+        cols = (oy1 - oy0) * p.out_w
+        _unfold(j, 0, p.channels, oy0, oy1, columns)
+        dm_gemm8_f32(p.filters, p.k, j.packed, columns, cols, j.bias, p.act, 0, j.mblocks, 0,
+                     cols, j.out + oy0 * p.out_w, j.spatial)
 
 
 cdef void _share_product(PackedJob* job, Py_ssize_t parts) noexcept nogil:
@@ -151,6 +156,7 @@ cdef void _packed_step(const StepData* d) noexcept nogil:
     _share_product(&job, parts)
     job.block_rows = (MIN_BLOCK_COLUMNS + p.out_w - 1) // p.out_w
     blocks = (p.out_h + job.block_rows - 1) // job.block_rows
+    job.part_blocks = (blocks + parts - 1) // parts
     job.unfold_channels = (p.channels + threads - 1) // threads if parts > 1 else p.channels
     unfold_parts = (p.channels + job.unfold_channels - 1) // job.unfold_channels
     for b in range(p.batch):
@@ -159,9 +165,9 @@ cdef void _packed_step(const StepData* d) noexcept nogil:
         if not p.unfold:
             job.columns = <float*>job.x
             run_parts(_product_part, &job, <int>(job.mb_parts * job.col_parts))
-        elif parts > 1 and blocks >= parts:
+        elif blocks >= parts:
             job.columns = <float*>d.buf[PC_WORKSPACE]
-            run_parts(_block_part, &job, <int>blocks)
+            run_parts(_block_part, &job, <int>((blocks + job.part_blocks - 1) // job.part_blocks))
         else:
             job.columns = <float*>d.buf[PC_WORKSPACE]
             run_parts(_unfold_part, &job, <int>unfold_parts)

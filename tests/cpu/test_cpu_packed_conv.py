@@ -89,7 +89,7 @@ def test_same_bits_for_every_split():
 
 # n, c, (h, w), f, ksize, (stride_x, stride_y), pad, dilation
 UNFOLDED = [
-    (1, 3, (9, 37), 11, 3, (1, 1), 1, 1),      # one thread: whole image, then the product
+    (1, 3, (9, 37), 11, 3, (1, 1), 1, 1),      # too little work to share: one part
     (2, 5, (8, 7), 9, 3, (2, 2), 1, 1),        # fewer columns than a block
     (1, 16, (128, 130), 32, 3, (2, 2), 1, 1),  # blocks of rows on the threads
     (1, 32, (64, 64), 40, 3, (1, 1), 1, 1),
