@@ -123,12 +123,14 @@ cdef void _block_part(void* ctx, int part) noexcept nogil:
     cdef Py_ssize_t last = min(p.out_h, first + j.part_blocks * j.block_rows)
     cdef Py_ssize_t oy0, oy1, cols
     cdef float* columns = j.columns + part * j.block_rows * p.out_w * p.k
-    for oy0 in range(first, last, j.block_rows):
+    oy0 = first
+    while oy0 < last:
         oy1 = min(last, oy0 + j.block_rows)
         cols = (oy1 - oy0) * p.out_w
         _unfold(j, 0, p.channels, oy0, oy1, columns)
         dm_gemm8_f32(p.filters, p.k, j.packed, columns, cols, j.bias, p.act, 0, j.mblocks, 0,
                      cols, j.out + oy0 * p.out_w, j.spatial)
+        oy0 = oy1
 
 
 cdef void _share_product(PackedJob* job, Py_ssize_t parts) noexcept nogil:
