@@ -73,6 +73,27 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                         }
                     }
                 }
+                if (xs == x && x + XB <= x1 && (act == DM_ACT_LINEAR || act == DM_ACT_LEAKY)) {
+                    /* A whole block of this part's columns, linear or leaky: bias and
+                     * activation in registers, stored straight to c (the select below is
+                     * dm_act_f32's "x > 0 ? x : 0.1f * x", one multiply, nothing to
+                     * contract). */
+                    for (int f = 0; f < nf; f++) {
+                        float *row = c + (mb * DM_GEMM8_M + f) * ldc + x;
+#pragma GCC unroll 4
+                        for (int v = 0; v < DM_PG_XV; v++) {
+                            DM_PG_VEC r = bias ? acc[f][v] + bias[mb * DM_GEMM8_M + f]
+                                               : acc[f][v];
+                            if (act == DM_ACT_LEAKY) {
+                                const __typeof__(r > 0.0f) pos = r > 0.0f;
+                                const __typeof__(pos) scaled = (__typeof__(pos))(0.1f * r);
+                                r = (DM_PG_VEC)((pos & (__typeof__(pos))r) | (~pos & scaled));
+                            }
+                            *(DM_PG_VECU *)(row + v * LANES) = r;
+                        }
+                    }
+                    continue;
+                }
                 /* Bias and activation on the block in L1, then its new columns out. */
                 for (int f = 0; f < DM_GEMM8_M; f++)
                     for (int v = 0; v < DM_PG_XV; v++) {

@@ -65,6 +65,20 @@ def test_activations_fused_in_the_epilogue(shape, act):
     np.testing.assert_allclose(out, NP_ACTIVATIONS[act](ref), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_leaky_is_the_linear_output_selected(shape):
+    # Leaky and linear blocks are finished in registers, other activations out of line:
+    # leaky must still be Darknet's "x > 0 ? x : 0.1f * x" of the same sums, bit for bit.
+    x, w, b = case(*shape, seed=5)
+    packed = packed_conv.pack_weights(w)
+    outs = {}
+    for act in ("linear", "leaky"):
+        outs[act] = np.empty((shape[0], shape[3], *shape[2]), np.float32)
+        conv1x1(x, packed, b, outs[act], ACTIVATION_ID[act])
+    y = outs["linear"]
+    np.testing.assert_array_equal(outs["leaky"], np.where(y > 0, y, np.float32(0.1) * y))
+
+
 def test_packed_layout_is_blocks_of_eight_filters_channel_by_channel():
     w = np.arange(11 * 5, dtype=np.float32).reshape(11, 5)
     packed = packed_conv.pack_weights(w)
