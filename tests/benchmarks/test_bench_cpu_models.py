@@ -1,14 +1,16 @@
 """CPU forward of the bundled networks at batch 1, random weights: ours against OpenCV DNN.
 
-Each network gets its own benchmark group (ours and OpenCV's "peer" alternate in one run);
-the README's benchmark command prints the median ratio of each group. The weights are drawn
-with a fixed seed and written in Darknet's format, so OpenCV runs exactly the same network.
+Each network gets its own benchmark group, ours and OpenCV timed in alternating rounds
+(``alternating.py``); the README's benchmark command prints the median ratio of each group.
+The weights are drawn with a fixed seed and written in Darknet's format, so OpenCV runs
+exactly the same network.
 """
 
 import re
 
 import numpy as np
 import pytest
+from alternating import pedantic_alternating
 
 cv2 = pytest.importorskip("cv2")
 from shared_paths import CFG_DIR  # noqa: E402
@@ -47,21 +49,15 @@ def _group(network):
     return f"{name}-{size}-cpu"
 
 
-def test_ours(benchmark, network):
-    name, _, _, _, net, x = network
-    benchmark.group = _group(network)
-    benchmark.pedantic(net.forward, args=(x,), rounds=ROUNDS[name], warmup_rounds=2)
-
-
-def test_peer_opencv(benchmark, network):
-    name, _, cfg, weights, _, x = network
+def test_ours_alternating_with_opencv(benchmark, network):
+    name, _, cfg, weights, net, x = network
     benchmark.group = _group(network)
     cv2.setNumThreads(THREADS)
     peer = cv2.dnn.readNetFromDarknet(str(cfg), str(weights))
     names = peer.getUnconnectedOutLayersNames()
 
-    def run():
+    def run_peer():
         peer.setInput(x)
         return peer.forward(names)
 
-    benchmark.pedantic(run, rounds=ROUNDS[name], warmup_rounds=2)
+    pedantic_alternating(benchmark, lambda: net.forward(x), run_peer, rounds=ROUNDS[name])

@@ -1,14 +1,16 @@
 """CPU forward of the bundled networks against ONNX Runtime's CPU provider running our own
 export of the same network (``export_onnx``), batch 1 and 4, with the same number of threads.
 
-Each (network, batch) is a benchmark group of its own, ours and the "peer" alternating in one
-run; the README's benchmark command prints each group's median ratio ours/peer. yolov3-tiny
+Each (network, batch) is a benchmark group of its own, ours and the peer timed in alternating
+rounds (``alternating.py``); the README's benchmark command prints each group's median ratio
+ours/peer. yolov3-tiny
 runs with its real weights, the others with seeded weights (the time does not depend on
 them). OpenCV DNN is the other peer (``test_bench_cpu_models.py``, ``test_bench_cpu.py``).
 """
 
 import numpy as np
 import pytest
+from alternating import pedantic_alternating
 
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -44,14 +46,8 @@ def case(request, tmp_path_factory):
     return f"{name}-{size}-b{batch}-onnxruntime", ROUNDS[name], net, session, x
 
 
-def test_ours(benchmark, case):
-    group, rounds, net, _, x = case
+def test_ours_alternating_with_onnxruntime(benchmark, case):
+    group, rounds, net, session, x = case
     benchmark.group = group
-    benchmark.pedantic(net.forward, args=(x,), rounds=rounds, warmup_rounds=2)
-
-
-def test_peer_onnxruntime(benchmark, case):
-    group, rounds, _, session, x = case
-    benchmark.group = group
-    benchmark.pedantic(session.run, args=(None, {"input": x}), rounds=rounds,
-                       warmup_rounds=2)
+    pedantic_alternating(benchmark, lambda: net.forward(x),
+                         lambda: session.run(None, {"input": x}), rounds=rounds)

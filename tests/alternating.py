@@ -1,0 +1,39 @@
+"""Benchmarks of ours against a peer in alternating rounds.
+
+A shared machine's speed drifts for seconds at a time (another tenant takes a core); timing
+all of ours and then all of the peer's rounds lets one side meet a slow stretch the other
+misses. Here each of our rounds follows one timed call of the peer, so both are measured over
+the same moments.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+#: Idle time between the two sides' calls: thread pools keep spinning for a while after their
+#: work (ONNX Runtime's intra-op threads by default), and the side called next would find a
+#: core taken (measured: yolov3-tiny 23 -> 46 ms right after ONNX Runtime). Longer idles are
+#: not neutral either: after 0.3 s our first passes ran up to 2x slower on a 2-core virtual
+#: machine (ONNX Runtime's did not), so the pause is just long enough for the spinning to end.
+SETTLE_SECONDS = 0.05
+
+
+def pedantic_alternating(benchmark: Any, ours: Callable[[], Any], peer: Callable[[], Any], *,
+                         rounds: int, warmup_rounds: int = 2) -> None:
+    """Benchmark ``ours`` (pytest-benchmark's statistics) with one call of ``peer`` timed
+    before each of its rounds, warm-ups included; the peer's seconds of the measured rounds
+    go to ``benchmark.extra_info["peer_seconds"]``, from which the benchmark summary
+    (``conftest.py``) takes the peer's median."""
+    peer_seconds: list[float] = []
+
+    def timed_peer() -> None:
+        time.sleep(SETTLE_SECONDS)
+        start = time.perf_counter()
+        peer()
+        peer_seconds.append(time.perf_counter() - start)
+        time.sleep(SETTLE_SECONDS)
+
+    benchmark.pedantic(ours, setup=timed_peer, rounds=rounds, warmup_rounds=warmup_rounds)
+    benchmark.extra_info["peer_seconds"] = peer_seconds[warmup_rounds:]
