@@ -3,10 +3,15 @@
  * A large GEMM is cut into parts (blocks of output columns or rows, see blas.pyx), and the
  * parts are handed out one at a time to whichever thread asks first: the calling thread and
  * a few helper threads (the CPU count minus one by default; DARKNET_METAL_CPU_THREADS sets
- * the total). After a job a helper polls for the next one for DM_SPIN_NS (200 us), then
+ * the total). After a job a helper polls for the next one for DM_SPIN_NS (2 ms), then
  * sleeps on a condition variable: waking a sleeping thread costs ~50 us on a virtual machine,
- * which the 16 back-to-back small GEMMs of a Winograd layer would pay each time, while a
- * bounded poll cannot starve other work for long the way BLAS's own spinning workers do.
+ * which the 16 back-to-back small GEMMs of a Winograd layer would pay each time; and with a
+ * 200 us poll, helpers that slept between the layers of a pass left the first passes after
+ * a few hundred milliseconds of idling at one thread's speed or worse (yolov3-tiny 45 against
+ * 24 ms on a 2-core virtual machine; polling through a pass's gaps, 26-29 ms). The poll
+ * yields the core to any other runnable thread at each turn, so beside other processes' load
+ * it takes little from them (measured in docs/performance.md), and it is bounded: it cannot
+ * starve other work the way BLAS's own spinning workers do.
  * The caller waits only for parts a helper has already started: when the cores are busy
  * with other work and a helper is not scheduled, the caller does its parts too instead of
  * waiting for it. One job runs at a time; a GEMM issued while the pool is busy (another
@@ -29,20 +34,13 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <time.h>
 
 /* How long a helper polls for the next job before it sleeps, in nanoseconds. */
-#define DM_SPIN_NS 200000L
-
-static inline void dm_cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__) || defined(__arm__)
-    __asm__ __volatile__("yield");
-#endif
-}
+#define DM_SPIN_NS 2000000L
 
 #define DM_GEMM_MAX_THREADS 64
 
@@ -84,7 +82,8 @@ static void *dm_gemm_helper(void *arg) {
             clock_gettime(CLOCK_MONOTONIC, &t0);
             for (;;) {
                 if (__atomic_load_n(&p->generation, __ATOMIC_ACQUIRE) != seen) break;
-                dm_cpu_relax();
+                /* Other runnable work on this core goes first; alone, the poll goes on. */
+                sched_yield();
                 clock_gettime(CLOCK_MONOTONIC, &t1);
                 if ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) >
                     DM_SPIN_NS)
