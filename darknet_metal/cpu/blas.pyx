@@ -24,6 +24,8 @@ computed by the same single-threaded BLAS kernel, so the cut never changes a res
 from cython cimport floating
 from scipy.linalg.cython_blas cimport dgemm, sgemm
 
+from darknet_metal.cpu.kernels cimport dm_fma_level
+
 
 cdef extern from "gemm_threads.h" nogil:
     ctypedef void (*dm_part_fn)(void* ctx, int part) noexcept nogil
@@ -185,6 +187,13 @@ cdef void gemm_rowmajor_batch(int count, bint trans_a, bint trans_b, int m, int 
 
 cdef int cpu_threads() noexcept nogil:
     return dm_gemm_threads(<void*>sgemm)
+
+
+def cpu_kernels() -> str:
+    """The variant of the hand-written FMA kernels (the packed product, the direct
+    convolution) this process runs: ``"avx512"``, ``"avx2"`` or ``"portable"``, the widest
+    the CPU has unless ``DARKNET_METAL_CPU_KERNELS`` caps it. All compute the same bits."""
+    return {4: "avx512", 3: "avx2"}.get(dm_fma_level(), "portable")
 
 
 cdef void run_parts(part_fn fn, void* ctx, int parts) noexcept nogil:

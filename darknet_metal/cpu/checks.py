@@ -8,6 +8,9 @@ for a wrong shape, dtype, contiguity or writability.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import numpy as np
 
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
@@ -84,3 +87,20 @@ def check_disjoint(written: dict, read: dict) -> None:
         for in_name, a in read.items():
             if out is not None and a is not None and np.shares_memory(out, a):
                 raise ArgumentError(f"{out_name} must not share memory with {in_name}")
+
+
+#: The environment variable that caps the variant of the CPU's FMA kernels, and its values
+#: (``blas.cpu_kernels`` reports the variant that runs).
+CPU_KERNELS_VARIABLE = "DARKNET_METAL_CPU_KERNELS"
+CPU_KERNEL_VARIANTS = ("avx512", "avx2", "portable")
+
+
+def check_cpu_kernels_setting(environ: Mapping[str, str] | None = None) -> None:
+    """Raise ArgumentError if ``DARKNET_METAL_CPU_KERNELS`` (in ``environ``, by default the
+    process's environment) is set to something other than one of ``CPU_KERNEL_VARIANTS``
+    or empty (the kernels would ignore it)."""
+    value = (os.environ if environ is None else environ).get(CPU_KERNELS_VARIABLE)
+    if value and value not in CPU_KERNEL_VARIANTS:
+        raise ArgumentError(f"{CPU_KERNELS_VARIABLE}={value!r}: expected one of "
+                            f"{', '.join(CPU_KERNEL_VARIANTS)} (or unset or empty: the "
+                            "widest the CPU has)")

@@ -15,6 +15,7 @@
 #include <float.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
@@ -363,18 +364,33 @@ static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t
 #define DM_DR_XV 1
 #include "direct_rows.h"
 
-/* The widest variant of the FMA kernels this CPU runs: 4 (x86-64-v4: AVX-512), 3
- * (x86-64-v3: AVX2 + FMA) or 0 (the portable one). */
+/* The variant of the FMA kernels (the direct convolution's and the packed product's) that
+ * runs: the widest this CPU has, 4 (x86-64-v4: AVX-512), 3 (x86-64-v3: AVX2 + FMA) or 0
+ * (the portable one), capped by DARKNET_METAL_CPU_KERNELS ("avx2" or "portable"; "avx512"
+ * caps nothing) to measure or test a narrower variant on a wider CPU. Every variant computes
+ * the same bits. Read once per extension module; a value the Python side does not know
+ * (checks.py refuses it before any layer runs) caps nothing. */
 static inline int dm_fma_level(void)
 {
+    static int cached = -1; /* racing first calls store the same value */
+    int level = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (level >= 0)
+        return level;
+    level = 0;
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("x86-64-v4"))
-        return 4;
-    if (__builtin_cpu_supports("x86-64-v3"))
-        return 3;
+        level = 4;
+    else if (__builtin_cpu_supports("x86-64-v3"))
+        level = 3;
 #endif
-    return 0;
+    const char *cap = getenv("DARKNET_METAL_CPU_KERNELS");
+    if (cap != NULL && strcmp(cap, "portable") == 0)
+        level = 0;
+    else if (cap != NULL && strcmp(cap, "avx2") == 0 && level > 3)
+        level = 3;
+    __atomic_store_n(&cached, level, __ATOMIC_RELAXED);
+    return level;
 }
 
 static inline void dm_conv3x3_direct_rows_f32(ptrdiff_t channels, ptrdiff_t height,
@@ -407,6 +423,9 @@ static inline void dm_conv3x3_direct_rows_f32(ptrdiff_t channels, ptrdiff_t heig
 #define DM_GEMM8_PANEL 32768
 /* Rows of b copied at a time when it has fewer columns than a block (16 KiB of stack). */
 #define DM_GEMM8_KC 128
+/* Rows of b a turn of the halves of a variant computing 4 filters at a time takes: 64 rows of
+ * its 24 columns (6 KiB) stay in L1 for the second half. */
+#define DM_GEMM8_KRUN 64
 /* How far ahead of a block (floats) the first pass over b's rows prefetches them. */
 #define DM_GEMM8_PREFETCH 64
 
@@ -430,8 +449,9 @@ static inline void dm_pack8_f32(const float *a, ptrdiff_t m, ptrdiff_t k, float 
 
 /* c[i][x] = act(sum_kk a[i][kk] * b[kk][x] + bias[i]) for the rows i of 8-row blocks
  * [mb0, mb1) and the columns x in [x0, x1), with a (m, k) packed by dm_pack8_f32, b (k, n)
- * and c row-major (rows n and ldc >= n floats apart), x0 a multiple of 32 (parts running at
- * once may share out the rows and columns: each writes only its own). The sum is a chain of
+ * and c row-major (rows n and ldc >= n floats apart). Parts running at once may share out
+ * the rows and columns (each writes only its own); columns are computed in blocks of
+ * dm_gemm8_columns() from x0, so parts that start at its multiples waste none. The sum is a chain of
  * fused multiply-adds in kk order from 0, the bias (none if NULL) added last; act one
  * dm_act_fusable() accepts. No packing of b: its rows are read in place (a 1x1
  * convolution's input planes, a block of im2col columns). */
@@ -442,13 +462,15 @@ static inline void dm_pack8_f32(const float *a, ptrdiff_t m, ptrdiff_t k, float 
 #define DM_PG_VEC dm_v16
 #define DM_PG_VECU dm_v16u
 #define DM_PG_XV 2
+#define DM_PG_FH 8
 #include "packed_gemm.h"
 #define DM_PG_NAME dm_gemm8_v3
 #define DM_PG_ATTR __attribute__((target("arch=x86-64-v3"), optimize("fp-contract=fast"), unused))
 #define DM_PG_FMA(acc, a, b) ((acc) = (acc) + (a) * (b))
 #define DM_PG_VEC dm_v8
 #define DM_PG_VECU dm_v8u
-#define DM_PG_XV 1
+#define DM_PG_XV 3
+#define DM_PG_FH 4
 #include "packed_gemm.h"
 #endif
 #define DM_PG_NAME dm_gemm8_base
@@ -459,7 +481,21 @@ static inline void dm_pack8_f32(const float *a, ptrdiff_t m, ptrdiff_t k, float 
 #define DM_PG_VEC dm_v8
 #define DM_PG_VECU dm_v8u
 #define DM_PG_XV 1
+#define DM_PG_FH 8
 #include "packed_gemm.h"
+
+/* Columns of a block of the variant of dm_gemm8_f32 that runs (its template's XB). */
+static inline ptrdiff_t dm_gemm8_columns(void)
+{
+    switch (dm_fma_level()) {
+    case 4:
+        return 32;
+    case 3:
+        return 24;
+    default:
+        return 8;
+    }
+}
 
 static inline void dm_gemm8_f32(ptrdiff_t m, ptrdiff_t k, const float *packed, const float *b,
                                 ptrdiff_t n, const float *bias, int act, ptrdiff_t mb0,

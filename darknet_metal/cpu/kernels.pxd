@@ -3,6 +3,7 @@
 # nogil and cannot raise; every module that uses them cimports them from here.
 
 cdef extern from "kernels.h" nogil:
+    int dm_fma_level()
     # Activation ids, checked against activations.pxd's ACT_* when activations loads.
     enum:
         DM_ACT_LINEAR
@@ -48,6 +49,7 @@ cdef extern from "kernels.h" nogil:
                                     Py_ssize_t fb1, Py_ssize_t y0, Py_ssize_t y1, float* out)
     enum: DM_GEMM8_M  # weight rows per block of the packed product
     Py_ssize_t dm_pack8_size(Py_ssize_t m, Py_ssize_t k)
+    Py_ssize_t dm_gemm8_columns()
     void dm_pack8_f32(const float* a, Py_ssize_t m, Py_ssize_t k, float* packed)
     void dm_gemm8_f32(Py_ssize_t m, Py_ssize_t k, const float* packed, const float* b,
                       Py_ssize_t n, const float* bias, int act, Py_ssize_t mb0,

@@ -24,7 +24,13 @@ arguments and returns the ``NativeStep`` that runs a layer without the GIL.
 from darknet_metal.cpu.activations cimport ACT_COUNT
 from darknet_metal.cpu.blas cimport cpu_threads, run_parts
 from darknet_metal.cpu.im2col cimport im2col
-from darknet_metal.cpu.kernels cimport DM_GEMM8_M, dm_gemm8_f32, dm_pack8_f32, dm_pack8_size
+from darknet_metal.cpu.kernels cimport (
+    DM_GEMM8_M,
+    dm_gemm8_columns,
+    dm_gemm8_f32,
+    dm_pack8_f32,
+    dm_pack8_size,
+)
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
@@ -33,8 +39,6 @@ from darknet_metal.errors import ArgumentError
 from darknet_metal.cpu.checks import check_input, check_workspace
 from darknet_metal.cpu.conv import conv_geometry
 
-# Columns of one part's share, a multiple of the kernel's blocks.
-cdef Py_ssize_t COLUMN_STEP = 32
 # Parts per thread, and the fewest multiply-adds worth waking the helper threads for.
 cdef int PARTS_PER_THREAD = 4
 cdef double SPLIT_WORK = 4.0 * (1 << 20)
@@ -136,9 +140,11 @@ cdef void _block_part(void* ctx, int part) noexcept nogil:
 cdef void _share_product(PackedJob* job, Py_ssize_t parts) noexcept nogil:
     # Parts take runs of columns with every block of filters first (the columns are then read
     # from memory once), and split the filters too only when there are fewer runs than parts.
-    cdef Py_ssize_t col_blocks = (job.spatial + COLUMN_STEP - 1) // COLUMN_STEP
+    # A run is whole blocks of the kernel's columns.
+    cdef Py_ssize_t step = dm_gemm8_columns()
+    cdef Py_ssize_t col_blocks = (job.spatial + step - 1) // step
     job.col_parts = min(col_blocks, parts)
-    job.cols = (col_blocks + job.col_parts - 1) // job.col_parts * COLUMN_STEP
+    job.cols = (col_blocks + job.col_parts - 1) // job.col_parts * step
     job.col_parts = (job.spatial + job.cols - 1) // job.cols
     job.mb_parts = min(job.mblocks, (parts + job.col_parts - 1) // job.col_parts)
     job.mbs = (job.mblocks + job.mb_parts - 1) // job.mb_parts

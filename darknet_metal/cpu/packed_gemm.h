@@ -3,16 +3,30 @@
  *   DM_PG_NAME   the function's name, DM_PG_ATTR its attributes,
  *   DM_PG_VEC    a float vector type, DM_PG_VECU its unaligned, aliasing twin,
  *   DM_PG_XV     vectors of columns per block,
+ *   DM_PG_FH     filters computed together: 8 (the packed block), or 4 where the registers
+ *                cannot hold 8 filters' accumulators with their operands (16 AVX2 registers:
+ *                4 filters x 3 vectors take 12 accumulators, 3 columns and a weight, and
+ *                load 7 values per 12 fused multiply-adds where 8 x 1 loads 9 per 8),
  *   DM_PG_FMA    (acc, a, b): acc = a * b + acc rounded once, lane by lane,
  * defined; it undefines them. Every output is the chain of fused multiply-adds in k order
- * from 0, then + bias, then the activation, whatever the variant: all compute the same bits. */
+ * from 0, then + bias, then the activation, whatever the variant: all compute the same bits.
+ *
+ * With 4 filters at a time, the two halves of a block of 8 take turns over runs of
+ * DM_GEMM8_KRUN rows of b (a run's columns stay in L1 for the second half; the sums wait in
+ * registers spilled to the stack between runs, stored and reloaded exactly). */
 
 static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                                      const float *b, ptrdiff_t n, const float *bias, int act,
                                      ptrdiff_t mb0, ptrdiff_t mb1, ptrdiff_t x0, ptrdiff_t x1,
                                      float *c, ptrdiff_t ldc)
 {
-    enum { LANES = sizeof(DM_PG_VEC) / sizeof(float), XB = LANES * DM_PG_XV };
+    enum {
+        LANES = sizeof(DM_PG_VEC) / sizeof(float),
+        XB = LANES * DM_PG_XV,
+        HALVES = DM_GEMM8_M / DM_PG_FH
+    };
+    /* Rows of b one turn of the halves takes (all of them with one half). */
+    const ptrdiff_t krun = HALVES == 1 ? k : DM_GEMM8_KRUN;
     /* Columns a pass over the filter blocks takes: their k rows of b stay in L2 meanwhile. */
     ptrdiff_t chunk = DM_GEMM8_PANEL / k / XB * XB;
     if (chunk < XB)
@@ -22,94 +36,114 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
         for (ptrdiff_t mb = mb0; mb < mb1; mb++) {
             const ptrdiff_t nf = m - mb * DM_GEMM8_M < DM_GEMM8_M ? m - mb * DM_GEMM8_M
                                                                  : DM_GEMM8_M;
+            /* Halves holding a filter below m (the others are zero weights). */
+            const int halves = (int)((nf + DM_PG_FH - 1) / DM_PG_FH);
             const float *ap = packed + mb * k * DM_GEMM8_M;
             for (ptrdiff_t x = c0; x < c1; x += XB) {
                 /* The last block ends at column n: it may start inside the one before,
                  * whose columns it computes again and does not store. */
                 const ptrdiff_t xs = x + XB <= n ? x : (n < XB ? 0 : n - XB);
-                float tmp[DM_GEMM8_M][XB];
-                DM_PG_VEC acc[DM_GEMM8_M][DM_PG_XV];
-#pragma GCC unroll 8
-                for (int f = 0; f < DM_GEMM8_M; f++)
-#pragma GCC unroll 4
-                    for (int v = 0; v < DM_PG_XV; v++)
-                        acc[f][v] = (DM_PG_VEC){0};
+                DM_PG_VEC sums[HALVES][DM_PG_FH][DM_PG_XV];
+                for (int h = 0; h < HALVES; h++)
+                    for (int f = 0; f < DM_PG_FH; f++)
+                        for (int v = 0; v < DM_PG_XV; v++)
+                            sums[h][f][v] = (DM_PG_VEC){0};
                 /* b's rows in place, or, with fewer columns than a block, copied by runs of
                  * DM_GEMM8_KC rows into a zero-padded panel (the chain of each output goes on
                  * from one run to the next unchanged). */
                 float panel[n < XB ? DM_GEMM8_KC : 1][XB];
-                for (ptrdiff_t k0 = 0; k0 < k; k0 += n < XB ? DM_GEMM8_KC : k) {
-                    const ptrdiff_t k1 = n >= XB || k - k0 < DM_GEMM8_KC ? k : k0 + DM_GEMM8_KC;
-                    const float *bp = b + k0 * n + xs;
+                const ptrdiff_t kstep = n < XB && krun > DM_GEMM8_KC ? DM_GEMM8_KC : krun;
+                for (ptrdiff_t k0 = 0; k0 < k; k0 += kstep) {
+                    const ptrdiff_t k1 = k - k0 < kstep ? k : k0 + kstep;
+                    const float *b0 = b + k0 * n + xs;
                     ptrdiff_t ldb = n;
                     if (n < XB) {
                         for (ptrdiff_t kk = k0; kk < k1; kk++) {
                             memcpy(panel[kk - k0], b + kk * n, (size_t)n * sizeof(float));
                             memset(panel[kk - k0] + n, 0, (size_t)(XB - n) * sizeof(float));
                         }
-                        bp = panel[0];
+                        b0 = panel[0];
                         ldb = XB;
                     }
-                    const float *wk = ap + k0 * DM_GEMM8_M;
                     /* The first pass over a run of columns reads each of b's k rows from
-                     * memory: one stream per row, more than the hardware prefetchers follow,
-                     * so each row's next blocks are asked for here. */
+                     * memory: one stream per row, more than the hardware prefetchers
+                     * follow, so each row's next blocks are asked for here. */
                     const int fetch = mb == mb0 && ldb == n;
-                    for (ptrdiff_t kk = k0; kk < k1; kk++, bp += ldb, wk += DM_GEMM8_M) {
-                        if (fetch)
-                            __builtin_prefetch(bp + DM_GEMM8_PREFETCH, 0, 3);
-                        DM_PG_VEC s[DM_PG_XV];
-#pragma GCC unroll 4
-                        for (int v = 0; v < DM_PG_XV; v++)
-                            s[v] = *(const DM_PG_VECU *)(bp + v * LANES);
+                    for (int h = 0; h < halves; h++) {
+                        DM_PG_VEC acc[DM_PG_FH][DM_PG_XV];
 #pragma GCC unroll 8
-                        for (int f = 0; f < DM_GEMM8_M; f++) {
-                            /* wk[f] in every lane (x - 0 is x exactly, so this is only the
-                             * broadcast). */
-                            const DM_PG_VEC w = wk[f] - (DM_PG_VEC){0};
+                        for (int f = 0; f < DM_PG_FH; f++)
 #pragma GCC unroll 4
                             for (int v = 0; v < DM_PG_XV; v++)
-                                DM_PG_FMA(acc[f][v], w, s[v]);
-                        }
-                    }
-                }
-                if (xs == x && x + XB <= x1 && (act == DM_ACT_LINEAR || act == DM_ACT_LEAKY)) {
-                    /* A whole block of this part's columns, linear or leaky: bias and
-                     * activation in registers, stored straight to c (the select below is
-                     * dm_act_f32's "x > 0 ? x : 0.1f * x", one multiply, nothing to
-                     * contract). */
-                    for (int f = 0; f < nf; f++) {
-                        float *row = c + (mb * DM_GEMM8_M + f) * ldc + x;
+                                acc[f][v] = sums[h][f][v];
+                        const float *bp = b0, *wk = ap + k0 * DM_GEMM8_M + h * DM_PG_FH;
+                        for (ptrdiff_t kk = k0; kk < k1; kk++, bp += ldb, wk += DM_GEMM8_M) {
+                            if (fetch && h == 0)
+                                __builtin_prefetch(bp + DM_GEMM8_PREFETCH, 0, 3);
+                            DM_PG_VEC s[DM_PG_XV];
 #pragma GCC unroll 4
-                        for (int v = 0; v < DM_PG_XV; v++) {
-                            DM_PG_VEC r = bias ? acc[f][v] + bias[mb * DM_GEMM8_M + f]
-                                               : acc[f][v];
-                            if (act == DM_ACT_LEAKY) {
-                                const __typeof__(r > 0.0f) pos = r > 0.0f;
-                                const __typeof__(pos) scaled = (__typeof__(pos))(0.1f * r);
-                                r = (DM_PG_VEC)((pos & (__typeof__(pos))r) | (~pos & scaled));
+                            for (int v = 0; v < DM_PG_XV; v++)
+                                s[v] = *(const DM_PG_VECU *)(bp + v * LANES);
+#pragma GCC unroll 8
+                            for (int f = 0; f < DM_PG_FH; f++) {
+                                /* wk[f] in every lane (x - 0 is x exactly, so this is only
+                                 * the broadcast). */
+                                const DM_PG_VEC w = wk[f] - (DM_PG_VEC){0};
+#pragma GCC unroll 4
+                                for (int v = 0; v < DM_PG_XV; v++)
+                                    DM_PG_FMA(acc[f][v], w, s[v]);
                             }
-                            *(DM_PG_VECU *)(row + v * LANES) = r;
                         }
+#pragma GCC unroll 8
+                        for (int f = 0; f < DM_PG_FH; f++)
+#pragma GCC unroll 4
+                            for (int v = 0; v < DM_PG_XV; v++)
+                                sums[h][f][v] = acc[f][v];
                     }
-                    continue;
                 }
-                /* Bias and activation on the block in L1, then its new columns out. */
-                for (int f = 0; f < DM_GEMM8_M; f++)
-                    for (int v = 0; v < DM_PG_XV; v++) {
-                        const DM_PG_VEC r = f < nf && bias ? acc[f][v] + bias[mb * DM_GEMM8_M + f]
-                                                           : acc[f][v];
-                        *(DM_PG_VECU *)(tmp[f] + v * LANES) = r;
+                const int whole = xs == x && x + XB <= x1;
+                for (int h = 0; h < halves; h++) {
+                    const ptrdiff_t f0 = mb * DM_GEMM8_M + h * DM_PG_FH;
+                    const int rows = nf - h * DM_PG_FH < DM_PG_FH ? (int)(nf - h * DM_PG_FH)
+                                                                  : DM_PG_FH;
+                    if (whole && (act == DM_ACT_LINEAR || act == DM_ACT_LEAKY)) {
+                        /* A whole block of this part's columns, linear or leaky: bias and
+                         * activation in registers, stored straight to c (the select below
+                         * is dm_act_f32's "x > 0 ? x : 0.1f * x", one multiply, nothing to
+                         * contract). */
+                        for (int f = 0; f < rows; f++) {
+                            float *row = c + (f0 + f) * ldc + x;
+#pragma GCC unroll 4
+                            for (int v = 0; v < DM_PG_XV; v++) {
+                                DM_PG_VEC r = bias ? sums[h][f][v] + bias[f0 + f] : sums[h][f][v];
+                                if (act == DM_ACT_LEAKY) {
+                                    const __typeof__(r > 0.0f) pos = r > 0.0f;
+                                    const __typeof__(pos) scaled = (__typeof__(pos))(0.1f * r);
+                                    r = (DM_PG_VEC)((pos & (__typeof__(pos))r) | (~pos & scaled));
+                                }
+                                *(DM_PG_VECU *)(row + v * LANES) = r;
+                            }
+                        }
+                        continue;
                     }
-                /* Out of line: the activation is the one dm_act_f32 computes everywhere
-                 * (inlined here it would be contracted into fused multiply-adds). */
-                if (act != DM_ACT_LINEAR)
-                    dm_act_f32(tmp[0], DM_GEMM8_M * XB, act);
-                const ptrdiff_t skip = x - xs, end = x1 - xs < XB ? x1 - xs : XB;
-                /* (n < XB: xs = x = 0 and end = n.) */
-                for (ptrdiff_t f = 0; f < nf; f++)
-                    memcpy(c + (mb * DM_GEMM8_M + f) * ldc + x, tmp[f] + skip,
-                           (size_t)(end - skip) * sizeof(float));
+                    /* Bias and activation on the block in L1, then its new columns out. */
+                    float tmp[DM_PG_FH][XB];
+                    for (int f = 0; f < DM_PG_FH; f++)
+                        for (int v = 0; v < DM_PG_XV; v++) {
+                            const DM_PG_VEC r = f < rows && bias ? sums[h][f][v] + bias[f0 + f]
+                                                                 : sums[h][f][v];
+                            *(DM_PG_VECU *)(tmp[f] + v * LANES) = r;
+                        }
+                    /* Out of line: the activation is the one dm_act_f32 computes everywhere
+                     * (inlined here it would be contracted into fused multiply-adds). */
+                    if (act != DM_ACT_LINEAR)
+                        dm_act_f32(tmp[0], DM_PG_FH * XB, act);
+                    const ptrdiff_t skip = x - xs, end = x1 - xs < XB ? x1 - xs : XB;
+                    /* (n < XB: xs = x = 0 and end = n.) */
+                    for (int f = 0; f < rows; f++)
+                        memcpy(c + (f0 + f) * ldc + x, tmp[f] + skip,
+                               (size_t)(end - skip) * sizeof(float));
+                }
             }
         }
     }
@@ -120,4 +154,5 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
 #undef DM_PG_VEC
 #undef DM_PG_VECU
 #undef DM_PG_XV
+#undef DM_PG_FH
 #undef DM_PG_FMA

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from darknet_metal.cpu import update as cpu_update
+from darknet_metal.cpu.checks import check_cpu_kernels_setting
 from darknet_metal.cpu.executor import StepList
 from darknet_metal.cpu.fill import fill_step
 from darknet_metal.errors import ArgumentError
@@ -113,6 +114,7 @@ class CpuBackend:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ArgumentError(f"dtype must be float32 or float64, not {self.dtype}")
+        check_cpu_kernels_setting()
         self._programs: ProgramCache[tuple[int, frozenset[int] | None], CpuBoundProgram] = (
             ProgramCache(MAX_PROGRAMS))
         #: ``time.monotonic_ns()`` readings at which the last pass's compute started and
