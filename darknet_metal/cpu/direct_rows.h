@@ -4,8 +4,12 @@
  *   DM_DR_ATTR   its attributes (the target it is compiled for),
  *   DM_DR_VEC    a float vector type, DM_DR_VECU its unaligned, aliasing twin,
  *   DM_DR_XV     vectors of output columns per block,
- * defined; it undefines them. The variants differ only in how many columns a block holds
- * (the accumulators must fit the set's registers): every output is the same chain of
+ *   DM_DR_FH     filters computed together: 8 (the block of DM_DIRECT_FB), or 4, in two
+ *                turns, where 16 registers cannot hold 8 filters' accumulators for more
+ *                than one vector (AVX2: 4 x 2 vectors load 6 values per 8 products where
+ *                8 x 1 loads 9),
+ * defined; it undefines them. The variants differ only in how many columns and filters a
+ * block holds (the accumulators must fit the set's registers): every output is the same chain of
  * products, each rounded and then added (not fused: Darknet's own arithmetic, which training
  * reproduces), in (c, ky, kx) order from 0, then + bias, then the activation, so every
  * variant computes the same bits. */
@@ -31,14 +35,15 @@ static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_
                                  ? filters - fb * DM_DIRECT_FB
                                  : DM_DIRECT_FB;
         float *o = out + (fb * DM_DIRECT_FB * out_h + y) * out_w;
-        for (ptrdiff_t x0 = 0; x0 < out_w; x0 += XB) {
-            DM_DR_VEC acc[DM_DIRECT_FB][DM_DR_XV];
+        for (ptrdiff_t x0 = 0; x0 < out_w; x0 += XB)
+        for (ptrdiff_t f0 = 0; f0 < nf; f0 += DM_DR_FH) {
+            DM_DR_VEC acc[DM_DR_FH][DM_DR_XV];
 #pragma GCC unroll 8
-            for (int f = 0; f < DM_DIRECT_FB; f++)
+            for (int f = 0; f < DM_DR_FH; f++)
 #pragma GCC unroll 4
                 for (int v = 0; v < DM_DR_XV; v++)
                     acc[f][v] = (DM_DR_VEC){0};
-            const float *wk = scratch + channels * plane + fb * k * DM_DIRECT_FB;
+            const float *wk = scratch + channels * plane + fb * k * DM_DIRECT_FB + f0;
             for (ptrdiff_t c = 0; c < channels; c++) {
                 for (int ky = 0; ky < 3; ky++) {
                     const float *row = scratch + c * plane + (stride * y + ky) * row_len + x0;
@@ -51,7 +56,7 @@ static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_
                         for (int v = 0; v < DM_DR_XV; v++)
                             s[v] = *(const DM_DR_VECU *)(row + tap[kx] + v * LANES);
 #pragma GCC unroll 8
-                        for (int f = 0; f < DM_DIRECT_FB; f++) {
+                        for (int f = 0; f < DM_DR_FH; f++) {
                             /* wk[f] in every lane (x - 0 is x exactly: only the
                              * broadcast). */
                             const DM_DR_VEC w = wk[f] - (DM_DR_VEC){0};
@@ -63,10 +68,10 @@ static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_
                 }
             }
             const ptrdiff_t nx = out_w - x0 < XB ? out_w - x0 : XB;
-            for (ptrdiff_t f = 0; f < nf; f++) {
-                float *dst = o + f * out_h * out_w + x0;
+            for (ptrdiff_t f = 0; f < DM_DR_FH && f0 + f < nf; f++) {
+                float *dst = o + (f0 + f) * out_h * out_w + x0;
                 for (int v = 0; v < DM_DR_XV; v++) {
-                    const DM_DR_VEC r = acc[f][v] + bias[fb * DM_DIRECT_FB + f];
+                    const DM_DR_VEC r = acc[f][v] + bias[fb * DM_DIRECT_FB + f0 + f];
                     if (nx == XB)
                         *(DM_DR_VECU *)(dst + v * LANES) = r;
                     else
@@ -86,3 +91,4 @@ static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_
 #undef DM_DR_VEC
 #undef DM_DR_VECU
 #undef DM_DR_XV
+#undef DM_DR_FH

@@ -349,12 +349,14 @@ static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t
 #define DM_DR_VEC dm_v16
 #define DM_DR_VECU dm_v16u
 #define DM_DR_XV 1
+#define DM_DR_FH 8
 #include "direct_rows.h"
 #define DM_DR_NAME dm_direct_rows_v3
 #define DM_DR_ATTR __attribute__((target("arch=x86-64-v3"), unused))
 #define DM_DR_VEC dm_v8
 #define DM_DR_VECU dm_v8u
-#define DM_DR_XV 1
+#define DM_DR_XV 2
+#define DM_DR_FH 4
 #include "direct_rows.h"
 #endif
 #define DM_DR_NAME dm_direct_rows_base
@@ -362,6 +364,7 @@ static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t
 #define DM_DR_VEC dm_v8
 #define DM_DR_VECU dm_v8u
 #define DM_DR_XV 1
+#define DM_DR_FH 8
 #include "direct_rows.h"
 
 /* The variant of the FMA kernels (the direct convolution's and the packed product's) that
@@ -421,7 +424,8 @@ static inline void dm_conv3x3_direct_rows_f32(ptrdiff_t channels, ptrdiff_t heig
  * operand one pass over the weights keeps in cache (128 KiB). */
 #define DM_GEMM8_M 8
 #define DM_GEMM8_PANEL 32768
-/* Rows of b copied at a time when it has fewer columns than a block (16 KiB of stack). */
+/* Rows of b copied at a time when it has fewer columns than a block (up to 16 KiB of
+ * stack). */
 #define DM_GEMM8_KC 128
 /* Rows of b a turn of the halves of a variant computing 4 filters at a time takes: 64 rows of
  * its 24 columns (6 KiB) stay in L1 for the second half. */

@@ -13,20 +13,140 @@
  *
  * With 4 filters at a time, the two halves of a block of 8 take turns over runs of
  * DM_GEMM8_KRUN rows of b (a run's columns stay in L1 for the second half; the sums wait in
- * registers spilled to the stack between runs, stored and reloaded exactly). */
+ * registers spilled to the stack between runs, stored and reloaded exactly). A block short of
+ * columns at the end of a run computes only the vectors it needs (a 13x13 Winograd layer's 49
+ * tiles: 24 + 24 + 8 columns with AVX2, not 24 x 3). */
+
+#define DM_PG_CAT2(a, b) a##b
+#define DM_PG_CAT(a, b) DM_PG_CAT2(a, b)
+#define DM_PG_BLOCK DM_PG_CAT(DM_PG_NAME, _block)
+
+enum { DM_PG_CAT(DM_PG_NAME, _lanes) = sizeof(DM_PG_VEC) / sizeof(float) };
+
+/* One block: the 8 filters of block mb (nf of them below m) times the xv vectors of columns
+ * from xs of b's rows (ldb floats apart; a zero-padded copy when b has fewer columns than a
+ * vector block), stored to c's columns [x, end) (x - xs of them are computed and dropped).
+ * Always inlined with a constant xv, so its loops unroll. */
+static inline __attribute__((always_inline)) DM_PG_ATTR void DM_PG_BLOCK(
+    ptrdiff_t k, const float *ap, const float *b, ptrdiff_t n, ptrdiff_t xs, ptrdiff_t x,
+    ptrdiff_t end, ptrdiff_t nf, const float *bias, int act, int fetch, float *c,
+    ptrdiff_t ldc, const int xv)
+{
+    enum {
+        LANES = DM_PG_CAT(DM_PG_NAME, _lanes),
+        XB = LANES * DM_PG_XV,
+        HALVES = DM_GEMM8_M / DM_PG_FH
+    };
+    const ptrdiff_t width = (ptrdiff_t)xv * LANES;
+    /* Rows of b one turn of the halves takes (all of them with one half). */
+    const ptrdiff_t krun = HALVES == 1 ? k : DM_GEMM8_KRUN;
+    /* Halves holding a filter below m (the others are zero weights). */
+    const int halves = (int)((nf + DM_PG_FH - 1) / DM_PG_FH);
+    DM_PG_VEC sums[HALVES][DM_PG_FH][DM_PG_XV];
+    for (int h = 0; h < HALVES; h++)
+        for (int f = 0; f < DM_PG_FH; f++)
+            for (int v = 0; v < DM_PG_XV; v++)
+                sums[h][f][v] = (DM_PG_VEC){0};
+    /* b's rows in place, or, with fewer columns than the block, copied by runs of
+     * DM_GEMM8_KC rows into a zero-padded panel (the chain of each output goes on from one
+     * run to the next unchanged). */
+    float panel[DM_GEMM8_KC][XB];
+    const ptrdiff_t kstep = n < width && krun > DM_GEMM8_KC ? DM_GEMM8_KC : krun;
+    for (ptrdiff_t k0 = 0; k0 < k; k0 += kstep) {
+        const ptrdiff_t k1 = k - k0 < kstep ? k : k0 + kstep;
+        const float *b0 = b + k0 * n + xs;
+        ptrdiff_t ldb = n;
+        if (n < width) {
+            for (ptrdiff_t kk = k0; kk < k1; kk++) {
+                memcpy(panel[kk - k0], b + kk * n, (size_t)n * sizeof(float));
+                memset(panel[kk - k0] + n, 0, (size_t)(XB - n) * sizeof(float));
+            }
+            b0 = panel[0];
+            ldb = XB;
+        }
+        for (int h = 0; h < halves; h++) {
+            DM_PG_VEC acc[DM_PG_FH][DM_PG_XV];
+#pragma GCC unroll 8
+            for (int f = 0; f < DM_PG_FH; f++)
+#pragma GCC unroll 4
+                for (int v = 0; v < xv; v++)
+                    acc[f][v] = sums[h][f][v];
+            const float *bp = b0, *wk = ap + k0 * DM_GEMM8_M + h * DM_PG_FH;
+            for (ptrdiff_t kk = k0; kk < k1; kk++, bp += ldb, wk += DM_GEMM8_M) {
+                /* The first pass over a run of columns reads each of b's k rows from
+                 * memory: one stream per row, more than the hardware prefetchers follow,
+                 * so each row's next blocks are asked for here. */
+                if (fetch && h == 0 && ldb == n)
+                    __builtin_prefetch(bp + DM_GEMM8_PREFETCH, 0, 3);
+                DM_PG_VEC s[DM_PG_XV];
+#pragma GCC unroll 4
+                for (int v = 0; v < xv; v++)
+                    s[v] = *(const DM_PG_VECU *)(bp + v * LANES);
+#pragma GCC unroll 8
+                for (int f = 0; f < DM_PG_FH; f++) {
+                    /* wk[f] in every lane (x - 0 is x exactly, so this is only the
+                     * broadcast). */
+                    const DM_PG_VEC w = wk[f] - (DM_PG_VEC){0};
+#pragma GCC unroll 4
+                    for (int v = 0; v < xv; v++)
+                        DM_PG_FMA(acc[f][v], w, s[v]);
+                }
+            }
+#pragma GCC unroll 8
+            for (int f = 0; f < DM_PG_FH; f++)
+#pragma GCC unroll 4
+                for (int v = 0; v < xv; v++)
+                    sums[h][f][v] = acc[f][v];
+        }
+    }
+    const int whole = xs == x && end - x == width;
+    for (int h = 0; h < halves; h++) {
+        const int f0 = h * DM_PG_FH;
+        const int rows = nf - f0 < DM_PG_FH ? (int)(nf - f0) : DM_PG_FH;
+        if (whole && (act == DM_ACT_LINEAR || act == DM_ACT_LEAKY)) {
+            /* All of the block's columns are this part's, linear or leaky: bias and
+             * activation in registers, stored straight to c (the select below is
+             * dm_act_f32's "x > 0 ? x : 0.1f * x", one multiply, nothing to contract). */
+            for (int f = 0; f < rows; f++) {
+                float *row = c + (f0 + f) * ldc + x;
+#pragma GCC unroll 4
+                for (int v = 0; v < xv; v++) {
+                    DM_PG_VEC r = bias ? sums[h][f][v] + bias[f0 + f] : sums[h][f][v];
+                    if (act == DM_ACT_LEAKY) {
+                        const __typeof__(r > 0.0f) pos = r > 0.0f;
+                        const __typeof__(pos) scaled = (__typeof__(pos))(0.1f * r);
+                        r = (DM_PG_VEC)((pos & (__typeof__(pos))r) | (~pos & scaled));
+                    }
+                    *(DM_PG_VECU *)(row + v * LANES) = r;
+                }
+            }
+            continue;
+        }
+        /* Bias and activation on the block in L1, then its new columns out. */
+        float tmp[DM_PG_FH][XB];
+        for (int f = 0; f < DM_PG_FH; f++)
+            for (int v = 0; v < DM_PG_XV; v++) {
+                DM_PG_VEC r = (DM_PG_VEC){0};
+                if (v < xv)
+                    r = f < rows && bias ? sums[h][f][v] + bias[f0 + f] : sums[h][f][v];
+                *(DM_PG_VECU *)(tmp[f] + v * LANES) = r;
+            }
+        /* Out of line: the activation is the one dm_act_f32 computes everywhere (inlined
+         * here it would be contracted into fused multiply-adds). */
+        if (act != DM_ACT_LINEAR)
+            dm_act_f32(tmp[0], DM_PG_FH * XB, act);
+        for (int f = 0; f < rows; f++)
+            memcpy(c + (f0 + f) * ldc + x, tmp[f] + (x - xs),
+                   (size_t)(end - x) * sizeof(float));
+    }
+}
 
 static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                                      const float *b, ptrdiff_t n, const float *bias, int act,
                                      ptrdiff_t mb0, ptrdiff_t mb1, ptrdiff_t x0, ptrdiff_t x1,
                                      float *c, ptrdiff_t ldc)
 {
-    enum {
-        LANES = sizeof(DM_PG_VEC) / sizeof(float),
-        XB = LANES * DM_PG_XV,
-        HALVES = DM_GEMM8_M / DM_PG_FH
-    };
-    /* Rows of b one turn of the halves takes (all of them with one half). */
-    const ptrdiff_t krun = HALVES == 1 ? k : DM_GEMM8_KRUN;
+    enum { LANES = DM_PG_CAT(DM_PG_NAME, _lanes), XB = LANES * DM_PG_XV };
     /* Columns a pass over the filter blocks takes: their k rows of b stay in L2 meanwhile. */
     ptrdiff_t chunk = DM_GEMM8_PANEL / k / XB * XB;
     if (chunk < XB)
@@ -36,119 +156,39 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
         for (ptrdiff_t mb = mb0; mb < mb1; mb++) {
             const ptrdiff_t nf = m - mb * DM_GEMM8_M < DM_GEMM8_M ? m - mb * DM_GEMM8_M
                                                                  : DM_GEMM8_M;
-            /* Halves holding a filter below m (the others are zero weights). */
-            const int halves = (int)((nf + DM_PG_FH - 1) / DM_PG_FH);
             const float *ap = packed + mb * k * DM_GEMM8_M;
+            float *cb = c + mb * DM_GEMM8_M * ldc;
+            const float *bb = bias ? bias + mb * DM_GEMM8_M : NULL;
+            const int fetch = mb == mb0;
             for (ptrdiff_t x = c0; x < c1; x += XB) {
-                /* The last block ends at column n: it may start inside the one before,
-                 * whose columns it computes again and does not store. */
-                const ptrdiff_t xs = x + XB <= n ? x : (n < XB ? 0 : n - XB);
-                DM_PG_VEC sums[HALVES][DM_PG_FH][DM_PG_XV];
-                for (int h = 0; h < HALVES; h++)
-                    for (int f = 0; f < DM_PG_FH; f++)
-                        for (int v = 0; v < DM_PG_XV; v++)
-                            sums[h][f][v] = (DM_PG_VEC){0};
-                /* b's rows in place, or, with fewer columns than a block, copied by runs of
-                 * DM_GEMM8_KC rows into a zero-padded panel (the chain of each output goes on
-                 * from one run to the next unchanged). */
-                float panel[n < XB ? DM_GEMM8_KC : 1][XB];
-                const ptrdiff_t kstep = n < XB && krun > DM_GEMM8_KC ? DM_GEMM8_KC : krun;
-                for (ptrdiff_t k0 = 0; k0 < k; k0 += kstep) {
-                    const ptrdiff_t k1 = k - k0 < kstep ? k : k0 + kstep;
-                    const float *b0 = b + k0 * n + xs;
-                    ptrdiff_t ldb = n;
-                    if (n < XB) {
-                        for (ptrdiff_t kk = k0; kk < k1; kk++) {
-                            memcpy(panel[kk - k0], b + kk * n, (size_t)n * sizeof(float));
-                            memset(panel[kk - k0] + n, 0, (size_t)(XB - n) * sizeof(float));
-                        }
-                        b0 = panel[0];
-                        ldb = XB;
-                    }
-                    /* The first pass over a run of columns reads each of b's k rows from
-                     * memory: one stream per row, more than the hardware prefetchers
-                     * follow, so each row's next blocks are asked for here. */
-                    const int fetch = mb == mb0 && ldb == n;
-                    for (int h = 0; h < halves; h++) {
-                        DM_PG_VEC acc[DM_PG_FH][DM_PG_XV];
-#pragma GCC unroll 8
-                        for (int f = 0; f < DM_PG_FH; f++)
-#pragma GCC unroll 4
-                            for (int v = 0; v < DM_PG_XV; v++)
-                                acc[f][v] = sums[h][f][v];
-                        const float *bp = b0, *wk = ap + k0 * DM_GEMM8_M + h * DM_PG_FH;
-                        for (ptrdiff_t kk = k0; kk < k1; kk++, bp += ldb, wk += DM_GEMM8_M) {
-                            if (fetch && h == 0)
-                                __builtin_prefetch(bp + DM_GEMM8_PREFETCH, 0, 3);
-                            DM_PG_VEC s[DM_PG_XV];
-#pragma GCC unroll 4
-                            for (int v = 0; v < DM_PG_XV; v++)
-                                s[v] = *(const DM_PG_VECU *)(bp + v * LANES);
-#pragma GCC unroll 8
-                            for (int f = 0; f < DM_PG_FH; f++) {
-                                /* wk[f] in every lane (x - 0 is x exactly, so this is only
-                                 * the broadcast). */
-                                const DM_PG_VEC w = wk[f] - (DM_PG_VEC){0};
-#pragma GCC unroll 4
-                                for (int v = 0; v < DM_PG_XV; v++)
-                                    DM_PG_FMA(acc[f][v], w, s[v]);
-                            }
-                        }
-#pragma GCC unroll 8
-                        for (int f = 0; f < DM_PG_FH; f++)
-#pragma GCC unroll 4
-                            for (int v = 0; v < DM_PG_XV; v++)
-                                sums[h][f][v] = acc[f][v];
-                    }
+                const ptrdiff_t end = c1 - x < XB ? c1 : x + XB;
+                /* Vectors the block needs; the last block of b may start inside the one
+                 * before, whose columns it computes again and does not store (with fewer
+                 * columns than it, b is copied into a zero-padded panel from column 0). */
+                const int xv = (int)((end - x + LANES - 1) / LANES);
+                const ptrdiff_t width = (ptrdiff_t)xv * LANES;
+                const ptrdiff_t xs = x + width <= n ? x : (n < width ? 0 : n - width);
+#if DM_PG_XV > 1
+                if (xv == 1) {
+                    DM_PG_BLOCK(k, ap, b, n, xs, x, end, nf, bb, act, fetch, cb, ldc, 1);
+                    continue;
                 }
-                const int whole = xs == x && x + XB <= x1;
-                for (int h = 0; h < halves; h++) {
-                    const ptrdiff_t f0 = mb * DM_GEMM8_M + h * DM_PG_FH;
-                    const int rows = nf - h * DM_PG_FH < DM_PG_FH ? (int)(nf - h * DM_PG_FH)
-                                                                  : DM_PG_FH;
-                    if (whole && (act == DM_ACT_LINEAR || act == DM_ACT_LEAKY)) {
-                        /* A whole block of this part's columns, linear or leaky: bias and
-                         * activation in registers, stored straight to c (the select below
-                         * is dm_act_f32's "x > 0 ? x : 0.1f * x", one multiply, nothing to
-                         * contract). */
-                        for (int f = 0; f < rows; f++) {
-                            float *row = c + (f0 + f) * ldc + x;
-#pragma GCC unroll 4
-                            for (int v = 0; v < DM_PG_XV; v++) {
-                                DM_PG_VEC r = bias ? sums[h][f][v] + bias[f0 + f] : sums[h][f][v];
-                                if (act == DM_ACT_LEAKY) {
-                                    const __typeof__(r > 0.0f) pos = r > 0.0f;
-                                    const __typeof__(pos) scaled = (__typeof__(pos))(0.1f * r);
-                                    r = (DM_PG_VEC)((pos & (__typeof__(pos))r) | (~pos & scaled));
-                                }
-                                *(DM_PG_VECU *)(row + v * LANES) = r;
-                            }
-                        }
-                        continue;
-                    }
-                    /* Bias and activation on the block in L1, then its new columns out. */
-                    float tmp[DM_PG_FH][XB];
-                    for (int f = 0; f < DM_PG_FH; f++)
-                        for (int v = 0; v < DM_PG_XV; v++) {
-                            const DM_PG_VEC r = f < rows && bias ? sums[h][f][v] + bias[f0 + f]
-                                                                 : sums[h][f][v];
-                            *(DM_PG_VECU *)(tmp[f] + v * LANES) = r;
-                        }
-                    /* Out of line: the activation is the one dm_act_f32 computes everywhere
-                     * (inlined here it would be contracted into fused multiply-adds). */
-                    if (act != DM_ACT_LINEAR)
-                        dm_act_f32(tmp[0], DM_PG_FH * XB, act);
-                    const ptrdiff_t skip = x - xs, end = x1 - xs < XB ? x1 - xs : XB;
-                    /* (n < XB: xs = x = 0 and end = n.) */
-                    for (int f = 0; f < rows; f++)
-                        memcpy(c + (f0 + f) * ldc + x, tmp[f] + skip,
-                               (size_t)(end - skip) * sizeof(float));
+#endif
+#if DM_PG_XV > 2
+                if (xv == 2) {
+                    DM_PG_BLOCK(k, ap, b, n, xs, x, end, nf, bb, act, fetch, cb, ldc, 2);
+                    continue;
                 }
+#endif
+                DM_PG_BLOCK(k, ap, b, n, xs, x, end, nf, bb, act, fetch, cb, ldc, DM_PG_XV);
             }
         }
     }
 }
 
+#undef DM_PG_BLOCK
+#undef DM_PG_CAT
+#undef DM_PG_CAT2
 #undef DM_PG_NAME
 #undef DM_PG_ATTR
 #undef DM_PG_VEC
