@@ -89,18 +89,25 @@ def check_disjoint(written: dict, read: dict) -> None:
                 raise ArgumentError(f"{out_name} must not share memory with {in_name}")
 
 
-#: The environment variable that caps the variant of the CPU's FMA kernels, and its values
-#: (``blas.cpu_kernels`` reports the variant that runs).
+#: The environment variables that choose how the CPU's FMA kernels run, each with its values
+#: and what unset or empty means: the variant's cap (``blas.cpu_kernels`` reports the variant
+#: that runs) and whether the packed product copies its right-hand rows first.
 CPU_KERNELS_VARIABLE = "DARKNET_METAL_CPU_KERNELS"
 CPU_KERNEL_VARIANTS = ("avx512", "avx2", "portable")
+CPU_COPY_ROWS_VARIABLE = "DARKNET_METAL_CPU_COPY_ROWS"
+CPU_KERNEL_SETTINGS = {
+    CPU_KERNELS_VARIABLE: (CPU_KERNEL_VARIANTS, "the widest the CPU has"),
+    CPU_COPY_ROWS_VARIABLE: (("0", "1"), "copied on Intel CPUs only"),
+}
 
 
 def check_cpu_kernels_setting(environ: Mapping[str, str] | None = None) -> None:
-    """Raise ArgumentError if ``DARKNET_METAL_CPU_KERNELS`` (in ``environ``, by default the
-    process's environment) is set to something other than one of ``CPU_KERNEL_VARIANTS``
-    or empty (the kernels would ignore it)."""
-    value = (os.environ if environ is None else environ).get(CPU_KERNELS_VARIABLE)
-    if value and value not in CPU_KERNEL_VARIANTS:
-        raise ArgumentError(f"{CPU_KERNELS_VARIABLE}={value!r}: expected one of "
-                            f"{', '.join(CPU_KERNEL_VARIANTS)} (or unset or empty: the "
-                            "widest the CPU has)")
+    """Raise ArgumentError if one of ``CPU_KERNEL_SETTINGS``' variables (in ``environ``, by
+    default the process's environment) is set to a value other than its own or empty (the
+    kernels would ignore it)."""
+    environ = os.environ if environ is None else environ
+    for name, (values, default) in CPU_KERNEL_SETTINGS.items():
+        value = environ.get(name)
+        if value and value not in values:
+            raise ArgumentError(f"{name}={value!r}: expected one of {', '.join(values)} "
+                                f"(or unset or empty: {default})")

@@ -23,13 +23,13 @@
 
 enum { DM_PG_CAT(DM_PG_NAME, _lanes) = sizeof(DM_PG_VEC) / sizeof(float) };
 
-/* One block: the 8 filters of block mb (nf of them below m) times the xv vectors of columns
- * from xs of b's rows (ldb floats apart; a zero-padded copy when b has fewer columns than a
- * vector block), stored to c's columns [x, end) (x - xs of them are computed and dropped).
- * Always inlined with a constant xv, so its loops unroll. */
+/* One block: the 8 filters of block mb (nf of them below m) times xv vectors of columns of
+ * b's k rows: from bx, rows ldb floats apart (or, when b has only n < xv * LANES columns, a
+ * zero-padded copy of its rows from bx), stored to c's columns [x, end), which are the
+ * block's columns from x - xs on. Always inlined with a constant xv, so its loops unroll. */
 static inline __attribute__((always_inline)) DM_PG_ATTR void DM_PG_BLOCK(
-    ptrdiff_t k, const float *ap, const float *b, ptrdiff_t n, ptrdiff_t xs, ptrdiff_t x,
-    ptrdiff_t end, ptrdiff_t nf, const float *bias, int act, int fetch, float *c,
+    ptrdiff_t k, const float *ap, const float *bx, ptrdiff_t ldb, ptrdiff_t n, ptrdiff_t xs,
+    ptrdiff_t x, ptrdiff_t end, ptrdiff_t nf, const float *bias, int act, int fetch, float *c,
     ptrdiff_t ldc, const int xv)
 {
     enum {
@@ -54,15 +54,15 @@ static inline __attribute__((always_inline)) DM_PG_ATTR void DM_PG_BLOCK(
     const ptrdiff_t kstep = n < width && krun > DM_GEMM8_KC ? DM_GEMM8_KC : krun;
     for (ptrdiff_t k0 = 0; k0 < k; k0 += kstep) {
         const ptrdiff_t k1 = k - k0 < kstep ? k : k0 + kstep;
-        const float *b0 = b + k0 * n + xs;
-        ptrdiff_t ldb = n;
+        const float *b0 = bx + k0 * ldb;
+        ptrdiff_t step = ldb;
         if (n < width) {
             for (ptrdiff_t kk = k0; kk < k1; kk++) {
-                memcpy(panel[kk - k0], b + kk * n, (size_t)n * sizeof(float));
+                memcpy(panel[kk - k0], bx + kk * ldb, (size_t)n * sizeof(float));
                 memset(panel[kk - k0] + n, 0, (size_t)(XB - n) * sizeof(float));
             }
             b0 = panel[0];
-            ldb = XB;
+            step = XB;
         }
         for (int h = 0; h < halves; h++) {
             DM_PG_VEC acc[DM_PG_FH][DM_PG_XV];
@@ -72,11 +72,11 @@ static inline __attribute__((always_inline)) DM_PG_ATTR void DM_PG_BLOCK(
                 for (int v = 0; v < xv; v++)
                     acc[f][v] = sums[h][f][v];
             const float *bp = b0, *wk = ap + k0 * DM_GEMM8_M + h * DM_PG_FH;
-            for (ptrdiff_t kk = k0; kk < k1; kk++, bp += ldb, wk += DM_GEMM8_M) {
-                /* The first pass over a run of columns reads each of b's k rows from
-                 * memory: one stream per row, more than the hardware prefetchers follow,
-                 * so each row's next blocks are asked for here. */
-                if (fetch && h == 0 && ldb == n)
+            for (ptrdiff_t kk = k0; kk < k1; kk++, bp += step, wk += DM_GEMM8_M) {
+                /* The first pass over a run of columns read in place takes each of b's k
+                 * rows from memory: one stream per row, more than the hardware prefetchers
+                 * follow, so each row's next blocks are asked for here. */
+                if (fetch && h == 0)
                     __builtin_prefetch(bp + DM_GEMM8_PREFETCH, 0, 3);
                 DM_PG_VEC s[DM_PG_XV];
 #pragma GCC unroll 4
@@ -151,15 +151,29 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
     ptrdiff_t chunk = DM_GEMM8_PANEL / k / XB * XB;
     if (chunk < XB)
         chunk = XB;
+    /* On CPUs that gain from it (dm_gemm8_copies) and where a chunk's k rows fit (k <=
+     * DM_GEMM8_PANEL / XB), its rows are first copied here block by block, each block's rows
+     * one after the other: the filter blocks then read one stream from L2 instead of k rows a
+     * page or more apart. */
+    float copy[DM_GEMM8_PANEL] __attribute__((aligned(64)));
+    const int copied = n >= XB && chunk * k <= DM_GEMM8_PANEL && dm_gemm8_copies();
     for (ptrdiff_t c0 = x0; c0 < x1; c0 += chunk) {
         const ptrdiff_t c1 = x1 - c0 < chunk ? x1 : c0 + chunk;
+        for (ptrdiff_t x = c0; copied && x < c1; x += XB) {
+            const float *src = b + (x + XB <= n ? x : n - XB);
+            float *dst = copy + (x - c0) * k;
+            for (ptrdiff_t kk = 0; kk < k; kk++, src += n, dst += XB)
+#pragma GCC unroll 4
+                for (int v = 0; v < DM_PG_XV; v++)
+                    *(DM_PG_VEC *)(dst + v * LANES) = *(const DM_PG_VECU *)(src + v * LANES);
+        }
         for (ptrdiff_t mb = mb0; mb < mb1; mb++) {
             const ptrdiff_t nf = m - mb * DM_GEMM8_M < DM_GEMM8_M ? m - mb * DM_GEMM8_M
                                                                  : DM_GEMM8_M;
             const float *ap = packed + mb * k * DM_GEMM8_M;
             float *cb = c + mb * DM_GEMM8_M * ldc;
             const float *bb = bias ? bias + mb * DM_GEMM8_M : NULL;
-            const int fetch = mb == mb0;
+            const int fetch = mb == mb0 && !copied;
             for (ptrdiff_t x = c0; x < c1; x += XB) {
                 const ptrdiff_t end = c1 - x < XB ? c1 : x + XB;
                 /* Vectors the block needs; the last block of b may start inside the one
@@ -168,19 +182,27 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                 const int xv = (int)((end - x + LANES - 1) / LANES);
                 const ptrdiff_t width = (ptrdiff_t)xv * LANES;
                 const ptrdiff_t xs = x + width <= n ? x : (n < width ? 0 : n - width);
+                const float *bx = b + xs;
+                ptrdiff_t ldb = n;
+                if (copied) {
+                    /* The copy holds the block's XB columns from x + XB <= n ? x : n - XB. */
+                    bx = copy + (x - c0) * k + (xs - (x + XB <= n ? x : n - XB));
+                    ldb = XB;
+                }
 #if DM_PG_XV > 1
                 if (xv == 1) {
-                    DM_PG_BLOCK(k, ap, b, n, xs, x, end, nf, bb, act, fetch, cb, ldc, 1);
+                    DM_PG_BLOCK(k, ap, bx, ldb, n, xs, x, end, nf, bb, act, fetch, cb, ldc, 1);
                     continue;
                 }
 #endif
 #if DM_PG_XV > 2
                 if (xv == 2) {
-                    DM_PG_BLOCK(k, ap, b, n, xs, x, end, nf, bb, act, fetch, cb, ldc, 2);
+                    DM_PG_BLOCK(k, ap, bx, ldb, n, xs, x, end, nf, bb, act, fetch, cb, ldc, 2);
                     continue;
                 }
 #endif
-                DM_PG_BLOCK(k, ap, b, n, xs, x, end, nf, bb, act, fetch, cb, ldc, DM_PG_XV);
+                DM_PG_BLOCK(k, ap, bx, ldb, n, xs, x, end, nf, bb, act, fetch, cb, ldc,
+                            DM_PG_XV);
             }
         }
     }

@@ -2,10 +2,12 @@
 
 The packed product and the direct convolution exist as an AVX-512, an AVX2 and a portable
 variant (kernels.h); the CPU picks the widest it has, and ``DARKNET_METAL_CPU_KERNELS`` caps
-it. Each variant this CPU can run computes the same layers in a process of its own, and the
-outputs must agree bit for bit: the packed product's partial blocks of columns and filters,
-its unfolded shapes (5x5, stride 2, dilation), the Winograd products, the direct
-convolution at stride 1 and 2, and a whole yolov4-tiny forward.
+it. The packed product reads its right-hand rows in place or from a copy (Intel CPUs;
+``DARKNET_METAL_CPU_COPY_ROWS`` decides). Each variant this CPU can run, both ways, computes
+the same layers in a process of its own, and the outputs must agree bit for bit: the packed
+product's partial blocks of columns and filters, its unfolded shapes (5x5, stride 2,
+dilation), the Winograd products, the direct convolution at stride 1 and 2, and a whole
+yolov4-tiny forward.
 """
 
 import os
@@ -18,6 +20,8 @@ from darknet_metal.cpu.blas import cpu_kernels
 from shared_paths import CFG_DIR
 
 from darknet_metal.cpu.checks import (
+    CPU_COPY_ROWS_VARIABLE,
+    CPU_KERNEL_SETTINGS,
     CPU_KERNEL_VARIANTS,
     CPU_KERNELS_VARIABLE,
     check_cpu_kernels_setting,
@@ -88,8 +92,8 @@ np.savez(sys.argv[1], **outputs)
 BELOW = {"avx512": ["avx512", "avx2", "portable"], "avx2": ["avx2", "portable"]}
 
 
-def run_variant(variant, path):
-    env = dict(os.environ, **{CPU_KERNELS_VARIABLE: variant})
+def run_variant(variant, copy_rows, path):
+    env = dict(os.environ, **{CPU_KERNELS_VARIABLE: variant, CPU_COPY_ROWS_VARIABLE: copy_rows})
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(path), str(CFG_DIR /
                            "yolov4-tiny.cfg")], env=env, capture_output=True, text=True,
                           timeout=600)
@@ -101,31 +105,37 @@ def test_every_variant_computes_the_same_bits(tmp_path):
     widest = cpu_kernels()
     if widest not in BELOW:
         pytest.skip(f"this CPU runs only the {widest} variant: nothing to compare")
-    results = {v: run_variant(v, tmp_path / f"{v}.npz") for v in BELOW[widest]}
-    first = results[widest]
-    for variant, outputs in results.items():
+    results = {(v, rows): run_variant(v, rows, tmp_path / f"{v}-{rows}.npz")
+               for v in BELOW[widest] for rows in ("0", "1")}
+    first = results[widest, "0"]
+    for (variant, _), outputs in results.items():
         assert str(outputs.pop("variant")) == variant  # the cap took effect
     first_keys = sorted(first)
     assert len(first_keys) == 14
-    for variant, outputs in results.items():
+    for (variant, rows), outputs in results.items():
         assert sorted(outputs) == first_keys
         for key in first_keys:
             assert np.isfinite(first[key]).all(), key
-            np.testing.assert_array_equal(outputs[key].view(np.uint32),
-                                          first[key].view(np.uint32),
-                                          err_msg=f"{variant} against {widest}: {key}")
+            np.testing.assert_array_equal(
+                outputs[key].view(np.uint32), first[key].view(np.uint32),
+                err_msg=f"{variant}, copy_rows={rows} against {widest} in place: {key}")
 
 
-@pytest.mark.parametrize("value", ["avx3", "AVX2", "sse", " avx2"])
-def test_an_unknown_setting_is_refused_naming_it(value):
-    with pytest.raises(ArgumentError, match=f"{CPU_KERNELS_VARIABLE}='{value}'.*avx512, avx2"):
-        check_cpu_kernels_setting({CPU_KERNELS_VARIABLE: value})
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    (CPU_KERNELS_VARIABLE, "avx3", "avx512, avx2"), (CPU_KERNELS_VARIABLE, "AVX2", "avx512"),
+    (CPU_KERNELS_VARIABLE, " avx2", "portable"), (CPU_COPY_ROWS_VARIABLE, "yes", "0, 1"),
+    (CPU_COPY_ROWS_VARIABLE, "2", "0, 1")])
+def test_an_unknown_setting_is_refused_naming_it(name, value, expected):
+    with pytest.raises(ArgumentError, match=f"{name}='{value}'.*{expected}"):
+        check_cpu_kernels_setting({name: value})
 
 
-@pytest.mark.parametrize("value", [*CPU_KERNEL_VARIANTS, ""])
-def test_the_known_settings_and_empty_are_accepted(value):
-    check_cpu_kernels_setting({CPU_KERNELS_VARIABLE: value})
+@pytest.mark.parametrize("name", list(CPU_KERNEL_SETTINGS))
+def test_the_known_settings_and_empty_are_accepted(name):
+    for value in [*CPU_KERNEL_SETTINGS[name][0], ""]:
+        check_cpu_kernels_setting({name: value})
     check_cpu_kernels_setting({})
+    assert CPU_KERNEL_SETTINGS[CPU_KERNELS_VARIABLE][0] == CPU_KERNEL_VARIANTS
 
 
 def test_a_network_refuses_an_unknown_setting_before_running(monkeypatch):
