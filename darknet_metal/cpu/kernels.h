@@ -452,7 +452,7 @@ static inline void dm_pack8_f32(const float *a, ptrdiff_t m, ptrdiff_t k, float 
 }
 
 /* Whether the packed product copies its right-hand rows into a contiguous panel before the
- * filter blocks read them: on Intel CPUs (an Intel Xeon's AVX-512 products 1.2-1.3x faster
+ * filter blocks read them: on Intel CPUs (an Intel Xeon's AVX-512 products 1.1-1.4x faster
  * with the copy), not on others (an AMD EPYC follows the rows in place as fast; the copy's
  * extra pass made it up to 1.2x slower). DARKNET_METAL_CPU_COPY_ROWS=1 or 0 decides instead,
  * to measure or test either way on any CPU. The result is the same bits either way. Read
@@ -479,10 +479,11 @@ static inline int dm_gemm8_copies(void)
  * [mb0, mb1) and the columns x in [x0, x1), with a (m, k) packed by dm_pack8_f32, b (k, n)
  * and c row-major (rows n and ldc >= n floats apart). Parts running at once may share out
  * the rows and columns (each writes only its own); columns are computed in blocks of
- * dm_gemm8_columns() from x0, so parts that start at its multiples waste none. The sum is a chain of
- * fused multiply-adds in kk order from 0, the bias (none if NULL) added last; act one
- * dm_act_fusable() accepts. No packing of b: its rows are read in place (a 1x1
- * convolution's input planes, a block of im2col columns). */
+ * dm_gemm8_columns() from x0, so parts that start at its multiples waste none. The sum is a
+ * chain of fused multiply-adds in kk order from 0, the bias (none if NULL) added last; act
+ * one dm_act_fusable() accepts. b is not packed in advance: its rows are read where they lie
+ * (a 1x1 convolution's input planes, a block of im2col columns), or copied a chunk at a time
+ * where dm_gemm8_copies() says so. */
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
 #define DM_PG_NAME dm_gemm8_v4
 #define DM_PG_ATTR __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast"), unused))

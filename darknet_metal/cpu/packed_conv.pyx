@@ -5,9 +5,10 @@ A convolution is the product of its (F, C*k*k) weights with its input unfolded i
 (C*k*k, out_h*out_w) columns (im2col; a plain 1x1 convolution's input planes already are the
 columns). BLAS packs both operands into its own layout on every call, the whole weight matrix
 again for each block of columns; here the weights are packed once, when the network is
-prepared (``pack_weights``), and the columns are read where they lie: ``kernels.h``'s
-``dm_gemm8_f32`` multiplies blocks of 8 filters by runs of columns with fused multiply-adds,
-and adds the bias and the activation while each block is in cache. Only for inference:
+prepared (``pack_weights``), and the columns are read where they lie (on Intel CPUs, copied a
+chunk at a time into one contiguous panel first): ``kernels.h``'s ``dm_gemm8_f32`` multiplies
+blocks of 8 filters by runs of columns with fused multiply-adds, and adds the bias and the
+activation while each block is in cache. Only for inference:
 training keeps Darknet's im2col + GEMM (``conv.conv2d_step``).
 
 The unfolding is shared out with the product: on large outputs each part takes a run of
