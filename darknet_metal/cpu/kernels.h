@@ -454,9 +454,9 @@ static inline void dm_pack8_f32(const float *a, ptrdiff_t m, ptrdiff_t k, float 
 /* Whether the packed product copies its right-hand rows into a contiguous panel before the
  * filter blocks read them: on Intel CPUs (an Intel Xeon's AVX-512 products 1.1-1.4x faster
  * with the copy), not on others (an AMD EPYC follows the rows in place as fast; the copy's
- * extra pass made it up to 1.2x slower). DARKNET_METAL_CPU_COPY_ROWS=1 or 0 decides instead,
- * to measure or test either way on any CPU. The result is the same bits either way. Read
- * once per extension module. */
+ * extra pass made it up to 1.2x slower), and never in the portable variant.
+ * DARKNET_METAL_CPU_COPY_ROWS=1 or 0 decides instead, to measure or test either way on any
+ * CPU. The result is the same bits either way. Read once per extension module. */
 static inline int dm_gemm8_copies(void)
 {
     static int cached = -1; /* racing first calls store the same value */
@@ -492,6 +492,7 @@ static inline int dm_gemm8_copies(void)
 #define DM_PG_VECU dm_v16u
 #define DM_PG_XV 2
 #define DM_PG_FH 8
+#define DM_PG_COPY DM_GEMM8_PANEL
 #include "packed_gemm.h"
 #define DM_PG_NAME dm_gemm8_v3
 #define DM_PG_ATTR __attribute__((target("arch=x86-64-v3"), optimize("fp-contract=fast"), unused))
@@ -500,6 +501,7 @@ static inline int dm_gemm8_copies(void)
 #define DM_PG_VECU dm_v8u
 #define DM_PG_XV 3
 #define DM_PG_FH 4
+#define DM_PG_COPY DM_GEMM8_PANEL
 #include "packed_gemm.h"
 #endif
 #define DM_PG_NAME dm_gemm8_base
@@ -511,6 +513,7 @@ static inline int dm_gemm8_copies(void)
 #define DM_PG_VECU dm_v8u
 #define DM_PG_XV 1
 #define DM_PG_FH 8
+#define DM_PG_COPY 1
 #include "packed_gemm.h"
 
 /* Columns of a block of the variant of dm_gemm8_f32 that runs (its template's XB). */

@@ -8,6 +8,9 @@
  *                4 filters x 3 vectors take 12 accumulators, 3 columns and a weight, and
  *                load 7 values per 12 fused multiply-adds where 8 x 1 loads 9 per 8),
  *   DM_PG_FMA    (acc, a, b): acc = a * b + acc rounded once, lane by lane,
+ *   DM_PG_COPY   floats of the panel the right-hand rows may be copied to (dm_gemm8_copies;
+ *                DM_GEMM8_PANEL, or 1 for a variant that never copies and so keeps 128 KiB
+ *                off its threads' stacks),
  * defined; it undefines them. Every output is the chain of fused multiply-adds in k order
  * from 0, then + bias, then the activation, whatever the variant: all compute the same bits.
  *
@@ -155,8 +158,8 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
      * DM_GEMM8_PANEL / XB), its rows are first copied here block by block, each block's rows
      * one after the other: the filter blocks then read one stream from L2 instead of k rows a
      * page or more apart. */
-    float copy[DM_GEMM8_PANEL] __attribute__((aligned(64)));
-    const int copied = n >= XB && chunk * k <= DM_GEMM8_PANEL && dm_gemm8_copies();
+    float copy[DM_PG_COPY] __attribute__((aligned(64)));
+    const int copied = n >= XB && chunk * k <= DM_PG_COPY && dm_gemm8_copies();
     for (ptrdiff_t c0 = x0; c0 < x1; c0 += chunk) {
         const ptrdiff_t c1 = x1 - c0 < chunk ? x1 : c0 + chunk;
         for (ptrdiff_t x = c0; copied && x < c1; x += XB) {
@@ -218,3 +221,4 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
 #undef DM_PG_XV
 #undef DM_PG_FH
 #undef DM_PG_FMA
+#undef DM_PG_COPY
