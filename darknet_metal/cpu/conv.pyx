@@ -138,7 +138,7 @@ cdef enum:  # buffer roles
 cdef struct ConvParams:
     Py_ssize_t batch, channels, height, width, filters, out_h, out_w, workspace_size
     int ksize, stride_x, stride_y, pad, dilation, groups, act
-    bint one_by_one
+    bint one_by_one, fused
 
 
 # Least multiply-adds of a convolution whose row blocks (or direct-kernel rows) are shared out
@@ -198,7 +198,7 @@ cdef void _direct_part(void* ctx, int part) noexcept nogil:
     cdef Py_ssize_t fb0 = (part // j.row_parts) * j.fbs, fb1 = min(j.fblocks, fb0 + j.fbs)
     cdef Py_ssize_t y0 = (part % j.row_parts) * j.rows, y1 = min(p.out_h, y0 + j.rows)
     dm_conv3x3_direct_rows_f32(p.channels, p.height, p.width, p.stride_x, j.bias, p.filters,
-                               p.act, j.scratch, fb0, fb1, y0, y1, j.out)
+                               p.act, j.scratch, fb0, fb1, y0, y1, p.fused, j.out)
 
 
 cdef void _conv2d_direct(const float* x, const float* weights, const float* bias, float* out,
@@ -304,7 +304,7 @@ cdef void _conv2d_step(const StepData* d) noexcept nogil:
 
 
 def conv2d_step(x, weights, bias, out, workspace, int ksize, int stride_x, int stride_y,
-                int pad, int dilation, int groups, int act) -> NativeStep:
+                int pad, int dilation, int groups, int act, bint fused=False) -> NativeStep:
     """Darknet convolution forward: ``out = act(conv(x, weights) + bias)``.
 
     x: (N, C, H, W); weights: (F, C/groups*ksize*ksize) in Darknet's (F, C, ky, kx) order;
@@ -314,7 +314,10 @@ def conv2d_step(x, weights, bias, out, workspace, int ksize, int stride_x, int s
     1x1 convolution). All C-contiguous, of one dtype (float32 or float64). ``act`` is an
     elementwise activation id from ``darknet_metal.model.activations``; channel-mixing
     activations are applied by the caller. Dilation samples the input every ``dilation``
-    pixels with padding ``pad*dilation``, as Darknet does.
+    pixels with padding ``pad*dilation``, as Darknet does. ``fused``: where the float32
+    direct 3x3 kernel runs (``direct_workspace_size`` > 0), it sums with fused multiply-adds,
+    each rounded once (for inference; faster where a multiply and an add take two issue slots),
+    instead of Darknet's rounded products then added (training's arithmetic).
     """
     check_input("x", x)
     check_input("weights", weights, (2,), x, layout="(F, C/groups*ksize*ksize)")
@@ -338,15 +341,15 @@ def conv2d_step(x, weights, bias, out, workspace, int ksize, int stride_x, int s
     p.filters, p.out_h, p.out_w = filters, out_h, out_w
     p.workspace_size = 0 if workspace is None else workspace.shape[0]
     p.ksize, p.stride_x, p.stride_y, p.pad, p.dilation = ksize, stride_x, stride_y, pad, dilation
-    p.groups, p.act, p.one_by_one = groups, act, one_by_one
+    p.groups, p.act, p.one_by_one, p.fused = groups, act, one_by_one, fused
     return step
 
 
 def conv2d_forward(x, weights, bias, out, workspace, int ksize, int stride_x, int stride_y,
-                   int pad, int dilation, int groups, int act) -> None:
+                   int pad, int dilation, int groups, int act, bint fused=False) -> None:
     """``conv2d_step(...)`` with the same arguments, run once."""
     conv2d_step(x, weights, bias, out, workspace, ksize, stride_x, stride_y, pad, dilation,
-                groups, act).run()
+                groups, act, fused).run()
 
 
 cdef enum:  # buffer roles

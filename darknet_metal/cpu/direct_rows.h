@@ -8,11 +8,13 @@
  *                turns, where 16 registers cannot hold 8 filters' accumulators for more
  *                than one vector (AVX2: 4 x 2 vectors load 6 values per 8 products where
  *                8 x 1 loads 9),
- * defined; it undefines them. The variants differ only in how many columns and filters a
- * block holds (the accumulators must fit the set's registers): every output is the same chain of
- * products, each rounded and then added (not fused: Darknet's own arithmetic, which training
- * reproduces), in (c, ky, kx) order from 0, then + bias, then the activation, so every
- * variant computes the same bits. */
+ *   DM_DR_MAC    (acc, w, s): acc += w * s lane by lane, either the product rounded and then
+ *                added (Darknet's own arithmetic, which training reproduces) or fused, rounded
+ *                once (inference),
+ * defined; it undefines them. The variants of one arithmetic differ only in how many columns
+ * and filters a block holds (the accumulators must fit the set's registers): every output is
+ * the same chain of multiply-adds in (c, ky, kx) order from 0, then + bias, then the
+ * activation, so they compute the same bits. */
 
 static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_t width,
                                   ptrdiff_t stride, const float *bias, ptrdiff_t filters,
@@ -62,7 +64,7 @@ static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_
                             const DM_DR_VEC w = wk[f] - (DM_DR_VEC){0};
 #pragma GCC unroll 4
                             for (int v = 0; v < DM_DR_XV; v++)
-                                acc[f][v] = acc[f][v] + w * s[v];
+                                DM_DR_MAC(acc[f][v], w, s[v]);
                         }
                     }
                 }
@@ -80,9 +82,11 @@ static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_
                 }
             }
         }
-        /* The activation on the finished rows while they are in L1. */
+        /* The activation on the finished rows while they are in L1, out of line: the one
+         * dm_act_f32 computes everywhere (inlined into a fused variant it would be contracted
+         * into fused multiply-adds). */
         for (ptrdiff_t f = 0; act != DM_ACT_LINEAR && f < nf; f++)
-            dm_act_inplace(o + f * out_h * out_w, out_w, act);
+            dm_act_f32(o + f * out_h * out_w, out_w, act);
     }
 }
 
@@ -92,3 +96,4 @@ static DM_DR_ATTR void DM_DR_NAME(ptrdiff_t channels, ptrdiff_t height, ptrdiff_
 #undef DM_DR_VECU
 #undef DM_DR_XV
 #undef DM_DR_FH
+#undef DM_DR_MAC

@@ -291,7 +291,10 @@ static inline ptrdiff_t dm_conv3x3_direct_scratch(ptrdiff_t channels, ptrdiff_t 
  * x: (channels, height, width); weights: (filters, channels*9) in (c, ky, kx) order;
  * out: (filters, out_h, out_w), out = (in - 1) / stride + 1, = act(sum_{c,ky,kx} w*x +
  * bias), the sum taken in (c, ky, kx) order from 0 (Darknet's GEMM order) and the bias added
- * last, act one dm_act_fusable() accepts (any other is left undone). */
+ * last, act one dm_act_fusable() accepts (any other is left undone). Each product is rounded
+ * and then added (Darknet's arithmetic, which training reproduces) or, with `fused`, fused
+ * multiply-adds rounded once (inference: on Intel CPUs a separate multiply and add take both
+ * FMA ports for half the work). */
 static inline void dm_conv3x3_direct_pad_f32(const float *x, ptrdiff_t height,
                                              ptrdiff_t width, ptrdiff_t stride, ptrdiff_t c0,
                                              ptrdiff_t c1, float *scratch)
@@ -343,6 +346,12 @@ static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t
  * elsewhere, 8 accumulators each (NEON's 32 registers hold 8 of two vectors). 32 columns and
  * 16 accumulators with AVX-512 measured 1.2-1.4x slower: with a separate multiply and add,
  * the weight broadcasts no longer fold into the multiplies. */
+/* The direct kernel's two arithmetics: Darknet's (the product rounded, then added) and fused
+ * multiply-adds, rounded once (inference only). */
+#define DM_DR_MAC_DARKNET(acc, w, s) ((acc) = (acc) + (w) * (s))
+#define DM_DR_MAC_FUSED_BASE(acc, w, s)                                                    \
+    for (int l_ = 0; l_ < (int)(sizeof(acc) / sizeof(float)); l_++)                       \
+        (acc)[l_] = __builtin_fmaf((w)[l_], (s)[l_], (acc)[l_])
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
 #define DM_DR_NAME dm_direct_rows_v4
 #define DM_DR_ATTR __attribute__((target("arch=x86-64-v4"), unused))
@@ -350,6 +359,7 @@ static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t
 #define DM_DR_VECU dm_v16u
 #define DM_DR_XV 1
 #define DM_DR_FH 8
+#define DM_DR_MAC DM_DR_MAC_DARKNET
 #include "direct_rows.h"
 #define DM_DR_NAME dm_direct_rows_v3
 #define DM_DR_ATTR __attribute__((target("arch=x86-64-v3"), unused))
@@ -357,6 +367,24 @@ static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t
 #define DM_DR_VECU dm_v8u
 #define DM_DR_XV 2
 #define DM_DR_FH 4
+#define DM_DR_MAC DM_DR_MAC_DARKNET
+#include "direct_rows.h"
+/* The fused ones: under fp-contract=fast the same source compiles to fused multiply-adds. */
+#define DM_DR_NAME dm_direct_rows_fused_v4
+#define DM_DR_ATTR __attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast"), unused))
+#define DM_DR_VEC dm_v16
+#define DM_DR_VECU dm_v16u
+#define DM_DR_XV 1
+#define DM_DR_FH 8
+#define DM_DR_MAC DM_DR_MAC_DARKNET
+#include "direct_rows.h"
+#define DM_DR_NAME dm_direct_rows_fused_v3
+#define DM_DR_ATTR __attribute__((target("arch=x86-64-v3"), optimize("fp-contract=fast"), unused))
+#define DM_DR_VEC dm_v8
+#define DM_DR_VECU dm_v8u
+#define DM_DR_XV 2
+#define DM_DR_FH 4
+#define DM_DR_MAC DM_DR_MAC_DARKNET
 #include "direct_rows.h"
 #endif
 #define DM_DR_NAME dm_direct_rows_base
@@ -365,6 +393,15 @@ static inline void dm_conv3x3_direct_weights_f32(const float *weights, ptrdiff_t
 #define DM_DR_VECU dm_v8u
 #define DM_DR_XV 1
 #define DM_DR_FH 8
+#define DM_DR_MAC DM_DR_MAC_DARKNET
+#include "direct_rows.h"
+#define DM_DR_NAME dm_direct_rows_fused_base
+#define DM_DR_ATTR __attribute__((unused))
+#define DM_DR_VEC dm_v8
+#define DM_DR_VECU dm_v8u
+#define DM_DR_XV 1
+#define DM_DR_FH 8
+#define DM_DR_MAC DM_DR_MAC_FUSED_BASE
 #include "direct_rows.h"
 
 /* The variant of the FMA kernels (the direct convolution's and the packed product's) that
@@ -401,23 +438,31 @@ static inline void dm_conv3x3_direct_rows_f32(ptrdiff_t channels, ptrdiff_t heig
                                               const float *bias, ptrdiff_t filters, int act,
                                               const float *scratch, ptrdiff_t fb0,
                                               ptrdiff_t fb1, ptrdiff_t y0, ptrdiff_t y1,
-                                              float *out)
+                                              int fused, float *out)
 {
+#define DM_DR_ARGS channels, height, width, stride, bias, filters, act, scratch, fb0, fb1, y0, y1, out
     switch (dm_fma_level()) {
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
     case 4:
-        dm_direct_rows_v4(channels, height, width, stride, bias, filters, act, scratch, fb0,
-                          fb1, y0, y1, out);
+        if (fused)
+            dm_direct_rows_fused_v4(DM_DR_ARGS);
+        else
+            dm_direct_rows_v4(DM_DR_ARGS);
         return;
     case 3:
-        dm_direct_rows_v3(channels, height, width, stride, bias, filters, act, scratch, fb0,
-                          fb1, y0, y1, out);
+        if (fused)
+            dm_direct_rows_fused_v3(DM_DR_ARGS);
+        else
+            dm_direct_rows_v3(DM_DR_ARGS);
         return;
 #endif
     default:
-        dm_direct_rows_base(channels, height, width, stride, bias, filters, act, scratch, fb0,
-                            fb1, y0, y1, out);
+        if (fused)
+            dm_direct_rows_fused_base(DM_DR_ARGS);
+        else
+            dm_direct_rows_base(DM_DR_ARGS);
     }
+#undef DM_DR_ARGS
 }
 
 /* Rows of weights the packed product computes together, and the floats of its right-hand

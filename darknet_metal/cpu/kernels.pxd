@@ -46,7 +46,8 @@ cdef extern from "kernels.h" nogil:
     void dm_conv3x3_direct_rows_f32(Py_ssize_t channels, Py_ssize_t height, Py_ssize_t width,
                                     Py_ssize_t stride, const float* bias, Py_ssize_t filters,
                                     int act, const float* scratch, Py_ssize_t fb0,
-                                    Py_ssize_t fb1, Py_ssize_t y0, Py_ssize_t y1, float* out)
+                                    Py_ssize_t fb1, Py_ssize_t y0, Py_ssize_t y1, int fused,
+                                    float* out)
     enum: DM_GEMM8_M  # weight rows per block of the packed product
     Py_ssize_t dm_pack8_size(Py_ssize_t m, Py_ssize_t k)
     Py_ssize_t dm_gemm8_columns()

@@ -295,9 +295,11 @@ class ConvolutionalOp(_Gemm):
                                          v["stride_x"], v["stride_y"], v["padding"],
                                          v["dilation"], act)
         else:
+            # Inference: the direct kernel's fused multiply-adds (training keeps Darknet's
+            # arithmetic).
             step = cpu_conv.conv2d_step(sources[0], w, b, out, workspace, v["size"],
                                         v["stride_x"], v["stride_y"], v["padding"],
-                                        v["dilation"], v["groups"], act)
+                                        v["dilation"], v["groups"], act, fused=True)
         return [step, *activation_steps_after(out, self.activation, fused=True)]
 
     # -- export ----------------------------------------------------------------------------

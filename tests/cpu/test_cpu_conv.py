@@ -152,3 +152,30 @@ def test_winograd_refuses_unknown_tiles_and_filter_shapes():
     filters = winograd.transform_filters(np.zeros((2, 36), np.float32), 4, 4)
     with pytest.raises(ArgumentError, match="workspace"):
         winograd.winograd_forward(x, filters, np.zeros(2, np.float32), out, small, LEAKY)
+
+
+@pytest.mark.parametrize("c, h, w, f, stride", [(3, 37, 45, 16, 1), (16, 24, 33, 20, 1),
+                                                (3, 41, 50, 32, 2), (16, 22, 31, 12, 2)])
+def test_fused_direct_convolution_within_one_rounding_a_multiply_add(c, h, w, f, stride):
+    """The direct 3x3 kernel with ``fused`` (inference) against float64: each of its
+    9c fused multiply-adds and the bias rounds once, so every output is within (9c + 1)
+    roundings of its partial sums; and it is not Darknet's arithmetic (the unfused kernel's
+    bits differ somewhere)."""
+    rng = np.random.default_rng(c * 100 + f + stride)
+    x = rng.standard_normal((2, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((f, c * 9)) / np.sqrt(c * 9)).astype(np.float32)
+    b = rng.standard_normal(f).astype(np.float32)
+    oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
+    direct = conv.direct_workspace_size(c, f, h, w, 3, stride, stride, 1, 1, 1)
+    assert direct > 0  # the direct kernel takes this case
+    ws = np.empty(max(direct, conv.workspace_size(c, 3, 1, oh, ow)), np.float32)
+    linear = ACTIVATION_ID["linear"]
+    fused = np.full((2, f, oh, ow), np.nan, np.float32)
+    conv.conv2d_forward(x, wt, b, fused, ws, 3, stride, stride, 1, 1, 1, linear, fused=True)
+    darknet = np.full_like(fused, np.nan)
+    conv.conv2d_forward(x, wt, b, darknet, ws, 3, stride, stride, 1, 1, 1, linear)
+    x64, w64, b64 = x.astype(np.float64), wt.astype(np.float64), b.astype(np.float64)
+    ref = np_conv(x64, w64, b64, 3, stride, stride, 1, 1, 1)
+    mag = np_conv(np.abs(x64), np.abs(w64), np.abs(b64), 3, stride, stride, 1, 1, 1)
+    assert np.all(np.abs(fused - ref) <= (9 * c + 1) * 2.0**-24 * mag)
+    assert np.any(fused != darknet)

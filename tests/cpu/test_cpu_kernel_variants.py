@@ -6,8 +6,8 @@ it. The packed product reads its right-hand rows in place or from a copy (Intel 
 ``DARKNET_METAL_CPU_COPY_ROWS`` decides). Each variant this CPU can run, both ways, computes
 the same layers in a process of its own, and the outputs must agree bit for bit: the packed
 product's partial blocks of columns and filters, its unfolded shapes (5x5, stride 2,
-dilation), the Winograd products, the direct convolution at stride 1 and 2, and a whole
-yolov4-tiny forward.
+dilation), the Winograd products, the direct convolution at stride 1 and 2 (Darknet's
+arithmetic and fused), and a whole yolov4-tiny forward.
 """
 
 import os
@@ -69,17 +69,19 @@ for case in [(32, 20, 28, 40, 4), (33, 13, 13, 9, 2)]:
     winograd.winograd_forward(x, winograd.transform_filters(wt, c, tile), b, out, ws, LINEAR)
     outputs[f"winograd{case}"] = out
 
-# direct 3x3: c, h, w, f, stride
+# direct 3x3, Darknet's arithmetic and fused: c, h, w, f, stride
 for case in [(3, 37, 45, 16, 1), (16, 24, 33, 20, 1), (3, 41, 50, 32, 2), (16, 22, 31, 12, 2)]:
     c, h, w, f, s = case
     x, wt, b = data(1, c, h, w, f, 3)
     oh, ow = (h + 2 - 3) // s + 1, (w + 2 - 3) // s + 1
-    out = np.empty((1, f, oh, ow), np.float32)
     direct = conv.direct_workspace_size(c, f, h, w, 3, s, s, 1, 1, 1)
     assert direct > 0  # the direct kernel takes this case
     size = max(direct, conv.workspace_size(c, 3, 1, oh, ow))
-    conv.conv2d_forward(x, wt, b, out, np.empty(size, np.float32), 3, s, s, 1, 1, 1, LEAKY)
-    outputs[f"direct{case}"] = out
+    for fused in (False, True):
+        out = np.empty((1, f, oh, ow), np.float32)
+        conv.conv2d_forward(x, wt, b, out, np.empty(size, np.float32), 3, s, s, 1, 1, 1, LEAKY,
+                            fused=fused)
+        outputs[f"direct{case}{'fused' if fused else ''}"] = out
 
 net = dm.load(sys.argv[2], seed=3, input_size=(160, 160))
 y = net.forward(rng.random((2, 3, 160, 160), dtype=np.float32))
@@ -111,7 +113,7 @@ def test_every_variant_computes_the_same_bits(tmp_path):
     for (variant, _), outputs in results.items():
         assert str(outputs.pop("variant")) == variant  # the cap took effect
     first_keys = sorted(first)
-    assert len(first_keys) == 14
+    assert len(first_keys) == 18
     for (variant, rows), outputs in results.items():
         assert sorted(outputs) == first_keys
         for key in first_keys:
