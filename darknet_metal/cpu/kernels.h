@@ -561,16 +561,18 @@ static inline int dm_gemm8_copies(void)
 #define DM_PG_COPY 1
 #include "packed_gemm.h"
 
-/* Columns of a block of the variant of dm_gemm8_f32 that runs (its template's XB). */
+/* Columns of a block of the variant of dm_gemm8_f32 that runs. */
 static inline ptrdiff_t dm_gemm8_columns(void)
 {
     switch (dm_fma_level()) {
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
     case 4:
-        return 32;
+        return dm_gemm8_v4_columns;
     case 3:
-        return 24;
+        return dm_gemm8_v3_columns;
+#endif
     default:
-        return 8;
+        return dm_gemm8_base_columns;
     }
 }
 

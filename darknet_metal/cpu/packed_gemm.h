@@ -24,7 +24,11 @@
 #define DM_PG_CAT(a, b) DM_PG_CAT2(a, b)
 #define DM_PG_BLOCK DM_PG_CAT(DM_PG_NAME, _block)
 
-enum { DM_PG_CAT(DM_PG_NAME, _lanes) = sizeof(DM_PG_VEC) / sizeof(float) };
+/* The variant's lanes a vector and columns a block (<name>_columns: dm_gemm8_columns). */
+enum {
+    DM_PG_CAT(DM_PG_NAME, _lanes) = sizeof(DM_PG_VEC) / sizeof(float),
+    DM_PG_CAT(DM_PG_NAME, _columns) = DM_PG_CAT(DM_PG_NAME, _lanes) * DM_PG_XV
+};
 
 /* One block: the 8 filters of block mb (nf of them below m) times xv vectors of columns of
  * b's k rows: from bx, rows ldb floats apart (or, when b has only n < xv * LANES columns, a
@@ -37,7 +41,7 @@ static inline __attribute__((always_inline)) DM_PG_ATTR void DM_PG_BLOCK(
 {
     enum {
         LANES = DM_PG_CAT(DM_PG_NAME, _lanes),
-        XB = LANES * DM_PG_XV,
+        XB = DM_PG_CAT(DM_PG_NAME, _columns),
         HALVES = DM_GEMM8_M / DM_PG_FH
     };
     const ptrdiff_t width = (ptrdiff_t)xv * LANES;
@@ -149,7 +153,7 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                                      ptrdiff_t mb0, ptrdiff_t mb1, ptrdiff_t x0, ptrdiff_t x1,
                                      float *c, ptrdiff_t ldc)
 {
-    enum { LANES = DM_PG_CAT(DM_PG_NAME, _lanes), XB = LANES * DM_PG_XV };
+    enum { LANES = DM_PG_CAT(DM_PG_NAME, _lanes), XB = DM_PG_CAT(DM_PG_NAME, _columns) };
     /* Columns a pass over the filter blocks takes: their k rows of b stay in L2 meanwhile. */
     ptrdiff_t chunk = DM_GEMM8_PANEL / k / XB * XB;
     if (chunk < XB)
