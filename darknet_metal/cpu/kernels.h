@@ -595,14 +595,50 @@ static inline void dm_gemm8_f32(ptrdiff_t m, ptrdiff_t k, const float *packed, c
     }
 }
 
-/* Tiles of one tile row transformed together by the Winograd kernels (stack buffers). */
+/* Tiles transformed together by the Winograd kernels (their stack buffers' length). */
 #define DM_WINO_CHUNK 64
+
+/* The Winograd kernels take an image's tiles by runs: `rows` whole tile rows from ty0 when a
+ * row has at most DM_WINO_CHUNK / 2 tiles (as many rows as DM_WINO_CHUNK tiles hold), else
+ * pieces of DM_WINO_CHUNK tiles of one row from (ty0, tx0). A run's tiles are consecutive
+ * in the transformed planes (tile ty*tiles_x + tx), so every step over them is one loop of
+ * rows*n tiles (n: a row's tiles in the run): 52 at 52x52 with F(4x4), where a row's 13
+ * tiles left the vector loops mostly to their scalar remainders. Only reading and writing
+ * the image goes row by row. */
+static inline ptrdiff_t dm_wino_rows(ptrdiff_t tiles_y, ptrdiff_t tiles_x, ptrdiff_t ty0)
+{
+    const ptrdiff_t rows = 2 * tiles_x <= DM_WINO_CHUNK ? DM_WINO_CHUNK / tiles_x : 1;
+    return rows < tiles_y - ty0 ? rows : tiles_y - ty0;
+}
+
+static inline ptrdiff_t dm_wino_run(ptrdiff_t tiles_x, ptrdiff_t tx0)
+{
+    return tiles_x - tx0 < DM_WINO_CHUNK ? tiles_x - tx0 : DM_WINO_CHUNK;
+}
+
+/* The runs of an image's tiles: the statement after it runs with ty0, rows, tx0 and n. */
+#define DM_WINO_FOR_RUNS(tiles_y, tiles_x)                                                 \
+    for (ptrdiff_t ty0 = 0, rows = dm_wino_rows((tiles_y), (tiles_x), 0); ty0 < (tiles_y);  \
+         ty0 += rows, rows = dm_wino_rows((tiles_y), (tiles_x), ty0))                      \
+        for (ptrdiff_t tx0 = 0, n = dm_wino_run((tiles_x), 0); tx0 < (tiles_x);             \
+             tx0 += n, n = dm_wino_run((tiles_x), tx0))
+
+/* B^T of F(2x2, 3x3) on the tile's four rows (or columns) a..d: t0..t3. */
+#define DM_WINO2_BT(t0, t1, t2, t3, a, b, c, d)                                            \
+    do {                                                                                   \
+        (t0) = (a) - (c);                                                                  \
+        (t1) = (b) + (c);                                                                  \
+        (t2) = (c) - (b);                                                                  \
+        (t3) = (b) - (d);                                                                  \
+    } while (0)
 
 /* Winograd F(2x2, 3x3) input transform, V = B^T d B for the 4x4 tile d of channels
  * [c0, c1) at (2*ty - 1, 2*tx - 1) (zero outside the image): v[(i*4 + j)*plane + c*tiles +
- * ty*tiles_x + tx] with tiles = tiles_y*tiles_x and plane = channels*tiles. Columns of the tile are
- * combined first, then rows, as the scalar reference does. A run of tiles is handled at once:
- * the even and odd input columns are split apart so every step is a contiguous loop. */
+ * ty*tiles_x + tx] with tiles = tiles_y*tiles_x and plane = channels*tiles. Columns of the
+ * tile are combined first, then rows, as the scalar reference does. A run of tiles
+ * (DM_WINO_FOR_RUNS) is handled at once: the even and odd input columns are split apart so
+ * every step is a contiguous loop; a tile's last two columns are the next tile's first two
+ * (slot m + 1), except for the last tile of a row, whose are kept aside (ex, ox). */
 static DM_CLONES void dm_wino2_input_f32(const float *x, ptrdiff_t channels, ptrdiff_t c0,
                                          ptrdiff_t c1, ptrdiff_t height, ptrdiff_t width,
                                          ptrdiff_t tiles_y, ptrdiff_t tiles_x, float *v)
@@ -610,48 +646,58 @@ static DM_CLONES void dm_wino2_input_f32(const float *x, ptrdiff_t channels, ptr
     const ptrdiff_t tiles = tiles_y * tiles_x, plane = channels * tiles;
     float ev[4][DM_WINO_CHUNK + 1], od[4][DM_WINO_CHUNK + 1];
     float te[4][DM_WINO_CHUNK + 1], to[4][DM_WINO_CHUNK + 1];
+    float ex[DM_WINO_CHUNK][4], ox[DM_WINO_CHUNK][4];
     for (ptrdiff_t c = c0; c < c1; c++) {
         const float *xc = x + c * height * width;
-        for (ptrdiff_t ty = 0; ty < tiles_y; ty++) {
-            for (ptrdiff_t tx0 = 0; tx0 < tiles_x; tx0 += DM_WINO_CHUNK) {
-                const ptrdiff_t n = tiles_x - tx0 < DM_WINO_CHUNK ? tiles_x - tx0
-                                                                  : DM_WINO_CHUNK;
-                /* ev[i][m] = x[y][2(tx0+m) - 1], od[i][m] = x[y][2(tx0+m)], y = 2ty-1+i. */
+        DM_WINO_FOR_RUNS(tiles_y, tiles_x) {
+            /* ev[i][r*n + m] = x[y][2(tx0+m) - 1], od[...] = x[y][2(tx0+m)], y = 2(ty0+r)-1+i;
+             * slot r*n + n (the next row's first) saved to ex[r], ox[r] first. */
+            for (ptrdiff_t r = 0; r < rows; r++) {
                 for (int i = 0; i < 4; i++) {
-                    const ptrdiff_t y = 2 * ty - 1 + i;
+                    const ptrdiff_t y = 2 * (ty0 + r) - 1 + i;
+                    float *e = ev[i] + r * n, *o = od[i] + r * n;
                     if (y < 0 || y >= height) {
                         for (ptrdiff_t m = 0; m <= n; m++)
-                            ev[i][m] = od[i][m] = 0.0f;
-                        continue;
+                            e[m] = o[m] = 0.0f;
+                    } else {
+                        const float *row = xc + y * width;
+                        for (ptrdiff_t m = 0; m <= n; m++) {
+                            const ptrdiff_t xe = 2 * (tx0 + m) - 1, xo = xe + 1;
+                            e[m] = xe >= 0 && xe < width ? row[xe] : 0.0f;
+                            o[m] = xo < width ? row[xo] : 0.0f;
+                        }
                     }
-                    const float *row = xc + y * width;
-                    for (ptrdiff_t m = 0; m <= n; m++) {
-                        const ptrdiff_t e = 2 * (tx0 + m) - 1, o = e + 1;
-                        ev[i][m] = e >= 0 && e < width ? row[e] : 0.0f;
-                        od[i][m] = o < width ? row[o] : 0.0f;
-                    }
+                    ex[r][i] = e[n];
+                    ox[r][i] = o[n];
                 }
-                for (ptrdiff_t m = 0; m <= n; m++) {
-                    te[0][m] = ev[0][m] - ev[2][m];
-                    te[1][m] = ev[1][m] + ev[2][m];
-                    te[2][m] = ev[2][m] - ev[1][m];
-                    te[3][m] = ev[1][m] - ev[3][m];
-                    to[0][m] = od[0][m] - od[2][m];
-                    to[1][m] = od[1][m] + od[2][m];
-                    to[2][m] = od[2][m] - od[1][m];
-                    to[3][m] = od[1][m] - od[3][m];
-                }
-                float *dst = v + c * tiles + ty * tiles_x + tx0;
-                for (int i = 0; i < 4; i++) {
-                    float *d0 = dst + (i * 4 + 0) * plane, *d1 = dst + (i * 4 + 1) * plane;
-                    float *d2 = dst + (i * 4 + 2) * plane, *d3 = dst + (i * 4 + 3) * plane;
-                    for (ptrdiff_t m = 0; m < n; m++) {
-                        d0[m] = te[i][m] - te[i][m + 1];
-                        d1[m] = to[i][m] + te[i][m + 1];
-                        d2[m] = te[i][m + 1] - to[i][m];
-                        d3[m] = to[i][m] - to[i][m + 1];
-                    }
-                }
+            }
+            const ptrdiff_t count = rows * n;
+            for (ptrdiff_t m = 0; m <= count; m++) {
+                DM_WINO2_BT(te[0][m], te[1][m], te[2][m], te[3][m], ev[0][m], ev[1][m],
+                            ev[2][m], ev[3][m]);
+                DM_WINO2_BT(to[0][m], to[1][m], to[2][m], to[3][m], od[0][m], od[1][m],
+                            od[2][m], od[3][m]);
+            }
+            float *dst = v + c * tiles + ty0 * tiles_x + tx0;
+            for (int i = 0; i < 4; i++) {
+                float *d0 = dst + (i * 4 + 0) * plane, *d1 = dst + (i * 4 + 1) * plane;
+                float *d2 = dst + (i * 4 + 2) * plane, *d3 = dst + (i * 4 + 3) * plane;
+                for (ptrdiff_t m = 0; m < count; m++)
+                    DM_WINO2_BT(d0[m], d1[m], d2[m], d3[m], te[i][m], to[i][m], te[i][m + 1],
+                                to[i][m + 1]);
+            }
+            /* The last tile of each row but the run's last: its next columns from ex, ox. */
+            for (ptrdiff_t r = 0; r + 1 < rows; r++) {
+                const ptrdiff_t m = r * n + n - 1;
+                float tex[4], tox[4];
+                DM_WINO2_BT(tex[0], tex[1], tex[2], tex[3], ex[r][0], ex[r][1], ex[r][2],
+                            ex[r][3]);
+                DM_WINO2_BT(tox[0], tox[1], tox[2], tox[3], ox[r][0], ox[r][1], ox[r][2],
+                            ox[r][3]);
+                for (int i = 0; i < 4; i++)
+                    DM_WINO2_BT(dst[(i * 4 + 0) * plane + m], dst[(i * 4 + 1) * plane + m],
+                                dst[(i * 4 + 2) * plane + m], dst[(i * 4 + 3) * plane + m],
+                                te[i][m], to[i][m], tex[i], tox[i]);
             }
         }
     }
@@ -672,124 +718,139 @@ static DM_CLONES void dm_wino2_output_f32(const float *mm, const float *bias, pt
     for (ptrdiff_t f = f0; f < f1; f++) {
         const float b = bias[f];
         float *of = out + f * height * width;
-        for (ptrdiff_t ty = 0; ty < tiles_y; ty++) {
-            for (ptrdiff_t tx0 = 0; tx0 < tiles_x; tx0 += DM_WINO_CHUNK) {
-                const ptrdiff_t n = tiles_x - tx0 < DM_WINO_CHUNK ? tiles_x - tx0
-                                                                  : DM_WINO_CHUNK;
-                const float *p = mm + f * tiles + ty * tiles_x + tx0;
+        DM_WINO_FOR_RUNS(tiles_y, tiles_x) {
+            const ptrdiff_t count = rows * n;
+            const float *p = mm + f * tiles + ty0 * tiles_x + tx0;
 #define DM_P(i, j) p[((i) * 4 + (j)) * plane + m]
-                for (ptrdiff_t m = 0; m < n; m++) {
-                    float s0[4], s1[4];
-                    for (int j = 0; j < 4; j++) {
-                        s0[j] = DM_P(0, j) + DM_P(1, j) + DM_P(2, j);
-                        s1[j] = DM_P(1, j) - DM_P(2, j) - DM_P(3, j);
-                    }
-                    const float v00 = s0[0] + s0[1] + s0[2] + b, v01 = s0[1] - s0[2] - s0[3] + b;
-                    const float v10 = s1[0] + s1[1] + s1[2] + b, v11 = s1[1] - s1[2] - s1[3] + b;
-                    r[0][0][m] = v00;
-                    r[0][1][m] = v01;
-                    r[1][0][m] = v10;
-                    r[1][1][m] = v11;
+            for (ptrdiff_t m = 0; m < count; m++) {
+                float s0[4], s1[4];
+                for (int j = 0; j < 4; j++) {
+                    s0[j] = DM_P(0, j) + DM_P(1, j) + DM_P(2, j);
+                    s1[j] = DM_P(1, j) - DM_P(2, j) - DM_P(3, j);
                 }
+                const float v00 = s0[0] + s0[1] + s0[2] + b, v01 = s0[1] - s0[2] - s0[3] + b;
+                const float v10 = s1[0] + s1[1] + s1[2] + b, v11 = s1[1] - s1[2] - s1[3] + b;
+                r[0][0][m] = v00;
+                r[0][1][m] = v01;
+                r[1][0][m] = v10;
+                r[1][1][m] = v11;
+            }
 #undef DM_P
-                if (act != DM_ACT_LINEAR)
-                    for (int i = 0; i < 2; i++)
-                        for (int j = 0; j < 2; j++)
-                            dm_act_inplace(r[i][j], n, act);
+            if (act != DM_ACT_LINEAR)
+                for (int i = 0; i < 2; i++)
+                    for (int j = 0; j < 2; j++)
+                        dm_act_inplace(r[i][j], count, act);
+            /* Tiles whose both columns are inside, then a possible half tile. */
+            const ptrdiff_t full = (width - 2 * tx0) / 2 < n ? (width - 2 * tx0) / 2 : n;
+            for (ptrdiff_t t = 0; t < rows; t++)
                 for (int i = 0; i < 2; i++) {
-                    const ptrdiff_t y = 2 * ty + i;
+                    const ptrdiff_t y = 2 * (ty0 + t) + i;
                     if (y >= height)
                         break;
                     float *row = of + y * width + 2 * tx0;
-                    /* Tiles whose both columns are inside, then a possible half tile. */
-                    const ptrdiff_t full = (width - 2 * tx0) / 2 < n ? (width - 2 * tx0) / 2 : n;
+                    const float *q0 = r[i][0] + t * n, *q1 = r[i][1] + t * n;
                     for (ptrdiff_t m = 0; m < full; m++) {
-                        row[2 * m] = r[i][0][m];
-                        row[2 * m + 1] = r[i][1][m];
+                        row[2 * m] = q0[m];
+                        row[2 * m + 1] = q1[m];
                     }
                     if (full < n)
-                        row[2 * full] = r[i][0][full];
+                        row[2 * full] = q0[full];
                 }
-            }
         }
     }
 }
 
-/* Winograd F(4x4, 3x3) (points 0, +-1, +-2 and infinity). Input transform V = B^T d B for
- * the 6x6 tile d of channels [c0, c1) at (4*ty - 1, 4*tx - 1), zero outside the image:
+/* B^T of F(4x4, 3x3) (points 0, +-1, +-2 and infinity) on the tile's six rows (or columns)
+ * d0..d5, into o[0], o[s], ..., o[5s]. */
+#define DM_WINO4_BT(o, s, d0, d1, d2, d3, d4, d5)                                          \
+    do {                                                                                   \
+        (o)[0 * (s)] = 4.0f * (d0) - 5.0f * (d2) + (d4);                                   \
+        (o)[1 * (s)] = -4.0f * (d1) - 4.0f * (d2) + (d3) + (d4);                           \
+        (o)[2 * (s)] = 4.0f * (d1) - 4.0f * (d2) - (d3) + (d4);                            \
+        (o)[3 * (s)] = -2.0f * (d1) - (d2) + 2.0f * (d3) + (d4);                           \
+        (o)[4 * (s)] = 2.0f * (d1) - (d2) - 2.0f * (d3) + (d4);                            \
+        (o)[5 * (s)] = 4.0f * (d1) - 5.0f * (d3) + (d5);                                   \
+    } while (0)
+
+/* Winograd F(4x4, 3x3). Input transform V = B^T d B for the 6x6 tile d of channels
+ * [c0, c1) at (4*ty - 1, 4*tx - 1), zero outside the image:
  * v[(i*6 + j)*plane + c*tiles + ty*tiles_x + tx], tiles = tiles_y*tiles_x, plane =
  * channels*tiles. Rows of the tile are combined first (per column), then columns, in the
- * order of dm_wino4_bt below, as the scalar reference (winograd.pyx) does. */
+ * order of DM_WINO4_BT, as the scalar reference (winograd.pyx) does. By runs of tiles
+ * (DM_WINO_FOR_RUNS); a tile's last two columns are the next tile's first two (slot m + 1),
+ * except for the last tile of a row, whose are kept aside (phx). */
 static DM_CLONES void dm_wino4_input_f32(const float *x, ptrdiff_t channels, ptrdiff_t c0,
                                          ptrdiff_t c1, ptrdiff_t height, ptrdiff_t width,
                                          ptrdiff_t tiles_y, ptrdiff_t tiles_x, float *v)
 {
     const ptrdiff_t tiles = tiles_y * tiles_x, plane = channels * tiles;
-    /* ph[i][q][m] = x[4ty - 1 + i][4(tx0 + m) - 1 + q]: the tile row's input rows split by
-     * column phase, so that column j of tile m is ph[i][j % 4][m + j / 4] and every step
+    /* ph[i][q][r*n + m] = x[4(ty0+r) - 1 + i][4(tx0 + m) - 1 + q]: the run's input rows split
+     * by column phase, so that column j of tile m is ph[i][j % 4][m + j / 4] and every step
      * below is a contiguous loop over tiles. t: the rows combined. */
     float ph[6][4][DM_WINO_CHUNK + 1], t[6][6][DM_WINO_CHUNK];
+    float phx[DM_WINO_CHUNK][6][2];
     for (ptrdiff_t c = c0; c < c1; c++) {
         const float *xc = x + c * height * width;
-        for (ptrdiff_t ty = 0; ty < tiles_y; ty++) {
-            for (ptrdiff_t tx0 = 0; tx0 < tiles_x; tx0 += DM_WINO_CHUNK) {
-                const ptrdiff_t n = tiles_x - tx0 < DM_WINO_CHUNK ? tiles_x - tx0
-                                                                  : DM_WINO_CHUNK;
-                /* Tiles m in [lo, hi) read columns 4(tx0+m)-1 .. 4(tx0+m)+2 inside the row. */
-                const ptrdiff_t lo = tx0 == 0 ? 1 : 0;
-                ptrdiff_t hi = (width - 3) / 4 - tx0 + 1;
-                hi = hi < lo ? lo : hi > n + 1 ? n + 1 : hi;
+        DM_WINO_FOR_RUNS(tiles_y, tiles_x) {
+            /* Tiles m in [lo, hi) read columns 4(tx0+m)-1 .. 4(tx0+m)+2 inside the row. */
+            const ptrdiff_t lo = tx0 == 0 ? 1 : 0;
+            ptrdiff_t hi = (width - 3) / 4 - tx0 + 1;
+            hi = hi < lo ? lo : hi > n + 1 ? n + 1 : hi;
+            for (ptrdiff_t r = 0; r < rows; r++) {
                 for (int i = 0; i < 6; i++) {
-                    const ptrdiff_t y = 4 * ty - 1 + i;
+                    const ptrdiff_t y = 4 * (ty0 + r) - 1 + i;
+                    float *p0 = ph[i][0] + r * n, *p1 = ph[i][1] + r * n;
+                    float *p2 = ph[i][2] + r * n, *p3 = ph[i][3] + r * n;
                     if (y < 0 || y >= height) {
-                        for (int q = 0; q < 4; q++)
-                            for (ptrdiff_t m = 0; m <= n; m++)
-                                ph[i][q][m] = 0.0f;
-                        continue;
-                    }
-                    const float *row = xc + y * width + 4 * tx0 - 1;
-                    for (ptrdiff_t m = lo; m < hi; m++) {
-                        ph[i][0][m] = row[4 * m];
-                        ph[i][1][m] = row[4 * m + 1];
-                        ph[i][2][m] = row[4 * m + 2];
-                        ph[i][3][m] = row[4 * m + 3];
-                    }
-                    for (ptrdiff_t m = 0; m <= n; m++) {
-                        if (m >= lo && m < hi)
-                            continue;
-                        for (int q = 0; q < 4; q++) {
-                            const ptrdiff_t xx = 4 * (tx0 + m) - 1 + q;
-                            ph[i][q][m] = xx >= 0 && xx < width ? xc[y * width + xx] : 0.0f;
+                        for (ptrdiff_t m = 0; m <= n; m++)
+                            p0[m] = p1[m] = p2[m] = p3[m] = 0.0f;
+                    } else {
+                        const float *row = xc + y * width + 4 * tx0 - 1;
+                        for (ptrdiff_t m = lo; m < hi; m++) {
+                            p0[m] = row[4 * m];
+                            p1[m] = row[4 * m + 1];
+                            p2[m] = row[4 * m + 2];
+                            p3[m] = row[4 * m + 3];
+                        }
+                        for (ptrdiff_t m = 0; m <= n; m++) {
+                            if (m >= lo && m < hi)
+                                continue;
+                            float *pq[4] = {p0, p1, p2, p3};
+                            for (int q = 0; q < 4; q++) {
+                                const ptrdiff_t xx = 4 * (tx0 + m) - 1 + q;
+                                pq[q][m] = xx >= 0 && xx < width ? xc[y * width + xx] : 0.0f;
+                            }
                         }
                     }
+                    phx[r][i][0] = p0[n];
+                    phx[r][i][1] = p1[n];
                 }
-                for (int j = 0; j < 6; j++) {
-                    const int q = j % 4, o = j / 4;
-                    const float *d0 = ph[0][q] + o, *d1 = ph[1][q] + o, *d2 = ph[2][q] + o;
-                    const float *d3 = ph[3][q] + o, *d4 = ph[4][q] + o, *d5 = ph[5][q] + o;
-                    for (ptrdiff_t m = 0; m < n; m++) {
-                        t[0][j][m] = 4.0f * d0[m] - 5.0f * d2[m] + d4[m];
-                        t[1][j][m] = -4.0f * d1[m] - 4.0f * d2[m] + d3[m] + d4[m];
-                        t[2][j][m] = 4.0f * d1[m] - 4.0f * d2[m] - d3[m] + d4[m];
-                        t[3][j][m] = -2.0f * d1[m] - d2[m] + 2.0f * d3[m] + d4[m];
-                        t[4][j][m] = 2.0f * d1[m] - d2[m] - 2.0f * d3[m] + d4[m];
-                        t[5][j][m] = 4.0f * d1[m] - 5.0f * d3[m] + d5[m];
-                    }
+            }
+            const ptrdiff_t count = rows * n;
+            for (int j = 0; j < 6; j++) {
+                const int q = j % 4, o = j / 4;
+                const float *d0 = ph[0][q] + o, *d1 = ph[1][q] + o, *d2 = ph[2][q] + o;
+                const float *d3 = ph[3][q] + o, *d4 = ph[4][q] + o, *d5 = ph[5][q] + o;
+                for (ptrdiff_t m = 0; m < count; m++)
+                    DM_WINO4_BT(&t[0][j][m], 6 * DM_WINO_CHUNK, d0[m], d1[m], d2[m], d3[m],
+                                d4[m], d5[m]);
+            }
+            /* The last tile of each row but the run's last: columns 4 and 5 from phx. */
+            for (ptrdiff_t r = 0; r + 1 < rows; r++) {
+                const ptrdiff_t m = r * n + n - 1;
+                for (int j = 4; j < 6; j++) {
+                    const float (*e)[2] = phx[r];
+                    DM_WINO4_BT(&t[0][j][m], 6 * DM_WINO_CHUNK, e[0][j - 4], e[1][j - 4],
+                                e[2][j - 4], e[3][j - 4], e[4][j - 4], e[5][j - 4]);
                 }
-                float *dst = v + c * tiles + ty * tiles_x + tx0;
-                for (int i = 0; i < 6; i++) {
-                    const float *r0 = t[i][0], *r1 = t[i][1], *r2 = t[i][2];
-                    const float *r3 = t[i][3], *r4 = t[i][4], *r5 = t[i][5];
-                    float *o = dst + i * 6 * plane;
-                    for (ptrdiff_t m = 0; m < n; m++) {
-                        o[0 * plane + m] = 4.0f * r0[m] - 5.0f * r2[m] + r4[m];
-                        o[1 * plane + m] = -4.0f * r1[m] - 4.0f * r2[m] + r3[m] + r4[m];
-                        o[2 * plane + m] = 4.0f * r1[m] - 4.0f * r2[m] - r3[m] + r4[m];
-                        o[3 * plane + m] = -2.0f * r1[m] - r2[m] + 2.0f * r3[m] + r4[m];
-                        o[4 * plane + m] = 2.0f * r1[m] - r2[m] - 2.0f * r3[m] + r4[m];
-                        o[5 * plane + m] = 4.0f * r1[m] - 5.0f * r3[m] + r5[m];
-                    }
-                }
+            }
+            float *dst = v + c * tiles + ty0 * tiles_x + tx0;
+            for (int i = 0; i < 6; i++) {
+                const float *r0 = t[i][0], *r1 = t[i][1], *r2 = t[i][2];
+                const float *r3 = t[i][3], *r4 = t[i][4], *r5 = t[i][5];
+                float *o = dst + i * 6 * plane;
+                for (ptrdiff_t m = 0; m < count; m++)
+                    DM_WINO4_BT(o + m, plane, r0[m], r1[m], r2[m], r3[m], r4[m], r5[m]);
             }
         }
     }
@@ -818,50 +879,49 @@ static DM_CLONES void dm_wino4_output_f32(const float *mm, const float *bias, pt
     for (ptrdiff_t f = f0; f < f1; f++) {
         const float b = bias[f];
         float *of = out + f * height * width;
-        for (ptrdiff_t ty = 0; ty < tiles_y; ty++) {
-            for (ptrdiff_t tx0 = 0; tx0 < tiles_x; tx0 += DM_WINO_CHUNK) {
-                const ptrdiff_t n = tiles_x - tx0 < DM_WINO_CHUNK ? tiles_x - tx0
-                                                                  : DM_WINO_CHUNK;
-                const float *p = mm + f * tiles + ty * tiles_x + tx0;
-                for (int j = 0; j < 6; j++) {
-                    for (ptrdiff_t m = 0; m < n; m++) {
-                        const float col[6] = {p[(0 * 6 + j) * plane + m],
-                                              p[(1 * 6 + j) * plane + m],
-                                              p[(2 * 6 + j) * plane + m],
-                                              p[(3 * 6 + j) * plane + m],
-                                              p[(4 * 6 + j) * plane + m],
-                                              p[(5 * 6 + j) * plane + m]};
-                        DM_WINO4_AT(&s[0][j][m], col, 6 * DM_WINO_CHUNK);
-                    }
+        DM_WINO_FOR_RUNS(tiles_y, tiles_x) {
+            const ptrdiff_t count = rows * n;
+            const float *p = mm + f * tiles + ty0 * tiles_x + tx0;
+            for (int j = 0; j < 6; j++) {
+                for (ptrdiff_t m = 0; m < count; m++) {
+                    const float col[6] = {p[(0 * 6 + j) * plane + m],
+                                          p[(1 * 6 + j) * plane + m],
+                                          p[(2 * 6 + j) * plane + m],
+                                          p[(3 * 6 + j) * plane + m],
+                                          p[(4 * 6 + j) * plane + m],
+                                          p[(5 * 6 + j) * plane + m]};
+                    DM_WINO4_AT(&s[0][j][m], col, 6 * DM_WINO_CHUNK);
                 }
-                for (int i = 0; i < 4; i++) {
-                    for (ptrdiff_t m = 0; m < n; m++) {
-                        const float rw[6] = {s[i][0][m], s[i][1][m], s[i][2][m],
-                                             s[i][3][m], s[i][4][m], s[i][5][m]};
-                        DM_WINO4_AT(&r[i][0][m], rw, DM_WINO_CHUNK);
-                    }
-                    for (int j = 0; j < 4; j++) {
-                        for (ptrdiff_t m = 0; m < n; m++)
-                            r[i][j][m] = r[i][j][m] + b;
-                        if (act != DM_ACT_LINEAR)
-                            dm_act_inplace(r[i][j], n, act);
-                    }
+            }
+            for (int i = 0; i < 4; i++) {
+                for (ptrdiff_t m = 0; m < count; m++) {
+                    const float rw[6] = {s[i][0][m], s[i][1][m], s[i][2][m],
+                                         s[i][3][m], s[i][4][m], s[i][5][m]};
+                    DM_WINO4_AT(&r[i][0][m], rw, DM_WINO_CHUNK);
                 }
+                for (int j = 0; j < 4; j++) {
+                    for (ptrdiff_t m = 0; m < count; m++)
+                        r[i][j][m] = r[i][j][m] + b;
+                    if (act != DM_ACT_LINEAR)
+                        dm_act_inplace(r[i][j], count, act);
+                }
+            }
+            const ptrdiff_t avail = width - 4 * tx0;
+            /* Tiles whose four columns are inside, then a possible partial tile. */
+            const ptrdiff_t full = avail / 4 < n ? avail / 4 : n;
+            for (ptrdiff_t t = 0; t < rows; t++)
                 for (int i = 0; i < 4; i++) {
-                    const ptrdiff_t y = 4 * ty + i;
+                    const ptrdiff_t y = 4 * (ty0 + t) + i;
                     if (y >= height)
                         break;
                     float *row = of + y * width + 4 * tx0;
-                    const ptrdiff_t avail = width - 4 * tx0;
-                    /* Tiles whose four columns are inside, then a possible partial tile. */
-                    const ptrdiff_t full = avail / 4 < n ? avail / 4 : n;
+                    const ptrdiff_t k = t * n;
                     for (ptrdiff_t m = 0; m < full; m++)
                         for (int j = 0; j < 4; j++)
-                            row[4 * m + j] = r[i][j][m];
+                            row[4 * m + j] = r[i][j][k + m];
                     for (int j = 0; full < n && 4 * full + j < avail; j++)
-                        row[4 * full + j] = r[i][j][full];
+                        row[4 * full + j] = r[i][j][k + full];
                 }
-            }
         }
     }
 }

@@ -59,8 +59,12 @@ def test_float32_3x3_few_channels_matches_reference(case, act):
 
 
 # Tile rows of 66 and 131 tiles (F(2x2)) and 33 and 66 (F(4x4)) span one to three 64-tile
-# chunks; sizes no tile divides leave partial tiles.
-WINOGRAD_CASES = [(1, 4, 5, 131, 3), (1, 32, 3, 262, 5), (2, 33, 7, 9, 2), (1, 8, 10, 263, 4)]
+# chunks; rows of at most 32 tiles are transformed several to a run (14 tiles: runs of 4 rows
+# and a last of 3 with F(2x2); 7: 9 rows and 1 with F(4x4); 13 at 52x52: 4, 4, 4, 1), each
+# row's last tile taking its right-hand columns from outside the run's slots; sizes no tile
+# divides leave partial tiles.
+WINOGRAD_CASES = [(1, 4, 5, 131, 3), (1, 32, 3, 262, 5), (2, 33, 7, 9, 2), (1, 8, 10, 263, 4),
+                  (2, 5, 37, 27, 3), (1, 6, 52, 52, 4)]
 #: Largest difference from the float64 direct convolution, relative to its largest value, of
 #: each float32 F(m x m, 3x3): F(4x4)'s transforms scale by up to 8 (input, output) and its
 #: filters by 1/24 (measured up to 1.2e-5 at 256 channels; 2e-6 at these sizes).
