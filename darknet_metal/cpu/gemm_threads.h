@@ -215,7 +215,6 @@ static void dm_gemm_run(dm_part_fn fn, void *ctx, int parts) {
          * and being woken by the helper's signal cost ~30 us a job on a virtual machine:
          * 2% of a yolov4-tiny pass), then waited for. */
         struct timespec t0;
-        const int parts = p->parts;
         pthread_mutex_unlock(&p->lock);
         clock_gettime(CLOCK_MONOTONIC, &t0);
         while (__atomic_load_n(&p->finished, __ATOMIC_ACQUIRE) < parts && dm_poll_turn(&t0)) {

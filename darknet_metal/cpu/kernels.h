@@ -607,7 +607,9 @@ static inline void dm_gemm8_f32(ptrdiff_t m, ptrdiff_t k, const float *packed, c
  * the image goes row by row. */
 static inline ptrdiff_t dm_wino_rows(ptrdiff_t tiles_y, ptrdiff_t tiles_x, ptrdiff_t ty0)
 {
-    const ptrdiff_t rows = 2 * tiles_x <= DM_WINO_CHUNK ? DM_WINO_CHUNK / tiles_x : 1;
+    /* An empty image (tiles_x 0) takes one empty run a row. */
+    const ptrdiff_t rows =
+        tiles_x > 0 && 2 * tiles_x <= DM_WINO_CHUNK ? DM_WINO_CHUNK / tiles_x : 1;
     return rows < tiles_y - ty0 ? rows : tiles_y - ty0;
 }
 

@@ -86,6 +86,18 @@ def test_float32_winograd_matches_reference(case, act, tile):
 
 
 @pytest.mark.parametrize("tile", winograd.TILES)
+@pytest.mark.parametrize("hw", [(0, 5), (5, 0), (0, 0)])
+def test_float32_winograd_of_an_empty_image_writes_nothing(hw, tile):
+    # No tile at all: the runs of tiles are empty (no division by the 0 tiles of a row).
+    h, w = hw
+    x, wt, b = random_case(1, 3, h, w, 2, seed=1)
+    out = np.empty((1, 2, h, w), np.float32)
+    ws = np.empty(max(1, winograd.workspace_size(3, 2, h, w, tile)), np.float32)
+    winograd.winograd_forward(x, winograd.transform_filters(wt, 3, tile), b, out, ws, LEAKY)
+    assert out.size == 0
+
+
+@pytest.mark.parametrize("tile", winograd.TILES)
 def test_float32_winograd_equals_float64_path_closely(tile):
     # The float64 path is the scalar code the vectorised transforms replace for float32.
     x, wt, b = random_case(1, 8, 11, 150, 4, seed=5)
