@@ -8,10 +8,16 @@
  * which the 16 back-to-back small GEMMs of a Winograd layer would pay each time; and with a
  * 200 us poll, helpers that slept between the layers of a pass left the first passes after
  * a few hundred milliseconds of idling at one thread's speed or worse (yolov3-tiny 45 against
- * 24 ms on a 2-core virtual machine; polling through a pass's gaps, 26-29 ms). The poll
- * yields the core to any other runnable thread at each turn, so beside other processes' load
- * it takes little from them (measured in docs/performance.md), and it is bounded: it cannot
- * starve other work the way BLAS's own spinning workers do.
+ * 24 ms on a 2-core virtual machine; polling through a pass's gaps, 26-29 ms). For its first
+ * DM_PAUSE_NS (0.5 ms) the poll keeps the core (a pause instruction between looks), then it
+ * yields the core to any other runnable thread at each turn. Yielding from the start cost a
+ * third of the speed beside other processes' load: the scheduler gives a yielding thread's
+ * turn to the other work for the rest of its slice (a 4 ms tick), so a helper that yielded in
+ * the short gap between two jobs of a pass came back after the caller had done the next few
+ * jobs alone (it did 15% of the parts, against 47% on a quiet machine), and a caller that
+ * yielded while a helper finished the last part lost its core the same way (yolov3-tiny
+ * beside two busy loops 43 ms yielding at once, 31 ms after 0.5 ms; docs/performance.md).
+ * The poll is bounded: it cannot starve other work the way BLAS's own spinning workers do.
  * The caller polls the same way for the parts helpers are finishing, and waits only for
  * parts a helper has already started: when the cores are busy with other work and a helper
  * is not scheduled, the caller does its parts too instead of waiting for it. One job runs at
@@ -42,6 +48,8 @@
 
 /* How long a helper polls for the next job before it sleeps, in nanoseconds. */
 #define DM_SPIN_NS 2000000L
+/* How long the poll keeps the core before it starts yielding it, in nanoseconds. */
+#define DM_PAUSE_NS 500000L
 
 #define DM_GEMM_MAX_THREADS 64
 
@@ -70,13 +78,29 @@ static void (*dm_blas_set_threads)(int) = NULL;
 static int (*dm_blas_get_threads)(void) = NULL;
 static void *dm_blas_probe = NULL; /* an address inside the BLAS library (sgemm) */
 
-/* One turn of a bounded poll begun at t0: other runnable work on this core goes first (alone,
- * the poll goes on); false once DM_SPIN_NS have passed. */
+/* A hint to the core that this thread is polling (lets a sibling hyperthread run). */
+static inline void dm_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("isb" ::: "memory");
+#endif
+}
+
+/* One turn of a bounded poll begun at t0: a few pause instructions for the first DM_PAUSE_NS,
+ * after that a yield (other runnable work on this core goes first; alone, the poll goes on);
+ * false once DM_SPIN_NS have passed. */
 static int dm_poll_turn(const struct timespec *t0) {
     struct timespec t1;
-    sched_yield();
+    long elapsed;
+    int i;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (t1.tv_sec - t0->tv_sec) * 1000000000L + (t1.tv_nsec - t0->tv_nsec) <= DM_SPIN_NS;
+    elapsed = (t1.tv_sec - t0->tv_sec) * 1000000000L + (t1.tv_nsec - t0->tv_nsec);
+    if (elapsed < DM_PAUSE_NS)
+        for (i = 0; i < 16; i++) dm_cpu_relax();
+    else
+        sched_yield();
+    return elapsed <= DM_SPIN_NS;
 }
 
 static void *dm_gemm_helper(void *arg) {
