@@ -1,5 +1,6 @@
-"""CPU forward of yolov3-tiny 416 beside other work, against OpenCV DNN and ONNX Runtime beside
-the same work.
+"""CPU forward of the four bundled networks at batch 1 beside other work, against OpenCV DNN
+and ONNX Runtime beside the same work (yolov3-tiny with its real weights, the others with
+seeded weights written in Darknet's format, so both peers run exactly the same network).
 
 The benchmark starts the load itself and stops it at the end: another process doing
 multithreaded NumPy matrix products on its default BLAS threads (the case that made spinning
@@ -15,17 +16,16 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 from alternating import pedantic_alternating
 
 cv2 = pytest.importorskip("cv2")
-from shared_paths import GOLDEN, YOLOV3_TINY  # noqa: E402
-
-import darknet_metal as dm  # noqa: E402
+from bundled_networks import benchmark_case  # noqa: E402
 
 THREADS = 2
-ROUNDS = 21
+#: (network, input size): the sizes the performance goals name.
+NETWORKS = [("yolov3-tiny", 416), ("yolov4-tiny", 416), ("yolov3", 416), ("yolov4", 320)]
+ROUNDS = {"yolov3-tiny": 21, "yolov4-tiny": 21, "yolov3": 7, "yolov4": 7}
 
 _MATMUL = "import numpy as np\na = np.random.rand(1500, 1500)\nwhile True:\n    a @ a\n"
 _BUSY = "while True:\n    pass\n"
@@ -72,51 +72,40 @@ def loaded(request):
     _stop(procs)
 
 
-@pytest.fixture(scope="module")
-def x():
-    return np.fromfile(GOLDEN / "dog_input.bin", "<f4").reshape(1, 3, 416, 416)
+@pytest.fixture(scope="module", params=NETWORKS, ids=[f"{n}-{s}" for n, s in NETWORKS])
+def network(request, tmp_path_factory):
+    """(name, size, cfg, weights, our network, input (1, 3, size, size) float32)."""
+    name, size = request.param
+    return benchmark_case(tmp_path_factory.mktemp(name), name, size)
 
 
-@pytest.fixture(scope="module")
-def ours():
-    net = dm.load(YOLOV3_TINY / "yolov3-tiny.cfg", YOLOV3_TINY / "yolov3-tiny.weights")
-    return net
-
-
-@pytest.fixture(scope="module")
-def peer():
+def test_ours_loaded_alternating_with_opencv(benchmark, network, loaded):
+    name, size, cfg, weights, net, x = network
+    benchmark.group = f"{name}-{size}-cpu-beside-{loaded}"
     cv2.setNumThreads(THREADS)
-    net = cv2.dnn.readNetFromDarknet(str(YOLOV3_TINY / "yolov3-tiny.cfg"),
-                                     str(YOLOV3_TINY / "yolov3-tiny.weights"))
-    return net, net.getUnconnectedOutLayersNames()
-
-
-def test_ours_loaded_alternating_with_opencv(benchmark, loaded, ours, peer, x):
-    net, names = peer
-    benchmark.group = f"yolov3-tiny-416-cpu-beside-{loaded}"
+    peer = cv2.dnn.readNetFromDarknet(str(cfg), str(weights))
+    names = peer.getUnconnectedOutLayersNames()
 
     def run_peer():
-        net.setInput(x)
-        return net.forward(names)
+        peer.setInput(x)
+        return peer.forward(names)
 
-    pedantic_alternating(benchmark, lambda: ours.forward(x), run_peer, rounds=ROUNDS)
+    pedantic_alternating(benchmark, lambda: net.forward(x), run_peer, rounds=ROUNDS[name])
 
 
-@pytest.fixture(scope="module")
-def onnxruntime_peer(ours, tmp_path_factory):
+def test_ours_loaded_alternating_with_onnxruntime(benchmark, network, loaded,
+                                                   tmp_path_factory):
     """ONNX Runtime's CPU provider on our export of the same network, with as many threads."""
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    path = tmp_path_factory.mktemp("onnx") / "yolov3-tiny.onnx"
-    ours.export_onnx(path)
+    name, size, _, _, net, x = network
+    benchmark.group = f"{name}-{size}-cpu-beside-{loaded}-onnxruntime"
+    path = tmp_path_factory.mktemp("onnx") / f"{name}.onnx"
+    net.export_onnx(path, opset=18)
     options = ort.SessionOptions()
     options.intra_op_num_threads = THREADS
     options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def test_ours_loaded_alternating_with_onnxruntime(benchmark, loaded, ours, onnxruntime_peer,
-                                                   x):
-    benchmark.group = f"yolov3-tiny-416-cpu-beside-{loaded}-onnxruntime"
-    pedantic_alternating(benchmark, lambda: ours.forward(x),
-                         lambda: onnxruntime_peer.run(None, {"input": x}), rounds=ROUNDS)
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    pedantic_alternating(benchmark, lambda: net.forward(x),
+                         lambda: session.run(None, {"input": x}), rounds=ROUNDS[name])

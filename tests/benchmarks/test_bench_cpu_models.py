@@ -6,16 +6,11 @@ The weights are drawn with a fixed seed and written in Darknet's format, so Open
 exactly the same network.
 """
 
-import re
-
-import numpy as np
 import pytest
 from alternating import pedantic_alternating
 
 cv2 = pytest.importorskip("cv2")
-from shared_paths import CFG_DIR  # noqa: E402
-
-import darknet_metal as dm  # noqa: E402
+from bundled_networks import benchmark_case  # noqa: E402
 
 THREADS = 2
 #: (cfg, input size): the sizes the performance goals name.
@@ -23,25 +18,11 @@ NETWORKS = [("yolov4-tiny", 416), ("yolov3", 416), ("yolov4", 320)]
 ROUNDS = {"yolov4-tiny": 20, "yolov3": 8, "yolov4": 8}
 
 
-def _cfg_at(tmp_path, name, size):
-    text = (CFG_DIR / f"{name}.cfg").read_text()
-    text = re.sub(r"(?m)^width=\d+", f"width={size}", text)
-    text = re.sub(r"(?m)^height=\d+", f"height={size}", text)
-    path = tmp_path / f"{name}-{size}.cfg"
-    path.write_text(text)
-    return path
-
-
 @pytest.fixture(scope="module", params=NETWORKS, ids=[f"{n}-{s}" for n, s in NETWORKS])
 def network(request, tmp_path_factory):
+    """(name, size, cfg, weights, our network, input (1, 3, size, size) float32)."""
     name, size = request.param
-    tmp = tmp_path_factory.mktemp(name)
-    cfg = _cfg_at(tmp, name, size)
-    net = dm.load(cfg, seed=0)
-    weights = tmp / f"{name}.weights"
-    net.save_weights(weights)
-    x = np.random.default_rng(1).random((1, 3, size, size), dtype=np.float32)
-    return name, size, cfg, weights, net, x
+    return benchmark_case(tmp_path_factory.mktemp(name), name, size)
 
 
 def _group(network):
