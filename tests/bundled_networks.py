@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+from collections.abc import Callable
 
 import numpy as np
 from shared_paths import CFG_DIR, YOLOV3_TINY
@@ -45,3 +46,20 @@ def benchmark_case(directory: pathlib.Path, name: str, size: int) -> tuple[
     cfg, weights, net = load_with_weights(directory, name, size)
     x = np.random.default_rng(1).random((1, 3, size, size), dtype=np.float32)
     return name, size, cfg, weights, net, x
+
+
+def opencv_forward(cfg: pathlib.Path, weights: pathlib.Path, x: np.ndarray,
+                   threads: int) -> Callable[[], list[np.ndarray]]:
+    """A call running OpenCV DNN's Darknet importer's network on ``x`` (all its outputs),
+    OpenCV set to ``threads`` threads."""
+    import cv2
+
+    cv2.setNumThreads(threads)
+    peer = cv2.dnn.readNetFromDarknet(str(cfg), str(weights))
+    names = peer.getUnconnectedOutLayersNames()
+
+    def run() -> list[np.ndarray]:
+        peer.setInput(x)
+        return peer.forward(names)
+
+    return run

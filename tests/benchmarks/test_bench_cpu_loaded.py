@@ -19,8 +19,8 @@ import time
 import pytest
 from alternating import pedantic_alternating
 
-cv2 = pytest.importorskip("cv2")
-from bundled_networks import benchmark_case  # noqa: E402
+pytest.importorskip("cv2")
+from bundled_networks import benchmark_case, opencv_forward  # noqa: E402
 
 THREADS = 2
 #: (network, input size): the sizes the performance goals name.
@@ -82,15 +82,8 @@ def network(request, tmp_path_factory):
 def test_ours_loaded_alternating_with_opencv(benchmark, network, loaded):
     name, size, cfg, weights, net, x = network
     benchmark.group = f"{name}-{size}-cpu-beside-{loaded}"
-    cv2.setNumThreads(THREADS)
-    peer = cv2.dnn.readNetFromDarknet(str(cfg), str(weights))
-    names = peer.getUnconnectedOutLayersNames()
-
-    def run_peer():
-        peer.setInput(x)
-        return peer.forward(names)
-
-    pedantic_alternating(benchmark, lambda: net.forward(x), run_peer, rounds=ROUNDS[name])
+    pedantic_alternating(benchmark, lambda: net.forward(x),
+                         opencv_forward(cfg, weights, x, THREADS), rounds=ROUNDS[name])
 
 
 def test_ours_loaded_alternating_with_onnxruntime(benchmark, network, loaded,

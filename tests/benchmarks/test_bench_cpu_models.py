@@ -9,8 +9,8 @@ exactly the same network.
 import pytest
 from alternating import pedantic_alternating
 
-cv2 = pytest.importorskip("cv2")
-from bundled_networks import benchmark_case  # noqa: E402
+pytest.importorskip("cv2")
+from bundled_networks import benchmark_case, opencv_forward  # noqa: E402
 
 THREADS = 2
 #: (cfg, input size): the sizes the performance goals name.
@@ -33,12 +33,5 @@ def _group(network):
 def test_ours_alternating_with_opencv(benchmark, network):
     name, _, cfg, weights, net, x = network
     benchmark.group = _group(network)
-    cv2.setNumThreads(THREADS)
-    peer = cv2.dnn.readNetFromDarknet(str(cfg), str(weights))
-    names = peer.getUnconnectedOutLayersNames()
-
-    def run_peer():
-        peer.setInput(x)
-        return peer.forward(names)
-
-    pedantic_alternating(benchmark, lambda: net.forward(x), run_peer, rounds=ROUNDS[name])
+    pedantic_alternating(benchmark, lambda: net.forward(x),
+                         opencv_forward(cfg, weights, x, THREADS), rounds=ROUNDS[name])
