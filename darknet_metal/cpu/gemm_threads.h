@@ -18,6 +18,8 @@
  * yielded while a helper finished the last part lost its core the same way (yolov3-tiny
  * beside two busy loops 43 ms yielding at once, 31 ms after 0.5 ms; docs/performance.md).
  * The poll is bounded: it cannot starve other work the way BLAS's own spinning workers do.
+ * A helper woken from its sleep onto the CPU its caller runs on moves itself to another one
+ * (dm_leave_cpu) instead of sharing a core with the caller until the scheduler balances.
  * The caller polls the same way for the parts helpers are finishing, and waits only for
  * parts a helper has already started: when the cores are busy with other work and a helper
  * is not scheduled, the caller does its parts too instead of waiting for it. One job runs at
@@ -66,13 +68,14 @@ typedef struct {
     dm_part_fn fn;
     void *ctx;
     int parts, next, finished;
+    int caller_cpu;          /* the CPU the running job's caller posted it from, or -1 */
     /* BLAS thread count: held at one while `blas_users` > 0. */
     int blas_users, blas_saved;
 } dm_gemm_pool_t;
 
 static dm_gemm_pool_t dm_pool = {
     PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, NULL, NULL, 0, 0, 0, 0, 0};
+    PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, NULL, NULL, 0, 0, 0, -1, 0, 0};
 static pthread_once_t dm_pool_once = PTHREAD_ONCE_INIT;
 static void (*dm_blas_set_threads)(int) = NULL;
 static int (*dm_blas_get_threads)(void) = NULL;
@@ -103,6 +106,37 @@ static int dm_poll_turn(const struct timespec *t0) {
     return elapsed <= DM_SPIN_NS;
 }
 
+/* Moves the calling thread off `cpu` (to another CPU it may run on), leaving its affinity as
+ * it was. A helper woken from its sleep is often placed on the waking caller's CPU (the
+ * scheduler's wake-affine choice, frequent after the process idled ~50 ms or more): the two
+ * then share one core until the balancer moves one of them, a scheduler tick or two later,
+ * and a yolov3-tiny pass took 18 instead of 12 ms on a 2-core virtual machine in about half
+ * the passes after a 100 ms pause (every such pass was one where the two threads traded
+ * CPUs). Restricting the mask moves the thread at once; restoring it does not move it back. */
+static void dm_leave_cpu(int cpu) {
+#if defined(__linux__)
+    cpu_set_t allowed, others;
+    if (cpu < 0 || cpu >= CPU_SETSIZE) return;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || !CPU_ISSET(cpu, &allowed)) return;
+    others = allowed;
+    CPU_CLR(cpu, &others);
+    if (CPU_COUNT(&others) == 0) return;
+    if (sched_setaffinity(0, sizeof others, &others) == 0)
+        sched_setaffinity(0, sizeof allowed, &allowed);
+#else
+    (void)cpu;
+#endif
+}
+
+/* The CPU the calling thread runs on, or -1 where that cannot be read. */
+static int dm_current_cpu(void) {
+#if defined(__linux__)
+    return sched_getcpu();
+#else
+    return -1;
+#endif
+}
+
 static void *dm_gemm_helper(void *arg) {
     dm_gemm_pool_t *p = &dm_pool;
     unsigned long seen;
@@ -119,7 +153,15 @@ static void *dm_gemm_helper(void *arg) {
             }
             pthread_mutex_lock(&p->lock);
         }
-        while (p->generation == seen) pthread_cond_wait(&p->work, &p->lock);
+        if (p->generation == seen) {
+            while (p->generation == seen) pthread_cond_wait(&p->work, &p->lock);
+            if (p->caller_cpu >= 0 && dm_current_cpu() == p->caller_cpu) {
+                int cpu = p->caller_cpu;
+                pthread_mutex_unlock(&p->lock);
+                dm_leave_cpu(cpu);
+                pthread_mutex_lock(&p->lock);
+            }
+        }
         seen = p->generation;
         while (p->next < p->parts) {
             int part = p->next++;
@@ -225,6 +267,7 @@ static void dm_gemm_run(dm_part_fn fn, void *ctx, int parts) {
     p->parts = parts;
     p->next = 0;
     p->finished = 0;
+    p->caller_cpu = dm_current_cpu();
     p->generation++;
     if (p->helpers_started > 0) pthread_cond_broadcast(&p->work);
     while (p->next < p->parts) {

@@ -97,3 +97,59 @@ int main(void) {
         run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60,
                              env={"DARKNET_METAL_CPU_THREADS": threads})
         assert run.returncode == 0, (threads, run.stdout, run.stderr)
+
+
+_LEAVE_CPU = """#include "gemm_threads.h"
+#include <stdio.h>
+#include <string.h>
+static int same_mask(const cpu_set_t *a) {
+    cpu_set_t now;
+    return sched_getaffinity(0, sizeof now, &now) == 0 && CPU_EQUAL(&now, a);
+}
+int main(void) {
+    cpu_set_t allowed, only;
+    int cpu;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 2;
+    if (CPU_COUNT(&allowed) < 2) return 77;
+    cpu = dm_current_cpu();
+    dm_leave_cpu(cpu);
+    if (dm_current_cpu() == cpu) { printf("still on %d\\n", cpu); return 1; }
+    if (!same_mask(&allowed)) { printf("mask not restored\\n"); return 1; }
+    /* A thread that may run on one CPU only stays there, its mask untouched. */
+    cpu = dm_current_cpu();
+    CPU_ZERO(&only);
+    CPU_SET(cpu, &only);
+    if (sched_setaffinity(0, sizeof only, &only) != 0) return 2;
+    dm_leave_cpu(cpu);
+    if (dm_current_cpu() != cpu || !same_mask(&only)) {
+        printf("moved off its one CPU\\n");
+        return 1;
+    }
+    dm_leave_cpu(-1);
+    dm_leave_cpu(CPU_SETSIZE);
+    return same_mask(&only) ? 0 : 1;
+}
+"""
+
+
+def test_leave_cpu_moves_the_thread_and_keeps_its_mask(tmp_path):
+    """dm_leave_cpu (a helper woken onto its caller's CPU moves itself off it) moves the
+    calling thread to another CPU it may use and leaves its affinity as it found it."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("CPU affinity is read and set on Linux only")
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler (gcc or cc) on PATH")
+    source = tmp_path / "leave.c"
+    source.write_text(_LEAVE_CPU)
+    exe = tmp_path / "leave"
+    build = subprocess.run([compiler, "-std=gnu11", "-O1", "-Wall", "-Werror",
+                            "-Wno-unused-function", "-pthread", f"-I{HEADER_DIR}", str(source),
+                            "-o", str(exe), "-ldl"], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    if run.returncode == 77:
+        pytest.skip("this process may run on one CPU only")
+    assert run.returncode == 0, (run.stdout, run.stderr)
