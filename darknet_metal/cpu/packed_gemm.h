@@ -23,6 +23,7 @@
 #define DM_PG_CAT2(a, b) a##b
 #define DM_PG_CAT(a, b) DM_PG_CAT2(a, b)
 #define DM_PG_BLOCK DM_PG_CAT(DM_PG_NAME, _block)
+#define DM_PG_TAIL DM_PG_CAT(DM_PG_NAME, _tail)
 
 /* The variant's lanes a vector and columns a block (<name>_columns: dm_gemm8_columns). */
 enum {
@@ -148,6 +149,52 @@ static inline __attribute__((always_inline)) DM_PG_ATTR void DM_PG_BLOCK(
     }
 }
 
+/* The last columns [j0, j1) of b, fewer than a vector (DM_GEMM8_TAIL_MAX at most), for the
+ * filters of blocks [g0, g1) (at most DM_GEMM8_TAIL_BLOCKS): a block's 8 filters side by side
+ * in one 8-lane vector times one column's value, where a vector block would compute a whole
+ * vector of columns for them (a 13x13 Winograd layer's 49 tiles: 32 + 16 + 1 columns, not
+ * 32 + 32). Each block is its own chain, so the blocks' multiply-adds overlap; the same chain
+ * per output as the vector blocks (fused multiply-adds in kk order from 0, + bias, the
+ * activation), so the same bits. The blocks' weights were just read (in L2). */
+static inline DM_PG_ATTR void DM_PG_TAIL(ptrdiff_t m, ptrdiff_t k, const float *packed,
+                                         const float *b, ptrdiff_t ldb, const float *bias,
+                                         int act, ptrdiff_t g0, ptrdiff_t g1, ptrdiff_t j0,
+                                         ptrdiff_t j1, float *c, ptrdiff_t ldc)
+{
+    enum { G = DM_GEMM8_TAIL_BLOCKS };
+    const int gn = (int)(g1 - g0);
+    for (ptrdiff_t j = j0; j < j1; j++) {
+        dm_v8 acc[G];
+#pragma GCC unroll 8
+        for (int g = 0; g < G; g++)
+            acc[g] = (dm_v8){0};
+        const float *bp = b + j, *ap = packed + g0 * k * DM_GEMM8_M;
+        for (ptrdiff_t kk = 0; kk < k; kk++, bp += ldb, ap += DM_GEMM8_M) {
+            /* b[kk][j] in every lane (x - 0 is x exactly: only the broadcast). */
+            const dm_v8 s = *bp - (dm_v8){0};
+#pragma GCC unroll 8
+            for (int g = 0; g < G; g++)
+                if (g < gn) {
+                    const dm_v8 w = *(const dm_v8u *)(ap + g * k * DM_GEMM8_M);
+                    DM_PG_FMA(acc[g], w, s);
+                }
+        }
+        for (int g = 0; g < gn; g++) {
+            const ptrdiff_t f0 = (g0 + g) * DM_GEMM8_M;
+            const int rows = m - f0 < DM_GEMM8_M ? (int)(m - f0) : DM_GEMM8_M;
+            float r[DM_GEMM8_M];
+            *(dm_v8u *)r = acc[g];
+            for (int f = 0; f < rows; f++)
+                r[f] = bias ? r[f] + bias[f0 + f] : r[f];
+            /* Out of line, as the vector blocks' activation (not contracted). */
+            if (act != DM_ACT_LINEAR)
+                dm_act_f32(r, rows, act);
+            for (int f = 0; f < rows; f++)
+                c[(f0 + f) * ldc + j] = r[f];
+        }
+    }
+}
+
 static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                                      const float *b, ptrdiff_t n, const float *bias, int act,
                                      ptrdiff_t mb0, ptrdiff_t mb1, ptrdiff_t x0, ptrdiff_t x1,
@@ -164,8 +211,18 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
      * page or more apart. */
     float copy[DM_PG_COPY] __attribute__((aligned(64)));
     const int copied = n >= XB && chunk * k <= DM_PG_COPY && dm_gemm8_copies();
-    for (ptrdiff_t c0 = x0; c0 < x1; c0 += chunk) {
-        const ptrdiff_t c1 = x1 - c0 < chunk ? x1 : c0 + chunk;
+    /* b's last n % LANES columns, when few and this part's, go to the tail (DM_PG_TAIL);
+     * the vector blocks stop before them. */
+    const ptrdiff_t tail = x1 == n && n % LANES <= DM_GEMM8_TAIL_MAX ? n % LANES : 0;
+    const ptrdiff_t xv1 = x1 - tail;
+    if (tail > 0 && xv1 <= x0)
+        for (ptrdiff_t g0 = mb0; g0 < mb1; g0 += DM_GEMM8_TAIL_BLOCKS) {
+            const ptrdiff_t g1 =
+                mb1 - g0 < DM_GEMM8_TAIL_BLOCKS ? mb1 : g0 + DM_GEMM8_TAIL_BLOCKS;
+            DM_PG_TAIL(m, k, packed, b, n, bias, act, g0, g1, x0, x1, c, ldc);
+        }
+    for (ptrdiff_t c0 = x0; c0 < xv1; c0 += chunk) {
+        const ptrdiff_t c1 = xv1 - c0 < chunk ? xv1 : c0 + chunk;
         for (ptrdiff_t x = c0; copied && x < c1; x += XB) {
             const float *src = b + (x + XB <= n ? x : n - XB);
             float *dst = copy + (x - c0) * k;
@@ -211,11 +268,19 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                 DM_PG_BLOCK(k, ap, bx, ldb, n, xs, x, end, nf, bb, act, fetch, cb, ldc,
                             DM_PG_XV);
             }
+            /* After the last chunk of each DM_GEMM8_TAIL_BLOCKS filter blocks, their tail
+             * (their weights still in cache). */
+            if (tail > 0 && c1 == xv1 &&
+                ((mb - mb0 + 1) % DM_GEMM8_TAIL_BLOCKS == 0 || mb + 1 == mb1)) {
+                const ptrdiff_t g0 = mb - (mb - mb0) % DM_GEMM8_TAIL_BLOCKS;
+                DM_PG_TAIL(m, k, packed, b, n, bias, act, g0, mb + 1, xv1, x1, c, ldc);
+            }
         }
     }
 }
 
 #undef DM_PG_BLOCK
+#undef DM_PG_TAIL
 #undef DM_PG_CAT
 #undef DM_PG_CAT2
 #undef DM_PG_NAME

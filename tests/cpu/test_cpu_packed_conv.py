@@ -101,6 +101,25 @@ def test_same_bits_for_every_split():
         np.testing.assert_array_equal(one[0], whole[i])
 
 
+@pytest.mark.parametrize("act", ["linear", "leaky", "mish"])
+@pytest.mark.parametrize("columns", [1, 3, 49, 52, 100, 169])
+def test_last_columns_same_bits_as_inside_a_block(columns, act):
+    # A few columns past the last whole vector take the kernel's tail (8 filters a vector,
+    # several filter blocks at once); the same columns with more after them fall inside a
+    # vector block. Both must be the same chain: the same bits. 70 filters: 9 blocks, the
+    # last partial, so the tail's groups of blocks end short too.
+    x, w, b = case(1, 37, (1, columns + 40), 70, seed=columns)
+    packed = packed_conv.pack_weights(w)
+    wide = np.empty((1, 70, 1, columns + 40), np.float32)
+    conv1x1(x, packed, b, wide, ACTIVATION_ID[act])
+    narrow = np.empty((1, 70, 1, columns), np.float32)
+    conv1x1(np.ascontiguousarray(x[..., :columns]), packed, b, narrow, ACTIVATION_ID[act])
+    np.testing.assert_array_equal(narrow, wide[..., :columns])
+    ref, bound = reference(np.ascontiguousarray(x[..., :columns]), w, b)
+    if act == "linear":
+        assert np.all(np.abs(narrow - ref) <= bound)
+
+
 # n, c, (h, w), f, ksize, (stride_x, stride_y), pad, dilation
 UNFOLDED = [
     (1, 3, (9, 37), 11, 3, (1, 1), 1, 1),      # too little work to share: one part
