@@ -15,8 +15,9 @@ from typing import Any
 #: Idle time between the two sides' calls: thread pools keep spinning for a while after their
 #: work (ONNX Runtime's intra-op threads by default), and the side called next would find a
 #: core taken (measured: yolov3-tiny 23 -> 46 ms right after ONNX Runtime). Longer idles are
-#: not neutral either: after 0.3 s our first passes ran up to 2x slower on a 2-core virtual
-#: machine (ONNX Runtime's did not), so the pause is just long enough for the spinning to end.
+#: not neutral either: a pass after an idle stretch finds less of its data in the shared cache
+#: (and, before the pool moved a helper woken onto its caller's CPU, ran at one core's speed
+#: in about half the passes), so the pause is just long enough for the spinning to end.
 SETTLE_SECONDS = 0.05
 
 #: Beside other work a spinning pool gets half a core and spins longer in wall time (ONNX
