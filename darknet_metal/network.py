@@ -591,6 +591,25 @@ def _make_backend(device: str, specs: list[Op], params: dict[int, Params],
     return GpuBackend(specs, params, dtype, device=device, precision=precision)
 
 
+def _check_parameter_memory(config: NetConfig, layers: Sequence[Op]) -> None:
+    """MemoryLimitError, before any parameter is allocated, when the layers' float32
+    parameters alone need more memory than this machine has (a cfg asking for billions of
+    filters), naming the layer holding the most."""
+    sizes = [(spec, 4 * sum(int(np.prod(shape, dtype=object)) for shape in
+                            spec.param_shapes.values())) for spec in layers]
+    needed = sum(size for _, size in sizes)
+    available = physical_memory()
+    if available is None or needed <= available:
+        return
+    largest, most = max(sizes, key=lambda pair: pair[1])
+    raise MemoryLimitError(
+        f"{config.path}: the parameters need about {format_bytes(needed)}, more than this "
+        f"machine's {format_bytes(available)}; layer {largest.index} [{largest.kind}] alone "
+        f"holds {format_bytes(most)}",
+        needed=needed, available=available,
+    )
+
+
 def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None, *,
          names: str | os.PathLike[str] | Sequence[str] | None = None, device: str = "cpu",
          batch: int | None = None, subdivisions: int | None = None, seed: int | None = None,
@@ -620,8 +639,9 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     kernels (``DeviceError`` naming the layers otherwise).
     Raises ``CfgError`` / ``WeightsError`` naming the file and line or layer at fault,
     ``ArgumentError`` / ``ArgumentTypeError`` naming a bad argument, ``DeviceError`` for a
-    device this machine lacks (or float64 on a Metal device), ``MemoryLimitError`` when a pass
-    at ``batch`` needs more memory than the machine has (before anything large is allocated).
+    device this machine lacks (or float64 on a Metal device), ``MemoryLimitError`` when the
+    parameters or a pass at ``batch`` need more memory than the machine has (before anything
+    large is allocated).
     """
     batch = None if batch is None else arguments.positive_int("batch", batch)
     subdivisions = (None if subdivisions is None
@@ -638,6 +658,7 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     if subdivisions is not None:
         config.net.values["subdivisions"] = subdivisions
     layers = build_layers(config)
+    _check_parameter_memory(config, layers)
     params = init_params(layers, seed)
     header = WeightsHeader()
     coverage = None

@@ -145,6 +145,28 @@ def test_an_oversized_network_is_refused_before_allocating(tmp_path):
     assert elapsed < 30  # generous: the point is that nothing large was allocated
 
 
+def test_parameters_larger_than_memory_are_refused_before_allocation(tmp_path):
+    # A cfg asking for 2**31 - 1 filters (as a fuzzed one did): its weights alone are
+    # terabytes, so load refuses before allocating any, naming the layer holding the most.
+    text = CFG.read_text().replace("filters=32", "filters=2147483647", 1)
+    cfg = tmp_path / "many.cfg"
+    cfg.write_text(text)
+    tracemalloc.start()
+    try:
+        with pytest.raises(MemoryLimitError) as info:
+            dm.load(cfg, input_size=(64, 64))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    err = info.value
+    assert err.needed > err.available
+    message = str(err)
+    # Layer 2 makes 2**31 - 1 channels; layer 4, 64 filters over them, holds the most.
+    for word in ("many.cfg", "parameters", "layer 4 [convolutional]", "GiB"):
+        assert word in message, (word, message)
+    assert peak < 200 * 2**20, f"{peak / 2**20:.0f} MiB traced before the error"
+
+
 def test_a_larger_batch_is_checked_at_forward(net, x, monkeypatch):
     import darknet_metal.network as network
 
