@@ -160,19 +160,7 @@ class Network:
     def check_memory(self, batch: int) -> None:
         """Raise ``MemoryLimitError`` if a pass at ``batch`` needs more memory than the
         machine has (checked before anything is allocated)."""
-        needed = self.memory_bytes(batch)
-        available = physical_memory()
-        if available is None or needed <= available:
-            return
-        c, h, w = self.input_shape
-        raise MemoryLimitError(
-            f"{self.config.path}: the network needs about {format_bytes(needed)} for a batch "
-            f"of {batch} at {w}x{h} ({format_bytes(needed - self.parameter_bytes)} of layer "
-            f"outputs and workspaces, {format_bytes(self.parameter_bytes)} of parameters), "
-            f"more than this machine's {format_bytes(available)}: lower width and height in "
-            "[net] (or pass input_size=(W, H) to load) or use a smaller batch",
-            needed=needed, available=available,
-        )
+        _check_pass_memory(self.config, batch, self.memory_bytes(batch), self.parameter_bytes)
 
     def to(self, device: str) -> Network:
         """Moves the network to ``device`` ("cpu", "metal", "emu", "cuda") and returns it.
@@ -591,23 +579,47 @@ def _make_backend(device: str, specs: list[Op], params: dict[int, Params],
     return GpuBackend(specs, params, dtype, device=device, precision=precision)
 
 
-def _check_parameter_memory(config: NetConfig, layers: Sequence[Op]) -> None:
-    """MemoryLimitError, before any parameter is allocated, when the layers' float32
-    parameters alone need more memory than this machine has (a cfg asking for billions of
-    filters), naming the layer holding the most."""
-    sizes = [(spec, 4 * sum(int(np.prod(shape, dtype=object)) for shape in
-                            spec.param_shapes.values())) for spec in layers]
-    needed = sum(size for _, size in sizes)
+def _check_pass_memory(config: NetConfig, batch: int, needed: int,
+                       parameter_bytes: int) -> None:
+    """MemoryLimitError when a pass at ``batch`` (``needed`` bytes with the parameters)
+    needs more memory than this machine has."""
     available = physical_memory()
     if available is None or needed <= available:
         return
-    largest, most = max(sizes, key=lambda pair: pair[1])
+    c, h, w = input_shape(config)
     raise MemoryLimitError(
-        f"{config.path}: the parameters need about {format_bytes(needed)}, more than this "
-        f"machine's {format_bytes(available)}; layer {largest.index} [{largest.kind}] alone "
-        f"holds {format_bytes(most)}",
+        f"{config.path}: the network needs about {format_bytes(needed)} for a batch "
+        f"of {batch} at {w}x{h} ({format_bytes(needed - parameter_bytes)} of layer "
+        f"outputs and workspaces, {format_bytes(parameter_bytes)} of parameters), "
+        f"more than this machine's {format_bytes(available)}: lower width and height in "
+        "[net] (or pass input_size=(W, H) to load) or use a smaller batch",
         needed=needed, available=available,
     )
+
+
+def _check_load_memory(config: NetConfig, layers: Sequence[Op], batch: int,
+                       itemsize: int) -> None:
+    """Before any parameter is allocated: MemoryLimitError when the float32 parameters alone
+    (a cfg asking for billions of filters; naming the layer holding the most), or they with
+    a pass at ``batch`` (``Network.memory_bytes``' estimate), need more memory than this
+    machine has."""
+    sizes = [(spec, 4 * sum(int(np.prod(shape, dtype=object)) for shape in
+                            spec.param_shapes.values())) for spec in layers]
+    parameters = sum(size for _, size in sizes)
+    available = physical_memory()
+    if available is None:
+        return
+    if parameters > available:
+        largest, most = max(sizes, key=lambda pair: pair[1])
+        raise MemoryLimitError(
+            f"{config.path}: the parameters need about {format_bytes(parameters)}, more than "
+            f"this machine's {format_bytes(available)}; layer {largest.index} "
+            f"[{largest.kind}] alone holds {format_bytes(most)}",
+            needed=parameters, available=available,
+        )
+    c, h, w = input_shape(config)
+    needed = pass_bytes(layers, batch, itemsize) + batch * c * h * w * itemsize + parameters
+    _check_pass_memory(config, batch, needed, parameters)
 
 
 def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None, *,
@@ -658,7 +670,7 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     if subdivisions is not None:
         config.net.values["subdivisions"] = subdivisions
     layers = build_layers(config)
-    _check_parameter_memory(config, layers)
+    _check_load_memory(config, layers, batch or 1, stored_itemsize(precision, np.dtype(dtype)))
     params = init_params(layers, seed)
     header = WeightsHeader()
     coverage = None
