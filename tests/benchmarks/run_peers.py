@@ -9,11 +9,9 @@ in alternating rounds with ``alternating.settle()`` between calls, as
 ratios ours/peer.
 
     python tests/benchmarks/run_peers.py --runs 3
-    python tests/benchmarks/run_peers.py --load busy      # beside two busy loops
-    python tests/benchmarks/run_peers.py --load numpy     # beside NumPy's matrix products
-
-(``test_bench_cpu_loaded.py``'s other load, C compiles and a busy loop, needs a compiler;
-here two busy loops stand for it.)
+    python tests/benchmarks/run_peers.py --load busy           # beside two busy loops
+    python tests/benchmarks/run_peers.py --load numpy-matmul   # the loaded file's loads
+    python tests/benchmarks/run_peers.py --load compiles+busy  # (this one needs a C compiler)
 
 Pin it (``taskset -c 2,3``) to measure a given number of cores: the load's processes inherit
 the pinning. Needs ``onnxruntime`` and ``onnx``; ``../shared`` as the tests find it.
@@ -24,7 +22,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,18 +35,14 @@ sys.path[:0] = [str(TESTS.parent), str(TESTS)]
 
 from alternating import settle  # noqa: E402
 from bundled_networks import benchmark_case, opencv_forward  # noqa: E402
+from cpu_loads import BUSY, standard_loads, start_load, stop_load  # noqa: E402
 
 #: (network, input size, batch), as the benchmark files take them.
 CASES = [("yolov3-tiny", 416, 1), ("yolov3-tiny", 416, 4), ("yolov4-tiny", 416, 1),
          ("yolov4-tiny", 416, 4), ("yolov3", 416, 1), ("yolov4", 320, 1)]
 ROUNDS = {"yolov3-tiny": 25, "yolov4-tiny": 25, "yolov3": 7, "yolov4": 7}
-#: The loads' processes (``--load``): as ``test_bench_cpu_loaded.py``'s busy loop and matrix
-#: products.
-LOADS = {
-    "none": [],
-    "busy": ["while True: pass"] * 2,
-    "numpy": ["import numpy as np\na = np.random.rand(1500, 1500)\nwhile True: a @ a"],
-}
+#: The loads' processes (``--load``): the loaded benchmark file's, and two busy loops.
+LOADS = {"none": [], "busy": [BUSY, BUSY], **dict(standard_loads())}
 
 
 def time_rounds(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -87,10 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, size, _ in cases:
         if name not in networks:
             networks[name] = benchmark_case(directory, name, size)[2:5]
-    load = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
-            for code in LOADS[args.load]]
+    load = start_load(LOADS[args.load])
     try:
-        time.sleep(1.0 if load else 0.0)
         for run in range(1, args.runs + 1):
             for name, size, batch in cases:
                 cfg, weights, net = networks[name]
@@ -120,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                       + ", ".join(f"ours/{p} {ms['ours'] / ms[p]:.2f}" for p in peers),
                       flush=True)
     finally:
-        for process in load:
-            process.kill()
-            process.wait()
+        stop_load(load)
     return 0
 
 

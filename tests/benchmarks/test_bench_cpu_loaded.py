@@ -11,65 +11,27 @@ other met different stretches of it (ours/OpenCV 0.49 to 1.08 in three runs of t
 The ratio of medians is printed with the others.
 """
 
-import shutil
-import subprocess
-import sys
-import time
-
 import pytest
 from alternating import pedantic_alternating
 
 pytest.importorskip("cv2")
 from bundled_networks import benchmark_case, opencv_forward  # noqa: E402
+from cpu_loads import standard_loads, start_load, stop_load  # noqa: E402
 
 THREADS = 2
 #: (network, input size): the sizes the performance goals name.
 NETWORKS = [("yolov3-tiny", 416), ("yolov4-tiny", 416), ("yolov3", 416), ("yolov4", 320)]
 ROUNDS = {"yolov3-tiny": 21, "yolov4-tiny": 21, "yolov3": 7, "yolov4": 7}
 
-_MATMUL = "import numpy as np\na = np.random.rand(1500, 1500)\nwhile True:\n    a @ a\n"
-_BUSY = "while True:\n    pass\n"
-_COMPILE = (
-    "import subprocess, tempfile, os\n"
-    "d = tempfile.mkdtemp()\n"
-    "src = os.path.join(d, 'x.c')\n"
-    "open(src, 'w').write('int f(int x){return x*x;}\\n' * 2000)\n"
-    "while True:\n"
-    "    subprocess.run(['{cc}', '-O2', '-c', src, '-o', os.path.join(d, 'x.o')])\n"
-)
-
-
-def _start(scripts):
-    procs = [subprocess.Popen([sys.executable, "-c", s], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for s in scripts]
-    time.sleep(1.0)  # let the load reach its steady state
-    return procs
-
-
-def _stop(procs):
-    for p in procs:
-        p.kill()
-    for p in procs:
-        p.wait()
-
-
-def _loads():
-    cc = shutil.which("gcc") or shutil.which("cc")
-    loads = [("numpy-matmul", [_MATMUL])]
-    if cc:
-        loads.append(("compiles+busy", [_COMPILE.replace("{cc}", cc), _BUSY]))
-    return loads
-
-
-LOADS = _loads()
+LOADS = standard_loads()
 
 
 @pytest.fixture(scope="module", params=LOADS, ids=[name for name, _ in LOADS])
 def loaded(request):
     name, scripts = request.param
-    procs = _start(scripts)
+    procs = start_load(scripts)
     yield name
-    _stop(procs)
+    stop_load(procs)
 
 
 @pytest.fixture(scope="module", params=NETWORKS, ids=[f"{n}-{s}" for n, s in NETWORKS])
