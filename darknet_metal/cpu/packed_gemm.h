@@ -37,8 +37,8 @@ enum {
  * block's columns from x - xs on. Always inlined with a constant xv, so its loops unroll. */
 static inline __attribute__((always_inline)) DM_PG_ATTR void DM_PG_BLOCK(
     ptrdiff_t k, const float *ap, const float *bx, ptrdiff_t ldb, ptrdiff_t n, ptrdiff_t xs,
-    ptrdiff_t x, ptrdiff_t end, ptrdiff_t nf, const float *bias, int act, int fetch, float *c,
-    ptrdiff_t ldc, const int xv)
+    ptrdiff_t x, ptrdiff_t end, ptrdiff_t nf, const float *bias, int act, int fetch,
+    int wfetch, float *c, ptrdiff_t ldc, const int xv)
 {
     enum {
         LANES = DM_PG_CAT(DM_PG_NAME, _lanes),
@@ -86,6 +86,10 @@ static inline __attribute__((always_inline)) DM_PG_ATTR void DM_PG_BLOCK(
                  * follow, so each row's next blocks are asked for here. */
                 if (fetch && h == 0)
                     __builtin_prefetch(bp + DM_GEMM8_PREFETCH, 0, 3);
+                /* The weights' stream, when this block is the first to read them (one
+                 * line per two rows). */
+                if (wfetch && h == 0 && (kk & 1) == 0)
+                    __builtin_prefetch(wk + DM_GEMM8_WFETCH, 0, 3);
                 DM_PG_VEC s[DM_PG_XV];
 #pragma GCC unroll 4
                 for (int v = 0; v < xv; v++)
@@ -255,18 +259,20 @@ static DM_PG_ATTR void DM_PG_NAME(ptrdiff_t m, ptrdiff_t k, const float *packed,
                 }
 #if DM_PG_XV > 1
                 if (xv == 1) {
-                    DM_PG_BLOCK(k, ap, bx, ldb, n, xs, x, end, nf, bb, act, fetch, cb, ldc, 1);
+                    DM_PG_BLOCK(k, ap, bx, ldb, n, xs, x, end, nf, bb, act, fetch, x == c0,
+                                cb, ldc, 1);
                     continue;
                 }
 #endif
 #if DM_PG_XV > 2
                 if (xv == 2) {
-                    DM_PG_BLOCK(k, ap, bx, ldb, n, xs, x, end, nf, bb, act, fetch, cb, ldc, 2);
+                    DM_PG_BLOCK(k, ap, bx, ldb, n, xs, x, end, nf, bb, act, fetch, x == c0,
+                                cb, ldc, 2);
                     continue;
                 }
 #endif
-                DM_PG_BLOCK(k, ap, bx, ldb, n, xs, x, end, nf, bb, act, fetch, cb, ldc,
-                            DM_PG_XV);
+                DM_PG_BLOCK(k, ap, bx, ldb, n, xs, x, end, nf, bb, act, fetch, x == c0, cb,
+                            ldc, DM_PG_XV);
             }
             /* After the last chunk of each DM_GEMM8_TAIL_BLOCKS filter blocks, their tail
              * (their weights still in cache). */
