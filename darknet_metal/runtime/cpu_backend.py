@@ -78,6 +78,18 @@ class CpuBoundProgram:
             first = end
         self.steps = StepList(native, self.input_standin)
         self.input_aliases = {t for t in program.tensors if memory.owner[t] == input_owner}
+        #: Per layer of the network: the view of its output the program keeps, None for
+        #: one it does not keep, or the output's shape for an identity chain back to the
+        #: input (the caller's array, reshaped on each pass).
+        self.layer_outputs: list[Any] = []
+        for index in range(len(program.layer_ends)):
+            t = Tensor(index, "output")
+            if t not in program.keep:
+                self.layer_outputs.append(None)
+            elif t in self.input_aliases:
+                self.layer_outputs.append(program.tensors[t].shape)
+            else:
+                self.layer_outputs.append(self.views[t])
 
     def run(self, x: np.ndarray) -> None:
         """One pass on ``x`` (the program's input shape and dtype), read in place."""
@@ -154,7 +166,6 @@ class CpuBackend:
         x = np.ascontiguousarray(x, self.dtype)
         keep = None if outputs is None else frozenset(int(i) for i in outputs)
         loaded = self._loaded(x.shape[0], keep)
-        program = loaded.program
         x = x.reshape(loaded.input_standin.shape)
         if timings is None:
             loaded.steps.run(x)
@@ -168,16 +179,8 @@ class CpuBackend:
                 timings.append(time.perf_counter() - start)
                 first = end
         self.last_pass_ns = (started, loaded.steps.last_finished_ns)
-        result: list[np.ndarray | None] = []
-        for spec in self.specs:
-            t = Tensor(spec.index, "output")
-            if keep is not None and spec.index not in keep:
-                result.append(None)
-            elif t in loaded.input_aliases:  # an identity chain back to the input
-                result.append(x.reshape(program.tensors[t].shape))
-            else:
-                result.append(loaded.views[t])
-        return result
+        return [x.reshape(out) if isinstance(out, tuple) else out
+                for out in loaded.layer_outputs]
 
     def hold_pass_ring(self, batch: int, outputs: Sequence[int], depth: int) -> None:
         """None: a CPU pass runs to its end, so a stream keeps one pass at a time."""

@@ -11,6 +11,7 @@ import os
 import stat
 import time
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -109,6 +110,18 @@ def test_non_finite_input_is_refused(net, x, bad):
                                             r"\(0, 2, 5, 7\)\)"):
         net.forward(y)
     np.testing.assert_array_equal(net.forward(x)[0], net.forward(x)[0])  # still usable
+
+
+def test_finite_input_whose_sum_overflows_is_taken(net, x):
+    # The check sums the input first; float32's largest values overflow that sum, and the
+    # input is still finite.
+    big = np.full_like(x, np.finfo(np.float32).max)
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(big.sum())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no overflow warning reaches the caller
+        out = net.forward(big)
+    assert out[0].shape == net.forward(x)[0].shape
 
 
 def test_input_errors_are_package_errors(net, x):
