@@ -611,6 +611,8 @@ static inline void dm_gemm8_f32(ptrdiff_t m, ptrdiff_t k, const float *packed, c
 
 /* Tiles transformed together by the Winograd kernels (their stack buffers' length). */
 #define DM_WINO_CHUNK 64
+/* The F(4x4) transforms' loops run over whole 16-lane vectors of a chunk. */
+_Static_assert(DM_WINO_CHUNK % 16 == 0, "DM_WINO_CHUNK: whole 16-float vectors");
 
 /* The Winograd kernels take an image's tiles by runs: `rows` whole tile rows from ty0 when a
  * row has at most DM_WINO_CHUNK / 2 tiles (as many rows as DM_WINO_CHUNK tiles hold), else
@@ -803,7 +805,7 @@ static DM_CLONES void dm_wino4_input_f32(const float *x, ptrdiff_t channels, ptr
     /* ph[i][q][r*n + m] = x[4(ty0+r) - 1 + i][4(tx0 + m) - 1 + q]: the run's input rows split
      * by column phase, so that column j of tile m is ph[i][j % 4][m + j / 4] and every step
      * below is a contiguous loop over tiles. t: the rows combined. */
-    float ph[6][4][DM_WINO_CHUNK + 1], t[6][6][DM_WINO_CHUNK];
+    float ph[6][4][DM_WINO_CHUNK + 1] = {{{0}}}, t[6][6][DM_WINO_CHUNK];
     float phx[DM_WINO_CHUNK][6][2];
     for (ptrdiff_t c = c0; c < c1; c++) {
         const float *xc = x + c * height * width;
@@ -828,26 +830,34 @@ static DM_CLONES void dm_wino4_input_f32(const float *x, ptrdiff_t channels, ptr
                             p2[m] = row[4 * m + 2];
                             p3[m] = row[4 * m + 3];
                         }
-                        for (ptrdiff_t m = 0; m <= n; m++) {
-                            if (m >= lo && m < hi)
-                                continue;
-                            float *pq[4] = {p0, p1, p2, p3};
-                            for (int q = 0; q < 4; q++) {
-                                const ptrdiff_t xx = 4 * (tx0 + m) - 1 + q;
-                                pq[q][m] = xx >= 0 && xx < width ? xc[y * width + xx] : 0.0f;
+                        /* The tiles outside [lo, hi), at the row's ends (a loop over
+                         * every tile skipping the inside ones cost a quarter of the
+                         * transform). */
+                        for (int side = 0; side < 2; side++)
+                            for (ptrdiff_t m = side ? hi : 0; m < (side ? n + 1 : lo); m++) {
+                                float *pq[4] = {p0, p1, p2, p3};
+                                for (int q = 0; q < 4; q++) {
+                                    const ptrdiff_t xx = 4 * (tx0 + m) - 1 + q;
+                                    pq[q][m] = xx >= 0 && xx < width ? xc[y * width + xx]
+                                                                     : 0.0f;
+                                }
                             }
-                        }
                     }
                     phx[r][i][0] = p0[n];
                     phx[r][i][1] = p1[n];
                 }
             }
             const ptrdiff_t count = rows * n;
+            /* The combining loops run to a whole number of 16-lane vectors: the lanes past
+             * count compute from stale (finite) slots and are never stored out, and no
+             * scalar remainder is left (a remainder for each of the 72 loops of a run was a
+             * sixth of the transform). */
+            const ptrdiff_t lanes = (count + 15) & ~(ptrdiff_t)15;
             for (int j = 0; j < 6; j++) {
                 const int q = j % 4, o = j / 4;
                 const float *d0 = ph[0][q] + o, *d1 = ph[1][q] + o, *d2 = ph[2][q] + o;
                 const float *d3 = ph[3][q] + o, *d4 = ph[4][q] + o, *d5 = ph[5][q] + o;
-                for (ptrdiff_t m = 0; m < count; m++)
+                for (ptrdiff_t m = 0; m < lanes; m++)
                     DM_WINO4_BT(&t[0][j][m], 6 * DM_WINO_CHUNK, d0[m], d1[m], d2[m], d3[m],
                                 d4[m], d5[m]);
             }
@@ -860,13 +870,19 @@ static DM_CLONES void dm_wino4_input_f32(const float *x, ptrdiff_t channels, ptr
                                 e[2][j - 4], e[3][j - 4], e[4][j - 4], e[5][j - 4]);
                 }
             }
+            /* Into a local block first, then out by rows: stored straight to the six rows
+             * plane floats apart, the loop stays scalar (the compiler cannot rule out that
+             * the rows overlap) and took as long as the layer's products. */
             float *dst = v + c * tiles + ty0 * tiles_x + tx0;
             for (int i = 0; i < 6; i++) {
                 const float *r0 = t[i][0], *r1 = t[i][1], *r2 = t[i][2];
                 const float *r3 = t[i][3], *r4 = t[i][4], *r5 = t[i][5];
-                float *o = dst + i * 6 * plane;
-                for (ptrdiff_t m = 0; m < count; m++)
-                    DM_WINO4_BT(o + m, plane, r0[m], r1[m], r2[m], r3[m], r4[m], r5[m]);
+                float u[6][DM_WINO_CHUNK];
+                for (ptrdiff_t m = 0; m < lanes; m++)
+                    DM_WINO4_BT(&u[0][m], DM_WINO_CHUNK, r0[m], r1[m], r2[m], r3[m], r4[m],
+                                r5[m]);
+                for (int j = 0; j < 6; j++)
+                    memcpy(dst + (i * 6 + j) * plane, u[j], (size_t)count * sizeof(float));
             }
         }
     }
@@ -891,7 +907,7 @@ static DM_CLONES void dm_wino4_output_f32(const float *mm, const float *bias, pt
                                           ptrdiff_t tiles_x, int act, float *out)
 {
     const ptrdiff_t tiles = tiles_y * tiles_x, plane = filters * tiles;
-    float s[4][6][DM_WINO_CHUNK], r[4][4][DM_WINO_CHUNK];
+    float s[4][6][DM_WINO_CHUNK] = {{{0}}}, r[4][4][DM_WINO_CHUNK];
     for (ptrdiff_t f = f0; f < f1; f++) {
         const float b = bias[f];
         float *of = out + f * height * width;
@@ -909,17 +925,20 @@ static DM_CLONES void dm_wino4_output_f32(const float *mm, const float *bias, pt
                     DM_WINO4_AT(&s[0][j][m], col, 6 * DM_WINO_CHUNK);
                 }
             }
+            /* From here on in whole 16-lane vectors, as in the input transform (the lanes
+             * past count hold stale finite values and are never stored). */
+            const ptrdiff_t lanes = (count + 15) & ~(ptrdiff_t)15;
             for (int i = 0; i < 4; i++) {
-                for (ptrdiff_t m = 0; m < count; m++) {
+                for (ptrdiff_t m = 0; m < lanes; m++) {
                     const float rw[6] = {s[i][0][m], s[i][1][m], s[i][2][m],
                                          s[i][3][m], s[i][4][m], s[i][5][m]};
                     DM_WINO4_AT(&r[i][0][m], rw, DM_WINO_CHUNK);
                 }
                 for (int j = 0; j < 4; j++) {
-                    for (ptrdiff_t m = 0; m < count; m++)
+                    for (ptrdiff_t m = 0; m < lanes; m++)
                         r[i][j][m] = r[i][j][m] + b;
                     if (act != DM_ACT_LINEAR)
-                        dm_act_inplace(r[i][j], count, act);
+                        dm_act_inplace(r[i][j], lanes, act);
                 }
             }
             const ptrdiff_t avail = width - 4 * tx0;
