@@ -239,7 +239,7 @@ class Network:
                 f"x holds {len(bad)} NaN or infinite values (the first at index "
                 f"{tuple(int(i) for i in bad[0])}); they would make every output they reach NaN"
             )
-        wanted = (list(self._head_indices) or [len(self.layers) - 1] if outputs is None
+        wanted = (self.yolo_layers or [len(self.layers) - 1] if outputs is None
                   else arguments.layer_indices("outputs", outputs, len(self.layers)))
         if x.shape[0] not in self._fitting_batches:
             self.check_memory(x.shape[0])

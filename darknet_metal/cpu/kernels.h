@@ -805,6 +805,7 @@ static DM_CLONES void dm_wino4_input_f32(const float *x, ptrdiff_t channels, ptr
     /* ph[i][q][r*n + m] = x[4(ty0+r) - 1 + i][4(tx0 + m) - 1 + q]: the run's input rows split
      * by column phase, so that column j of tile m is ph[i][j % 4][m + j / 4] and every step
      * below is a contiguous loop over tiles. t: the rows combined. */
+    /* ph zeroed once: the lanes computed past a run's tiles read only finite values. */
     float ph[6][4][DM_WINO_CHUNK + 1] = {{{0}}}, t[6][6][DM_WINO_CHUNK];
     float phx[DM_WINO_CHUNK][6][2];
     for (ptrdiff_t c = c0; c < c1; c++) {
@@ -907,6 +908,7 @@ static DM_CLONES void dm_wino4_output_f32(const float *mm, const float *bias, pt
                                           ptrdiff_t tiles_x, int act, float *out)
 {
     const ptrdiff_t tiles = tiles_y * tiles_x, plane = filters * tiles;
+    /* s zeroed once, as ph in the input transform. */
     float s[4][6][DM_WINO_CHUNK] = {{{0}}}, r[4][4][DM_WINO_CHUNK];
     for (ptrdiff_t f = f0; f < f1; f++) {
         const float b = bias[f];
