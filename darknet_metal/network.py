@@ -51,6 +51,7 @@ from darknet_metal.runtime.profile import (
     cpu_profile,
     device_peaks,
     profile_passes,
+    split_host,
 )
 from darknet_metal.runtime.program import STORAGE, stored_itemsize
 from darknet_metal.training.schedule import learning_rate
@@ -88,7 +89,7 @@ class Network:
         self.config = config
         self.layers = layers
         self._head_indices = _head_indices(layers)
-        self.params = params
+        self._params = params
         self.header = header
         #: Which layers a partial weights file (``load(..., partial=True)``) gave and which
         #: were initialised; None when the parameters came whole from one file or none.
@@ -124,7 +125,7 @@ class Network:
         them up to date. Use it under ``exclusive()``."""
         with self._lock:
             if self._executor is None:
-                self._executor = _make_backend(self.device, self.layers, self.params,
+                self._executor = _make_backend(self.device, self.layers, self._params,
                                                self.dtype, self.precision)
                 self._params_stale = False
             return self._executor
@@ -139,16 +140,36 @@ class Network:
                 executor.load_params(self.params)
             return executor
 
+    @property
+    def params(self) -> dict[int, Params]:
+        """The parameters: per layer index, per name, the arrays in ``.weights`` order.
+        Current when read: a device that keeps training's parameters in memory of its own
+        (``cuda``) copies them back first, so read this again after training steps rather
+        than keep arrays from before. Changed in place, call ``params_changed()``."""
+        with self._lock:
+            if self._executor is not None:
+                self._executor.sync_training()
+            return self._params
+
     def params_changed(self) -> None:
-        """Says that ``params`` were changed in place (a training update, restored or
-        averaged statistics): the executor's inference copies (batch norm folded) are rebuilt
-        before the next pass."""
+        """Says that the host changed ``params`` in place (restored, loaded or averaged
+        values): a device that keeps training's arrays takes them before its next step, and
+        the executor's inference copies (batch norm folded) are rebuilt before the next
+        pass."""
+        with self._lock:
+            if self._executor is not None:
+                self._executor.sync_training(write=True)
+            self._params_stale = True
+
+    def params_trained(self) -> None:
+        """Says that training changed the parameters on the executor's device: its inference
+        copies are rebuilt from them before the next pass."""
         self._params_stale = True
 
     @property
     def parameter_bytes(self) -> int:
         """Bytes of the parameters (float32 master copies)."""
-        return sum(a.nbytes for layer in self.params.values() for a in layer.values())
+        return sum(a.nbytes for layer in self._params.values() for a in layer.values())
 
     def memory_bytes(self, batch: int) -> int:
         """About how many bytes a forward pass at ``batch`` needs: the layer outputs and
@@ -217,6 +238,8 @@ class Network:
         ``outputs=[i, ...]``: the outputs of those 0-based cfg layers (``[net]`` not counted);
         negative indices count from the end.
         """
+        if self._executor is not None:
+            self._executor.phases.mark("prepare")
         if not isinstance(x, np.ndarray):
             raise ArgumentTypeError(f"x must be a NumPy array (N, C, H, W), not "
                                     f"{type(x).__name__}")
@@ -228,17 +251,6 @@ class Network:
                                 f"{', '.join(map(str, self.input_shape))})")
         if not np.issubdtype(x.dtype, np.floating):
             raise ArgumentError(f"x has dtype {x.dtype}; expected float32")
-        # A NaN or infinity makes the sum non-finite; so may finite values whose sum
-        # overflows, and only then is each value looked at (the sum reads x once and
-        # allocates nothing: a tenth of a millisecond less a pass than isfinite's array).
-        with np.errstate(over="ignore", invalid="ignore"):
-            total = x.sum()
-        if not np.isfinite(total) and not (finite := np.isfinite(x)).all():
-            bad = np.argwhere(~finite)
-            raise ArgumentError(
-                f"x holds {len(bad)} NaN or infinite values (the first at index "
-                f"{tuple(int(i) for i in bad[0])}); they would make every output they reach NaN"
-            )
         wanted = (self.yolo_layers or [len(self.layers) - 1] if outputs is None
                   else arguments.layer_indices("outputs", outputs, len(self.layers)))
         if x.shape[0] not in self._fitting_batches:
@@ -246,8 +258,14 @@ class Network:
             self._fitting_batches.add(x.shape[0])
         with self.exclusive():
             # Device backends keep outputs on the device and download only the wanted ones.
-            outs = self.inference_executor().forward(x, outputs=wanted)
-            return [np.array(outs[i]) for i in wanted]
+            executor = self.inference_executor()
+            outs = executor.forward(x, outputs=wanted)
+            executor.phases.mark("wait")
+            executor.wait()
+            executor.phases.mark("read back")
+            result = [np.array(outs[i]) for i in wanted]
+            executor.phases.stop()
+            return result
 
     def profile(self, x: np.ndarray | None = None, *, train: bool = False,
                 truths: Sequence[Any] | None = None, repeats: int = 3,
@@ -296,6 +314,8 @@ class Network:
                 device = executor.device  # type: ignore[attr-defined]
                 dispatches, copies, wall = profile_passes(
                     device, lambda: executor.forward(x, outputs=[]), repeats, kinds)
+                host = split_host(device, executor.phases, lambda: self.forward(x),
+                                  max(repeats, 5))
             what = f"inference {size}"
         else:
             if truths is None:
@@ -307,6 +327,8 @@ class Network:
                     device = twin.executor.device  # type: ignore[attr-defined]
                     dispatches, copies, wall = profile_passes(
                         device, lambda: twin.train_step(x, truths), repeats, kinds)
+                    host = split_host(device, twin.executor.phases,
+                                      lambda: twin.train_step(x, truths), max(repeats, 5))
             finally:
                 twin.to("cpu")
             subdivisions = int(self.config.net.values["subdivisions"])
@@ -316,7 +338,7 @@ class Network:
                 peaks = device_peaks(device)
         return Profile(what=what, device=self.device, device_name=str(device.name),
                        clock=CLOCKS[self.device], dispatches=dispatches, host_copies=copies,
-                       wall_seconds=wall, peaks=peaks or None, repeats=repeats)
+                       wall_seconds=wall, peaks=peaks or None, repeats=repeats, host=host)
 
     def _layer_milliseconds(self, x: np.ndarray, repeats: int) -> list[float]:
         """Median wall time in milliseconds of each layer over ``repeats`` forward passes."""
@@ -512,7 +534,7 @@ class Network:
         self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
         self._fitting_batches = set()
         if self._executor is not None:
-            self._executor.resize(layers, self.params)
+            self._executor.resize(layers, self._params)
             # A trainer rebinds its programs to the new size (and may refuse it).
             self._executor.events.resized()
 

@@ -96,6 +96,10 @@ typedef struct dm_stats {
     uint64_t pooled_bytes;
     uint64_t peak_in_flight;     /* most command buffers committed and not yet waited for at
                                     once (a counter: reset with the others) */
+    uint64_t driver_copies;      /* the driver's own copies between host and device memory
+                                    (CUDA keeps a device copy of each buffer; 0 where the
+                                    device uses host memory in place) */
+    uint64_t driver_copy_bytes;  /* their bytes */
 } dm_stats;
 
 /* One dispatch. `args` (if args_size > 0) is bound at buffer index 0 by value (setBytes);
@@ -153,6 +157,13 @@ int dm_buffer_create(dm_device *device, size_t nbytes, dm_buffer **out);
 /* Zero-copy buffer over host memory; `host` must be aligned to the page size and stay
  * valid until the buffer is released. DM_ERR_INVALID if not aligned. */
 int dm_buffer_wrap(dm_device *device, void *host, size_t nbytes, dm_buffer **out);
+/* The device may keep the contents of wrapped memory (`buffer` or any wrap sharing its memory)
+ * in memory of its own between uses, as it keeps an allocated buffer's: the host sees the
+ * device's changes after dm_buffer_sync and the device sees the host's after
+ * dm_buffer_sync_write, and nothing is copied otherwise. Where the device uses host memory in
+ * place (Metal's shared storage, the emulator) nothing changes. Without it, a driver with
+ * memory of its own copies wrapped memory up at every commit and back at each wait. */
+int dm_buffer_set_resident(dm_buffer *buffer);
 /* Returns the buffer to the pool (wrapped buffers are freed). Safe with pending work. */
 void dm_buffer_release(dm_buffer *buffer);
 size_t dm_buffer_size(const dm_buffer *buffer);
@@ -166,6 +177,9 @@ int dm_buffer_write(dm_buffer *buffer, size_t offset, const void *src, size_t nb
 int dm_buffer_read(dm_buffer *buffer, size_t offset, void *dst, size_t nbytes);
 /* Makes the contents current for the host (as dm_buffer_read without copying). */
 int dm_buffer_sync(dm_buffer *buffer);
+/* As dm_buffer_sync, and the host may then change the contents through their pointer: the
+ * device sees the changes from its next dispatch that uses the buffer (write them before it). */
+int dm_buffer_sync_write(dm_buffer *buffer);
 
 /* The pipeline of kernel `name`, built on first use and cached. Owned by the device. */
 int dm_pipeline_get(dm_device *device, const char *name, dm_pipeline **out);
@@ -217,8 +231,10 @@ int dm_profile_active(const dm_device *device);
  * meanwhile, and makes dm_dispatch_list_encode fail without encoding anything.
  * dm_dispatch_list_encode encodes every dispatch in order into the current command buffer,
  * exactly as that many dm_dispatch calls would (counters, commit_every, buffer tracking), its
- * host time counted in encode_ns. A dispatch list whose device was destroyed can only be
- * destroyed. */
+ * host time counted in encode_ns. A driver may record a list the first time it is encoded
+ * whole and replay the recording after (CUDA: a graph launched at once, while the thread
+ * order is forward and no profile is taken); adding to the list drops the recording. A
+ * dispatch list whose device was destroyed can only be destroyed. */
 int dm_dispatch_list_create(dm_device *device, int capacity, dm_dispatch_list **out);
 int dm_dispatch_list_add(dm_dispatch_list *list, dm_pipeline *pipeline,
                          const dm_dispatch_desc *desc);

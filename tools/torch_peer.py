@@ -18,11 +18,27 @@ dependency of the package.
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any
 
-__all__ = ["TorchPeer", "cuda_event_ms"]
+__all__ = ["TorchPeer", "cuda_event_ms", "wall_ms"]
 
 _EPS = 1e-5  # Darknet's batch-norm epsilon (.000001 in its CPU build: close enough for timing)
+
+
+def wall_ms(torch: Any, run: Any, repeats: int = 20, warmup: int = 5) -> float:
+    """Median milliseconds of ``run()`` as a caller waits for it: the host's clock from the
+    call until the GPU has finished it (``torch.cuda.synchronize``), after ``warmup`` runs."""
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
 
 
 def cuda_event_ms(torch: Any, run: Any, repeats: int = 20, warmup: int = 5) -> float:
@@ -105,38 +121,63 @@ class TorchPeer:
             outs.append(y)
         return [outs[i] for i in self.heads]
 
-    def time_training_step(self, batch: int, repeats: int = 20) -> float:
-        """Median milliseconds of forward, squared-error loss, backward and an SGD step."""
+    def _input(self, batch: int, source: str) -> Any:
+        """A function giving the step's input: the same GPU tensor ("device"), or the batch
+        copied in from host memory at every call ("pageable": a NumPy array; "pinned": page-
+        locked memory), as a caller whose batches come from a loader."""
         torch = self.torch
-        self.model.train()
         c, h, w = self.shape
         x = torch.rand(batch, c, h, w, device="cuda")
+        if source == "device":
+            return lambda: x
+        host = x.cpu()
+        if source == "pinned":
+            host = host.pin_memory()
+            return lambda: host.to("cuda", non_blocking=True)
+        array = host.numpy()
+        return lambda: torch.from_numpy(array).to("cuda")
+
+    def time_training_step(self, batch: int, repeats: int = 20, *, clock: str = "events",
+                           source: str = "device") -> float:
+        """Median milliseconds of forward, squared-error loss, backward and an SGD step.
+        ``clock``: "events" (CUDA events around the step) or "wall" (``wall_ms``: the call
+        as a caller waits for it); ``source``: where the input comes from (``_input``)."""
+        torch = self.torch
+        self.model.train()
+        get_x = self._input(batch, source)
         with torch.no_grad():
-            targets = [torch.rand_like(o) for o in self.forward(x)]
+            targets = [torch.rand_like(o) for o in self.forward(get_x())]
         opt = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9,
                               weight_decay=5e-4)
 
         def step() -> None:
             opt.zero_grad(set_to_none=False)
-            loss = sum(((o - t) ** 2).sum() for o, t in zip(self.forward(x), targets,
+            loss = sum(((o - t) ** 2).sum() for o, t in zip(self.forward(get_x()), targets,
                                                             strict=True))
             loss.backward()
             opt.step()
 
-        return cuda_event_ms(self.torch, step, repeats)
+        timer = wall_ms if clock == "wall" else cuda_event_ms
+        return timer(self.torch, step, repeats)
 
-    def time_inference(self, batch: int, repeats: int = 50) -> float:
-        """Median milliseconds of a forward pass (eval mode, no autograd)."""
+    def time_inference(self, batch: int, repeats: int = 50, *, clock: str = "events",
+                       source: str = "device") -> float:
+        """Median milliseconds of a forward pass (eval mode, no autograd); ``clock`` and
+        ``source`` as ``time_training_step``'s (with "wall", the heads' outputs are also
+        read back to host memory, as a caller reads them)."""
         torch = self.torch
         self.model.eval()
-        c, h, w = self.shape
-        x = torch.rand(batch, c, h, w, device="cuda")
+        get_x = self._input(batch, source)
 
         def run() -> None:
             with torch.no_grad():
-                self.forward(x)
+                outs = self.forward(get_x())
+                if clock == "wall":
+                    for o in outs:
+                        o.cpu()
 
-        return cuda_event_ms(self.torch, run, repeats)
+        timer = wall_ms if clock == "wall" else cuda_event_ms
+        return timer(self.torch, run, repeats)
 
 
 def _activation(nn: Any, name: str, index: int) -> Any:

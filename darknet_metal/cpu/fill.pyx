@@ -12,12 +12,13 @@ checked by ``checks``; ``fill_step``, ``copy_step`` and ``add_step`` return the
 from cython cimport floating
 from libc.string cimport memcpy, memset
 
+from darknet_metal.cpu.blas cimport run_parts
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
 
 from darknet_metal.errors import ArgumentError
-from darknet_metal.cpu.checks import check_input, check_like
+from darknet_metal.cpu.checks import check_input, check_like, check_shaped_like
 
 cdef enum:  # buffer roles
     FILL_X
@@ -129,3 +130,52 @@ def add_step(src, dst, double scale=1.0) -> NativeStep:
     p.n = src.size
     p.scale = scale
     return step
+
+
+# -- copy_finite: a batch staged for a device and checked in one read ----------------------
+
+cdef extern from "copy_finite.h" nogil:
+    int dm_copy_finite(const unsigned int* src, unsigned int* dst, size_t n)
+
+cdef enum:
+    _FINITE_PART = 1 << 18  # floats in one part of the pool's loop: 1 MiB
+
+cdef struct FiniteCopy:
+    const unsigned int* src  # float32 bits
+    unsigned int* dst        # NULL: check only
+    Py_ssize_t n
+    int* bad                 # per part: 1 when it found a NaN or an infinity
+
+
+cdef void _copy_finite_part(void* ctx, int part) noexcept nogil:
+    cdef FiniteCopy* c = <FiniteCopy*>ctx
+    cdef Py_ssize_t lo = part * <Py_ssize_t>_FINITE_PART
+    cdef Py_ssize_t hi = min(lo + <Py_ssize_t>_FINITE_PART, c.n)
+    c.bad[part] = dm_copy_finite(c.src + lo, NULL if c.dst == NULL else c.dst + lo,
+                                 <size_t>(hi - lo))
+
+
+def copy_finite(src, dst=None) -> bool:
+    """Copies the C-contiguous float32 array ``src`` into ``dst`` (same shape; None: only
+    check) and says whether every value of ``src`` is finite: one read of ``src``, split
+    across the CPU threads in parts of 1 MiB (a training batch staged for a device)."""
+    check_input("src", src, tuple(range(1, 9)), layout="any shape")
+    if src.dtype != np.float32:
+        raise ArgumentError(f"src must be float32, not {src.dtype}")
+    if dst is not None:
+        check_shaped_like("dst", dst, src, "src", writable=True)
+    cdef Py_ssize_t n = src.size
+    cdef FiniteCopy c
+    cdef int parts = <int>((n + _FINITE_PART - 1) // _FINITE_PART)
+    bad = np.zeros(max(parts, 1), np.intc)
+    cdef int[::1] bad_view = bad
+    c.src = <const unsigned int*><size_t>src.__array_interface__["data"][0]
+    c.dst = NULL if dst is None else <unsigned int*><size_t>dst.__array_interface__["data"][0]
+    c.n = n
+    c.bad = &bad_view[0]
+    with nogil:
+        if parts == 1:
+            _copy_finite_part(&c, 0)
+        elif parts > 1:
+            run_parts(_copy_finite_part, &c, parts)
+    return not bad.any()

@@ -70,6 +70,8 @@ cdef extern from "dm_shim.h" nogil:
         uint64_t pooled_buffers
         uint64_t pooled_bytes
         uint64_t peak_in_flight
+        uint64_t driver_copies
+        uint64_t driver_copy_bytes
 
     ctypedef struct dm_dispatch_desc:
         const void *args
@@ -126,6 +128,8 @@ cdef extern from "dm_shim.h" nogil:
     int dm_buffer_write(dm_buffer *buffer, size_t offset, const void *src, size_t nbytes)
     int dm_buffer_read(dm_buffer *buffer, size_t offset, void *dst, size_t nbytes)
     int dm_buffer_sync(dm_buffer *buffer)
+    int dm_buffer_sync_write(dm_buffer *buffer)
+    int dm_buffer_set_resident(dm_buffer *buffer)
     int dm_pipeline_get(dm_device *device, const char *name, dm_pipeline **out)
     uint32_t dm_pipeline_max_threads(const dm_pipeline *pipeline)
     uint32_t dm_pipeline_execution_width(const dm_pipeline *pipeline)

@@ -268,6 +268,8 @@ cdef class Device:
             "pooled_buffers": s.pooled_buffers,
             "pooled_bytes": s.pooled_bytes,
             "peak_in_flight": s.peak_in_flight,
+            "driver_copies": s.driver_copies,
+            "driver_copy_bytes": s.driver_copy_bytes,
         }
 
     def profile_begin(self) -> None:
@@ -725,15 +727,26 @@ cdef class Buffer:
             rc = dm_buffer_read(ptr, at, dst, n)
         _raise(rc)
 
-    def sync(self) -> None:
-        """Waits for the device work that uses this buffer (a wrapped array is then
-        current)."""
+    def sync(self, *, write: bool = False) -> None:
+        """Waits for the device work that uses this buffer and makes a wrapped array
+        current for the host; with ``write``, the host may then change the array, and the
+        device sees the changes from its next dispatch that uses it (change it before
+        that)."""
         self._ok()
         cdef dm_buffer *ptr = self._ptr
         cdef int rc
+        cdef bint for_write = write
         with nogil:  # the wait for the device lets other Python threads run
-            rc = dm_buffer_sync(ptr)
+            rc = dm_buffer_sync_write(ptr) if for_write else dm_buffer_sync(ptr)
         _raise(rc)
+
+    def set_resident(self) -> None:
+        """The device may keep this wrapped array (and every wrap sharing its memory) in
+        memory of its own between uses: the host sees the device's changes after ``sync()``
+        and the device sees the host's after ``sync(write=True)``, nothing is copied
+        otherwise. Where the device uses host memory in place, nothing changes."""
+        self._ok()
+        _raise(dm_buffer_set_resident(self._ptr))
 
     def __repr__(self) -> str:
         if self._ptr == NULL:

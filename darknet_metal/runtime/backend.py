@@ -19,6 +19,7 @@ from darknet_metal.runtime.program import Program, Tensor
 
 if TYPE_CHECKING:
     from darknet_metal.runtime.pass_ring import PassRing
+    from darknet_metal.runtime.phases import PhaseClock
     from darknet_metal.runtime.train_state import ArrayUpdate, Optimizer, TrainState
 
 
@@ -30,9 +31,10 @@ class BoundProgram(Protocol):
 
     def run_passes(self, x: np.ndarray, stage_in: Sequence[tuple[np.ndarray, np.ndarray]],
                    stage_out: Sequence[tuple[np.ndarray, np.ndarray]],
-                   then: UpdateSteps | None = None) -> None:
+                   then: UpdateSteps | None = None, guard: StepGuard | None = None) -> None:
         """One pass per mini-batch of ``x`` (N, C, H, W), staged as ``run_staged_passes``
-        says, then ``then``: on a device, all in one submission."""
+        says, then ``then``; with ``guard``, its device part (a device's guard keeps and
+        checks in the same submission). On a device, all in one submission."""
 
     def read(self, t: Tensor) -> np.ndarray:
         """A copy of tensor ``t`` (kept by the program) after the last run."""
@@ -44,11 +46,29 @@ class BoundProgram(Protocol):
 class UpdateSteps(Protocol):
     """One parameter update of a training state, bound to its arrays."""
 
-    def run(self) -> None:
-        """Runs the update (and waits for it)."""
+    def run(self, guard: StepGuard | None = None) -> None:
+        """Runs the update (and waits for it); with ``guard``, its check of the parameters
+        after the update."""
 
     def release(self) -> None:
         """Gives back what the steps hold on the device."""
+
+
+class StepGuard(Protocol):
+    """What lets a training step leave no trace when it is refused (a NaN or an infinity in
+    its gradients or its updated parameters): ``begin`` keeps what the step may change, the
+    step runs, ``flags`` says whether the gradients and the parameters came out finite, and
+    ``restore`` puts back what ``begin`` kept. A device keeps and checks on the device, in
+    the step's own command buffer (``run_passes``' ``guard``)."""
+
+    def begin(self) -> None:
+        """Keep what the coming step may change."""
+
+    def flags(self) -> tuple[bool, bool]:
+        """(every gradient finite, every parameter finite) after the step."""
+
+    def restore(self) -> None:
+        """Put back everything ``begin`` kept."""
 
 
 class ExecutorListener(Protocol):
@@ -71,9 +91,24 @@ class Backend(Protocol):
 
     name: str
     dtype: np.dtype
+    #: Where the host's time of a call goes, phase by phase (``runtime.phases``).
+    phases: PhaseClock
     #: The training state's allocator (page-aligned arrays a device uses in place), or None
     #: for NumPy's.
     training_zeros: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None
+    #: Where a device wants the training state's parameters, gradients and moments: a block
+    #: of bytes per group (``TrainState``'s ``arena``), its arrays starting on
+    #: ``training_alignment`` bytes; None: one NumPy array each.
+    training_arena: Callable[[int], np.ndarray] | None
+    training_alignment: int
+
+    def sync_training(self, arenas: Sequence[np.ndarray] | None = None, *,
+                      write: bool = False) -> None:
+        """Makes training arenas (None: every one) current on the host; with ``write`` the
+        host may change them and the device takes the changes at its next use."""
+
+    def step_guard(self, state: TrainState) -> StepGuard:
+        """The guard of a training step over ``state`` on this device."""
 
     def load_params(self, params: dict[int, Params]) -> None:
         """(Re)build the backend's copies of the parameters from the master copies."""
@@ -87,6 +122,9 @@ class Backend(Protocol):
         """Run every layer on ``x`` (N, C, H, W); per layer its output (an array-like valid
         until the next pass) if it is in ``outputs`` (None: all), else None. With
         ``timings``, each layer's wall time in seconds is appended."""
+
+    def wait(self) -> None:
+        """Waits until the device has finished the work submitted (nothing on the CPU)."""
 
     def hold_pass_ring(self, batch: int, outputs: Sequence[int], depth: int) -> PassRing | None:
         """``depth`` pass slots for a stream at ``batch`` images keeping ``outputs``, held

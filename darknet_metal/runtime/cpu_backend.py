@@ -25,9 +25,11 @@ from darknet_metal.model.weights import Params
 from darknet_metal.runtime.backend import ExecutorEvents
 from darknet_metal.runtime.layer import Layer
 from darknet_metal.runtime.memory import plan_memory
+from darknet_metal.runtime.phases import PhaseClock
 from darknet_metal.runtime.program import INPUT, LayerEmitter, Program, Tensor, build_program
 from darknet_metal.runtime.program_cache import MAX_PROGRAMS, ProgramCache, TrainingPrograms
-from darknet_metal.runtime.staging import run_staged_passes
+from darknet_metal.runtime.staging import check_finite_input, run_staged_passes
+from darknet_metal.runtime.train_state import HostGuard
 
 if TYPE_CHECKING:
     from darknet_metal.runtime.train_state import ArrayUpdate, Optimizer, TrainState
@@ -101,9 +103,9 @@ class CpuBoundProgram:
 
     def run_passes(self, x: np.ndarray, stage_in: Sequence[tuple[np.ndarray, np.ndarray]],
                    stage_out: Sequence[tuple[np.ndarray, np.ndarray]],
-                   then: StepList | None = None) -> None:
+                   then: HostUpdate | None = None, guard: Any = None) -> None:
         """One pass per mini-batch of ``x`` (the program's batch of images each), staged as
-        ``backend.run_staged_passes`` says, then ``then``."""
+        ``backend.run_staged_passes`` says, then ``then`` (a host guard works around it)."""
         run_staged_passes(self.steps.run, self.input_standin.shape[0], x, stage_in, stage_out)
         if then is not None:
             then.run()
@@ -118,6 +120,9 @@ class CpuBackend:
     name = "cpu"
     #: The training state's allocator: NumPy's (nothing shares the arrays).
     training_zeros = None
+    #: No arenas: each training array is a NumPy array of its own.
+    training_arena = None
+    training_alignment = 64
 
     def __init__(
         self, specs: list[Layer], params: dict[int, Params], dtype: np.dtype | type = np.float32
@@ -134,6 +139,8 @@ class CpuBackend:
         self.last_pass_ns: tuple[int, int] = (0, 0)
         self._training_programs: TrainingPrograms[Program] = TrainingPrograms()
         self.events = ExecutorEvents()
+        #: Where the host's time of a call goes (enabled by ``Network.profile``).
+        self.phases = PhaseClock()
         self.load_params(params)
 
     def load_params(self, params: dict[int, Params]) -> None:
@@ -163,6 +170,7 @@ class CpuBackend:
         The returned arrays are reused by the next call: copy what must outlive it. With
         ``timings``, the wall time of each layer in seconds is appended to it.
         """
+        check_finite_input(x)
         x = np.ascontiguousarray(x, self.dtype)
         keep = None if outputs is None else frozenset(int(i) for i in outputs)
         loaded = self._loaded(x.shape[0], keep)
@@ -181,6 +189,17 @@ class CpuBackend:
         self.last_pass_ns = (started, loaded.steps.last_finished_ns)
         return [x.reshape(out) if isinstance(out, tuple) else out
                 for out in loaded.layer_outputs]
+
+    def wait(self) -> None:
+        """Nothing to wait for: a CPU pass is done when ``forward`` returns."""
+
+    def sync_training(self, arenas: Sequence[np.ndarray] | None = None, *,
+                      write: bool = False) -> None:
+        """Nothing to do: the training state is host memory."""
+
+    def step_guard(self, state: TrainState) -> HostGuard:
+        """The guard of a step over ``state``: host copies and host checks."""
+        return HostGuard(state)
 
     def hold_pass_ring(self, batch: int, outputs: Sequence[int], depth: int) -> None:
         """None: a CPU pass runs to its end, so a stream keeps one pass at a time."""
@@ -214,7 +233,7 @@ class CpuBackend:
             state, batch, first_backward=first_backward, keep_all=keep_all), self.dtype)
 
     def update_program(self, state: TrainState, updates: Sequence[ArrayUpdate],
-                       optimizer: Optimizer, lr: np.ndarray, t: np.ndarray) -> StepList:
+                       optimizer: Optimizer, lr: np.ndarray, t: np.ndarray) -> HostUpdate:
         """The native steps of one update of ``state`` (``lr``, ``t``: (1,) arrays read when
         they run: the learning rate and Darknet's batch number)."""
         native = []
@@ -235,12 +254,26 @@ class CpuBackend:
                 native.append(cpu_update.sgd_update_step(
                     value, grad, lr, o.decay, o.momentum, o.images, u.name == "weights",
                     u.lr_scale))
-        return StepList(native)
+        return HostUpdate(StepList(native))
 
     def close(self) -> None:
         """Frees the planned memory."""
         self._programs.clear()
         self._training_programs.clear()
+
+
+class HostUpdate:
+    """An update's native steps (``backend.UpdateSteps``): run in the caller's thread,
+    without the GIL; a host guard checks after it, on the host."""
+
+    def __init__(self, steps: StepList) -> None:
+        self.steps = steps
+
+    def run(self, guard: Any = None) -> None:
+        self.steps.run()
+
+    def release(self) -> None:
+        """Nothing held beyond the arrays."""
 
 
 def cpu_training_program(specs: Sequence[Layer], state: TrainState, batch: int, *,

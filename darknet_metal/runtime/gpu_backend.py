@@ -43,6 +43,7 @@ from darknet_metal.runtime.gpu_program import DeviceArray, GpuBoundProgram, Host
 from darknet_metal.runtime.gpu_training import GpuTraining
 from darknet_metal.runtime.layer import Layer
 from darknet_metal.runtime.pass_ring import PassRing
+from darknet_metal.runtime.phases import PhaseClock
 from darknet_metal.runtime.placement import LayerPlacement
 from darknet_metal.runtime.program import (
     STORAGE,
@@ -55,6 +56,7 @@ from darknet_metal.runtime.program import (
     build_program,
 )
 from darknet_metal.runtime.program_cache import MAX_PROGRAMS, ProgramCache, TrainingPrograms
+from darknet_metal.runtime.staging import check_finite_input, stage_input
 
 if TYPE_CHECKING:
     from darknet_metal.runtime.train_state import TrainState
@@ -114,6 +116,8 @@ class GpuBackend(GpuTraining):
         self.generation = 0
         #: Host seconds spent encoding the last pass (upload, dispatch lists, commit).
         self.last_encode_seconds = 0.0
+        #: Where the host's time of a call goes (enabled by ``Network.profile``).
+        self.phases = PhaseClock()
         self._params: dict[Param, Any] = {}
         self._cpu_states: dict[int, Any] = {}
         #: Bound programs; one a stream's pass ring runs on stays.
@@ -130,6 +134,8 @@ class GpuBackend(GpuTraining):
         self._training_programs: TrainingPrograms[tuple[Program, dict[int, str]]] = (
             TrainingPrograms())
         self._wrapped: dict[Param, tuple[np.ndarray, Any]] = {}
+        self._arenas: list[tuple[np.ndarray, Any]] = []
+        self._guards: dict[int, Any] = {}
         #: Pass rings of streams, by (program, kept outputs, depth).
         self._rings: dict[tuple[int, tuple[int, ...], int], PassRing] = {}
         self.events = ExecutorEvents()
@@ -219,6 +225,8 @@ class GpuBackend(GpuTraining):
             self.load_params(params)
             return
         self._drop_programs()
+        if self._cpu_states:
+            self.sync_training()  # the master copies are read below
         # CPU fallbacks prepare their parameters for the layer's shapes (Winograd filters).
         self._cpu_states = {i: self.specs[i].prepare_cpu(params.get(i), np.float32)
                             for i in self._cpu_states}
@@ -229,6 +237,7 @@ class GpuBackend(GpuTraining):
 
     def load_params(self, params: dict[int, Params]) -> None:
         """(Re)upload the inference parameters from the master copies in ``params``."""
+        self.sync_training()  # training's arrays may be the master copies
         self._drop_programs()
         self._release_params()
         placed = [(spec, place.where) for spec, place in zip(self.specs, self._placements,
@@ -335,10 +344,25 @@ class GpuBackend(GpuTraining):
         bound = self._bound(x.shape[0], keep)
         self.generation += 1
         start = time.perf_counter()
-        bound.input_buffer.write(np.ascontiguousarray(x, self.stored_dtype))
+        self.phases.mark("prepare")
+        # Where the device has memory of its own, a pass's input and kept outputs travel
+        # through page-locked host arrays, at the copy engines' rate, the input checked on
+        # its way in; where it shares host memory, they are written and read in place.
+        whole = (timings is None and self.storage == "f32" and not bound.host_steps
+                 and keep is not None and not self.device.info["unified_memory"])
+        if whole:
+            stage_input(x, bound.staged_input())
+        else:
+            check_finite_input(x)
+            bound.input_buffer.write(np.ascontiguousarray(x, self.stored_dtype))
         if timings is None:
-            for segment in bound.segments:
-                segment()
+            self.phases.mark("encode")
+            if whole:
+                bound.pass_list(sorted(keep)).encode()
+            else:
+                for segment in bound.segments:
+                    segment()
+            self.phases.mark("submit")
             self.device.commit()
             self.last_encode_seconds = time.perf_counter() - start
         else:
@@ -358,14 +382,20 @@ class GpuBackend(GpuTraining):
         result: list[DeviceArray | None] = []
         for spec in self.specs:
             if keep is None or spec.index in keep:
-                buf = bound.buffer(Tensor(spec.index, "output"))
+                staged = bound.staged_outputs.get(spec.index) if whole else None
+                buf = (bound.buffer(Tensor(spec.index, "output")) if staged is None
+                       else bound.wrap(staged))
                 result.append(
                     DeviceArray(self, buf, (x.shape[0], *spec.out_shape), self.generation,
-                                self.stored_dtype)
+                                self.stored_dtype, staged=staged)
                 )
             else:
                 result.append(None)
         return result
+
+    def wait(self) -> None:
+        """Waits until the device has finished the work submitted."""
+        self.device.synchronize()
 
     def hold_pass_ring(self, batch: int, outputs: Sequence[int], depth: int) -> PassRing | None:
         """``depth`` pass slots at ``batch`` keeping the outputs of layers ``outputs``, for a
@@ -374,7 +404,7 @@ class GpuBackend(GpuTraining):
         anyway and run one at a time through ``forward``."""
         keep = tuple(int(i) for i in outputs)
         bound = self._bound(batch, frozenset(keep))
-        if any(isinstance(step, HostCall) for step in bound.steps):
+        if bound.host_steps:
             return None
         ring = self._rings.get((id(bound), keep, depth))
         if ring is None or ring.bound is not bound:
@@ -395,6 +425,15 @@ class GpuBackend(GpuTraining):
         for _, buf in self._wrapped.values():
             buf.release()
         self._wrapped = {}
+        for guard in self._guards.values():
+            guard.release()
+        self._guards = {}
+        # The arenas stay with whoever holds their arrays (the network's parameters): they
+        # are brought up to date before the device lets go of them.
+        self.sync_training()
+        for _, buf in self._arenas:
+            buf.release()
+        self._arenas = []
 
 
 def _never_run(reads: list[Any], writes: list[Any]) -> list[Any]:

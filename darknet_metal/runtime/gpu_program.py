@@ -12,11 +12,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from darknet_metal.cpu.executor import StepList
+from darknet_metal.cpu.fill import copy_finite
 from darknet_metal.errors import DeviceError
-from darknet_metal.metal import registry
+from darknet_metal.metal import aligned_empty, registry
 from darknet_metal.metal.dispatch import Dispatch, pack
 from darknet_metal.metal.work import NO_LAYER, dispatch_tag
 from darknet_metal.runtime.memory import MemoryPlan, plan_memory
+from darknet_metal.runtime.phases import PhaseClock
 from darknet_metal.runtime.program import (
     INPUT,
     STORED_DTYPE,
@@ -28,7 +30,35 @@ from darknet_metal.runtime.program import (
 )
 from darknet_metal.runtime.staging import run_staged_passes
 
-__all__ = ["DeviceArray", "DeviceParams", "DeviceSteps", "GpuBoundProgram", "HostCall"]
+__all__ = ["DeviceArray", "DeviceParams", "DeviceSteps", "GpuBoundProgram", "HostCall", "Item",
+           "item"]
+
+#: A dispatch ready to encode: the packed dispatch, the byte offset of each bound buffer (None:
+#: all 0) and its profile tag.
+Item = tuple[Dispatch, tuple[int, ...] | None, int]
+
+#: Step lists a program keeps (``GpuBoundProgram.step_list``): a trainer alternates a few.
+MAX_STEP_LISTS = 4
+
+
+def item(kernel: str, buffers: Mapping[str, Any], args: Mapping[str, int | float],
+         sizes: Mapping[str, int], offsets: tuple[int, ...] | None = None,
+         layer: int = NO_LAYER) -> Item:
+    """The ``Item`` of kernel ``kernel`` over ``buffers`` by role (``offsets``: bytes, in the
+    registry's binding order)."""
+    return (pack(kernel, buffers, args, sizes), offsets,
+            dispatch_tag(kernel, args, sizes, layer))
+
+
+class GuardSteps(Protocol):
+    """The device part of a step's guard (``gpu_training.DeviceGuard``): what the step's
+    command buffer runs before its passes, after them, and after the update."""
+
+    before: list[Item]
+    after_passes: list[Item]
+    after_update: list[Item]
+    #: Set once a step ran ``before`` (what it keeps is then the step's start).
+    kept: bool
 
 
 class DeviceParams(Protocol):
@@ -37,6 +67,8 @@ class DeviceParams(Protocol):
 
     device: Any
     generation: int
+    #: Where the host's time of a call goes (``runtime.phases``).
+    phases: PhaseClock
 
     def param_buffer(self, ref: Param) -> Any:
         """The device buffer of a resident parameter or training array."""
@@ -52,15 +84,17 @@ class DeviceArray:
     DeviceError.
     """
 
-    __slots__ = ("_backend", "_buffer", "_generation", "_stored", "dtype", "shape")
+    __slots__ = ("_backend", "_buffer", "_generation", "_staged", "_stored", "dtype", "shape")
 
     def __init__(
         self, backend: DeviceParams, buffer: Any, shape: tuple[int, ...], generation: int,
-        stored: np.dtype | type = np.float32,
+        stored: np.dtype | type = np.float32, staged: np.ndarray | None = None,
     ) -> None:
         self._backend = backend
         self._buffer = buffer
         self._generation = generation
+        #: A host array the pass copies the output into (``buffer`` wraps it), or None.
+        self._staged = staged
         self._stored = np.dtype(stored)
         self.shape = shape
         self.dtype = np.dtype(np.float32)
@@ -77,8 +111,13 @@ class DeviceArray:
                 "a later pass of the same backend (from this thread or another); read outputs "
                 "before the next forward, or use Network.forward, which returns copies"
             )
-        out = np.empty(self.shape, self._stored)
-        self._buffer.read_into(out)
+        if self._staged is not None:
+            self._buffer.sync()  # waits for the pass; the wrapped array is then current
+            out = np.empty(self.shape, self._stored)
+            copy_finite(self._staged, out)
+        else:
+            out = np.empty(self.shape, self._stored)
+            self._buffer.read_into(out)
         return out if self._stored == np.float32 else out.astype(np.float32)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -120,6 +159,7 @@ class GpuBoundProgram:
     def __init__(self, backend: DeviceParams, program: Program) -> None:
         device = backend.device
         self.device = device
+        self.phases = backend.phases
         self.program = program
         self.last_encode_seconds = 0.0
         #: Host arrays the passes stage through, wrapped once (id -> (array, buffer)).
@@ -128,6 +168,12 @@ class GpuBoundProgram:
         self.buffers = [device.buffer(n) for n in self.memory.slot_bytes]
         self.placeholder = device.buffer(4)
         self.lists: list[Any] = []
+        #: Whole steps' dispatch lists (``step_list``), oldest first.
+        self.step_lists: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self._staged_input: np.ndarray | None = None
+        self._pass_list: Any = None
+        #: Per kept layer, the host array a whole pass copies its output into (``pass_list``).
+        self.staged_outputs: dict[int, np.ndarray] = {}
         #: How many streams' pass rings hold this program (a held program is never evicted).
         self.holders = 0
         try:
@@ -167,11 +213,54 @@ class GpuBoundProgram:
             self.release()
             raise
 
+    @property
+    def host_steps(self) -> bool:
+        """Whether a pass runs host steps (CPU fallback layers) between its dispatches."""
+        return any(isinstance(step, HostCall) for step in self.steps)
+
+    def staged_input(self) -> np.ndarray:
+        """The page-aligned host array a whole pass takes its input from (``pass_list``),
+        made and wrapped on first use: the device reads it in place (``cuda`` copies it up
+        from page-locked memory when the pass is committed)."""
+        if self._staged_input is None:
+            spec = self.program.tensors[INPUT]
+            staged = aligned_empty(spec.shape, STORED_DTYPE[self.program.storage],
+                                   int(self.device.info["page_size"]))
+            self.wrap(staged)
+            self._staged_input = staged
+        return self._staged_input
+
+    def pass_list(self, outputs: Sequence[int]) -> Any:
+        """One dispatch list of a whole pass: the staged input copied in, every step, and the
+        outputs of layers ``outputs`` copied into host arrays of their own
+        (``staged_outputs``, wrapped: a driver with memory of its own brings them back at
+        the wait, from page-locked memory). Programs without host steps; a driver that
+        records lists replays it at once. Made on first use."""
+        if self._pass_list is None:
+            staged = self.staged_input()
+            page = int(self.device.info["page_size"])
+            items = [self.copy_item(staged, 0, self.input_buffer, staged.size)]
+            items.extend((step, self.offsets.get(i), self.tags[i])
+                         for i, step in enumerate(self.steps))
+            for layer in outputs:
+                t = Tensor(layer, "output")
+                spec = self.program.tensors[t]
+                out = aligned_empty(spec.shape, STORED_DTYPE[self.program.storage], page)
+                items.append(self.copy_item(self.buffer(t), 0, out, out.size))
+                self.staged_outputs[layer] = out
+            lst = self.device.dispatch_list(len(items))
+            for dispatch, offsets, tag in items:
+                lst.add(*dispatch, offsets=offsets, tag=tag)
+            self._pass_list = lst
+        return self._pass_list
+
     def buffer(self, t: Tensor) -> Any:
         return self.buffers[self.memory.slot_of[t]]
 
     def device_commit_and_wait(self) -> None:
+        self.phases.mark("submit")
         self.device.commit()
+        self.phases.mark("wait")
         self.device.synchronize()
 
     def _pack(self, backend: DeviceParams, step: KernelStep) -> Dispatch:
@@ -211,6 +300,7 @@ class GpuBoundProgram:
         segment, commit and wait. ``last_encode_seconds``: the host's part before the
         commit (upload and encoding; host steps included when there are any)."""
         start = time.perf_counter()
+        self.phases.mark("encode")
         self.input_buffer.write(np.ascontiguousarray(x, np.float32))
         for segment in self.segments:
             segment()
@@ -219,31 +309,80 @@ class GpuBoundProgram:
 
     def run_passes(self, x: np.ndarray, stage_in: Sequence[tuple[np.ndarray, np.ndarray]],
                    stage_out: Sequence[tuple[np.ndarray, np.ndarray]],
-                   then: DeviceSteps | None = None) -> None:
+                   then: DeviceSteps | None = None, guard: GuardSteps | None = None) -> None:
         """``CpuBackend``'s ``run_passes`` in one command buffer and one wait: every array
         is page-aligned host memory the device shares (the batch ``x`` included: no upload),
-        and the staging copies are kernels between the passes."""
-        m = self.program.tensors[INPUT].shape[0]
+        and the staging copies are kernels between the passes. With ``guard``, its
+        dispatches before the passes, after them and after ``then``. The whole step is one
+        dispatch list, made on the first run with these arrays and replayed after (a driver
+        that records lists replays the recording: one launch on ``cuda``)."""
         if any(isinstance(step, HostCall) for step in self.steps):
             # Host steps commit and wait anyway: stage on the host, pass by pass.
-            run_staged_passes(self.run, m, x, stage_in, stage_out)
+            self.phases.mark("encode")
+            if guard is not None:
+                self._dispatch(guard.before)
+            run_staged_passes(self.run, self.program.tensors[INPUT].shape[0], x, stage_in,
+                              stage_out)
+            self.phases.mark("encode")
+            if guard is not None:
+                self._dispatch(guard.after_passes)
             if then is not None:
-                then.run()
-            return
-        start = time.perf_counter()
-        per_image = x[0].size
-        for s in range(x.shape[0] // m):
-            self.copy(x, s * m * per_image, self.input_buffer, m * per_image)
-            for whole, per_pass in stage_in:
-                self.copy(whole, s * per_pass.size, per_pass, per_pass.size)
-            for segment in self.segments:
-                segment()
-            for per_pass, whole in stage_out:
-                self.copy(per_pass, 0, whole, per_pass.size, s * per_pass.size)
-        if then is not None:
-            then.list.encode()
-        self.last_encode_seconds = time.perf_counter() - start
-        self.device_commit_and_wait()
+                self._dispatch(then.items)
+                if guard is not None:
+                    self._dispatch(guard.after_update)
+            self.device_commit_and_wait()
+        else:
+            start = time.perf_counter()
+            self.phases.mark("encode")
+            self.step_list(x, stage_in, stage_out, then, guard).encode()
+            self.last_encode_seconds = time.perf_counter() - start
+            self.device_commit_and_wait()
+        if guard is not None:
+            guard.kept = True
+
+    def step_list(self, x: np.ndarray, stage_in: Sequence[tuple[np.ndarray, np.ndarray]],
+                  stage_out: Sequence[tuple[np.ndarray, np.ndarray]],
+                  then: DeviceSteps | None, guard: GuardSteps | None) -> Any:
+        """The dispatch list of a whole step (``run_passes``) over these arrays, made once
+        and kept (the last ``MAX_STEP_LISTS``)."""
+        key = (id(x), x.shape, tuple((id(a), id(b)) for a, b in stage_in),
+               tuple((id(a), id(b)) for a, b in stage_out), id(then), id(guard))
+        found = self.step_lists.pop(key, None)
+        if found is None:
+            items: list[Item] = [] if guard is None else list(guard.before)
+            m = self.program.tensors[INPUT].shape[0]
+            per_image = x[0].size
+            for s in range(x.shape[0] // m):
+                items.append(self.copy_item(x, s * m * per_image, self.input_buffer,
+                                            m * per_image))
+                for whole, per_pass in stage_in:
+                    items.append(self.copy_item(whole, s * per_pass.size, per_pass,
+                                                per_pass.size))
+                items.extend((step, self.offsets.get(i), self.tags[i])
+                             for i, step in enumerate(self.steps))
+                for per_pass, whole in stage_out:
+                    items.append(self.copy_item(per_pass, 0, whole, per_pass.size,
+                                                s * per_pass.size))
+            if guard is not None:
+                items.extend(guard.after_passes)
+            if then is not None:
+                items.extend(then.items)
+                if guard is not None:
+                    items.extend(guard.after_update)
+            lst = self.device.dispatch_list(len(items))
+            for dispatch, offsets, tag in items:
+                lst.add(*dispatch, offsets=offsets, tag=tag)
+            # What the list binds stays alive with it (a staged array's wrap is the program's).
+            found = (lst, (x, stage_in, stage_out, then, guard))
+            while len(self.step_lists) >= MAX_STEP_LISTS:
+                oldest = next(iter(self.step_lists))
+                self.step_lists.pop(oldest)[0].close()
+        self.step_lists[key] = found
+        return found[0]
+
+    def _dispatch(self, items: Sequence[Item]) -> None:
+        for dispatch, offsets, tag in items:
+            self.device.dispatch(*dispatch, offsets=offsets, tag=tag)
 
     def wrap(self, array: np.ndarray) -> Any:
         """The device buffer over page-aligned host ``array`` (wrapped on first use, kept
@@ -257,18 +396,19 @@ class GpuBoundProgram:
             held = self.wrapped[id(array)] = (array, buf)
         return held[1]
 
-    def copy(self, src: Any, src_at: int, dst: Any, n: int, dst_at: int = 0) -> None:
+    def copy_item(self, src: Any, src_at: int, dst: Any, n: int, dst_at: int = 0) -> Item:
         """dst[dst_at:dst_at+n] = src[src_at:src_at+n] (elements of the program's storage
         type) as a kernel; arrays are wrapped, device buffers used as they are."""
         buffers = {"src": src if not isinstance(src, np.ndarray) else self.wrap(src),
                    "dst": dst if not isinstance(dst, np.ndarray) else self.wrap(dst)}
         storage = self.program.storage
         itemsize = STORED_DTYPE[storage].itemsize
-        name, args, bound, grid, group = pack(f"copy_buf_{storage}", buffers, {"n": n},
-                                              {"n": n})
-        self.device.dispatch(name, args, bound, grid, group,
-                             offsets=(itemsize * src_at, itemsize * dst_at),
-                             tag=dispatch_tag(name, {"n": n}, {"n": n}))
+        return item(f"copy_buf_{storage}", buffers, {"n": n}, {"n": n},
+                    offsets=(itemsize * src_at, itemsize * dst_at))
+
+    def copy(self, src: Any, src_at: int, dst: Any, n: int, dst_at: int = 0) -> None:
+        """``copy_item``, dispatched now."""
+        self._dispatch([self.copy_item(src, src_at, dst, n, dst_at)])
 
     def read(self, t: Tensor) -> np.ndarray:
         """A new host array with tensor ``t`` (downloaded after the last ``run``)."""
@@ -281,6 +421,14 @@ class GpuBoundProgram:
         for dispatch_list in self.lists:
             dispatch_list.close()
         self.lists = []
+        for lst, _ in self.step_lists.values():
+            lst.close()
+        self.step_lists = {}
+        if self._pass_list is not None:
+            self._pass_list.close()
+            self._pass_list = None
+        self._staged_input = None
+        self.staged_outputs = {}
         self.segments = []
         for b in self.buffers:
             b.release()
@@ -292,13 +440,14 @@ class GpuBoundProgram:
 
 
 class DeviceSteps:
-    """Kernel steps over parameters and a few named scalar buffers, in one dispatch list;
-    ``run`` encodes them, commits and waits."""
+    """Kernel steps over parameters and a few named scalar buffers (``items``, also in one
+    dispatch list); ``run`` encodes them, commits and waits."""
 
     def __init__(self, device: Any, scalars: dict[str, Any]) -> None:
         self.device = device
         self.scalars = scalars
         self.list = device.dispatch_list()
+        self.items: list[Item] = []
 
     def add(self, backend: DeviceParams, kernel: str, refs: Mapping[str, Param],
             **args: int | float) -> None:
@@ -307,11 +456,15 @@ class DeviceSteps:
                    else backend.param_buffer(refs[role]) for role in roles}
         sizes = {"n": int(args["n"])}
         layer = next(iter(refs.values())).layer if refs else NO_LAYER
-        self.list.add(*pack(kernel, buffers, args, sizes),
-                      tag=dispatch_tag(kernel, args, sizes, layer))
+        added = item(kernel, buffers, args, sizes, layer=layer)
+        self.list.add(*added[0], tag=added[2])
+        self.items.append(added)
 
-    def run(self) -> None:
+    def run(self, guard: GuardSteps | None = None) -> None:
         self.list.encode()
+        if guard is not None:
+            for dispatch, offsets, tag in guard.after_update:
+                self.device.dispatch(*dispatch, offsets=offsets, tag=tag)
         self.device.commit()
         self.device.synchronize()
 

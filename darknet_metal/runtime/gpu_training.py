@@ -14,7 +14,7 @@ import numpy as np
 
 from darknet_metal.errors import ArgumentError, DeviceError, Unsupported
 from darknet_metal.metal import aligned_empty
-from darknet_metal.runtime.gpu_program import DeviceSteps, GpuBoundProgram
+from darknet_metal.runtime.gpu_program import DeviceSteps, GpuBoundProgram, Item, item
 from darknet_metal.runtime.layer import Layer
 from darknet_metal.runtime.placement import LayerPlacement
 from darknet_metal.runtime.program import LayerEmitter, Param, Program, Tensor, build_program
@@ -35,16 +35,47 @@ class GpuTraining:
     _training_programs: TrainingPrograms[tuple[Program, dict[int, str]]]
     _training_state: TrainState | None
     _training_fallback: dict[int, str] | None
+    #: The training arenas and their resident wraps (``training_arena``).
+    _arenas: list[tuple[np.ndarray, Any]]
+    #: Step guards by training state (``step_guard``).
+    _guards: dict[int, DeviceGuard]
 
     #: The device buffer of a resident parameter or training array (``GpuBackend``'s).
     param_buffer: Callable[[Param], Any]
 
     def training_zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A zeroed page-aligned host array the device uses in place (the training state's
-        allocator: parameters, gradients, moments and kept arrays are shared, not copied)."""
+        allocator of kept arrays: truths, statistics, counters)."""
         a = aligned_empty(shape, dtype, int(self.device.info["page_size"]))
         a.fill(0)
         return a
+
+    @property
+    def training_alignment(self) -> int:
+        """Where each array of a training arena starts: a page (the device wraps each)."""
+        return int(self.device.info["page_size"])
+
+    def training_arena(self, nbytes: int) -> np.ndarray:
+        """A zeroed page-aligned block of ``nbytes`` bytes (whole pages) for a group of the
+        training state (parameters, gradients, moments), which the device keeps in memory
+        of its own between steps where it has any (``cuda``): the host sees it current
+        after ``sync_training``. Wrapped once; the arrays in it are wraps sharing it."""
+        page = self.training_alignment
+        block = aligned_empty((-(-nbytes // page) * page,), np.uint8, page)
+        block.fill(0)
+        buf = self.device.upload(block, zero_copy=True)
+        buf.set_resident()
+        self._arenas.append((block, buf))
+        return block
+
+    def sync_training(self, arenas: Sequence[np.ndarray] | None = None, *,
+                      write: bool = False) -> None:
+        """Makes training arenas (``arenas``, views of blocks from ``training_arena``; None:
+        every one) current on the host; with ``write`` the host may change them, and the
+        device takes the changes at its next use."""
+        for block, buf in self._arenas:
+            if arenas is None or any(np.shares_memory(block, a) for a in arenas):
+                buf.sync(write=write)
 
     def _training_placement(self, state: TrainState, batch: int,
                             first_backward: int) -> dict[int, str]:
@@ -153,6 +184,24 @@ class GpuTraining:
             raise
         return steps
 
+    def arena_buffer(self, arena: np.ndarray) -> Any:
+        """The resident wrap of a training arena (``training_arena``'s block, or a view of
+        all of it)."""
+        address = arena.__array_interface__["data"][0]
+        for block, buf in self._arenas:
+            if block.__array_interface__["data"][0] == address:
+                return buf
+        raise ArgumentError("not a training arena of this device")
+
+    def step_guard(self, state: TrainState) -> DeviceGuard:
+        """The guard of a step over ``state`` (``DeviceGuard``), made once per state."""
+        guard = self._guards.get(id(state))
+        if guard is None or guard.state is not state:
+            if guard is not None:
+                guard.release()
+            guard = self._guards[id(state)] = DeviceGuard(self, state)
+        return guard
+
     def training_coverage(self) -> list[LayerPlacement]:
         """Per layer, where its training steps run (after a training program was built):
         "kernels", or "fallback" with the reason."""
@@ -196,3 +245,77 @@ class _ParamSizes(Mapping[Param, int]):
 
     def __len__(self) -> int:
         return len(self.buffers)
+
+
+class DeviceGuard:
+    """A step's guard on a device (``backend.StepGuard``), most of it in the step's own
+    command buffer: before the passes every training arena (parameters, gradients,
+    moments) is copied aside in device memory and two flags are set; after the passes the
+    gradients are checked for NaN and infinity (clearing flag 0), after the update the
+    parameters (flag 1). The host keeps copies of the small kept arrays only (truths,
+    statistics, counters: the device shares them), and reads the two flags (shared too)."""
+
+    def __init__(self, backend: GpuTraining, state: TrainState) -> None:
+        device = backend.device
+        self.state = state
+        self.device = device
+        # Shared with the host like the costs: read after the step's wait, no copy asked.
+        self.flags_array = backend.training_zeros((2,), np.dtype(np.float32))
+        self.flag = device.upload(self.flags_array, zero_copy=True)
+        self.saved: list[Any] = []
+        self.before: list[Item] = [item("fill_buf_f32", {"x": self.flag},
+                                        {"n": 2, "value": 1.0}, {"n": 2})]
+        self.after_passes: list[Item] = []
+        self.after_update: list[Item] = []
+        self._restore: list[Item] = []
+        self._extras: list[np.ndarray] | None = None
+        self.kept = False
+        try:
+            for group, arena in state.arenas.items():
+                buf = backend.arena_buffer(arena)
+                saved = device.buffer(arena.nbytes)
+                self.saved.append(saved)
+                n = int(arena.size)
+                self.before.append(item("copy_buf_f32", {"src": buf, "dst": saved}, {"n": n},
+                                        {"n": n}))
+                self._restore.append(item("copy_buf_f32", {"src": saved, "dst": buf},
+                                          {"n": n}, {"n": n}))
+                if group in ("grad", "value"):
+                    check = item("finite_buf_f32", {"x": buf, "flag": self.flag}, {"n": n},
+                                 {"n": n}, offsets=(0, 0 if group == "grad" else 4))
+                    (self.after_passes if group == "grad" else self.after_update).append(check)
+        except BaseException:
+            self.release()
+            raise
+
+    def _kept_arrays(self) -> list[np.ndarray]:
+        return [a for layer in self.state.layers.values() for a in layer.extra.values()]
+
+    def begin(self) -> None:
+        self.kept = False  # until the step's command buffer has run ``before``
+        arrays = self._kept_arrays()
+        if self._extras is None or [a.shape for a in arrays] != [a.shape for a in self._extras]:
+            self._extras = [a.copy() for a in arrays]
+        else:
+            for a, b in zip(arrays, self._extras, strict=True):
+                np.copyto(b, a)
+
+    def flags(self) -> tuple[bool, bool]:
+        grads, values = self.flags_array
+        return bool(grads == 1.0), bool(values == 1.0)
+
+    def restore(self) -> None:
+        if self.kept:
+            for dispatch, offsets, tag in self._restore:
+                self.device.dispatch(*dispatch, offsets=offsets, tag=tag)
+            self.device.commit()
+            self.device.synchronize()
+        if self._extras is not None:
+            for a, b in zip(self._kept_arrays(), self._extras, strict=False):
+                if a.shape == b.shape:
+                    np.copyto(a, b)
+
+    def release(self) -> None:
+        for buf in (self.flag, *self.saved):
+            buf.release()
+        self.saved = []

@@ -31,17 +31,20 @@ import numpy as np
 from darknet_metal.errors import DeviceError
 from darknet_metal.metal.dispatch import gemm_args, gemm_kernel, pack
 from darknet_metal.metal.work import NO_LAYER, dispatch_tag, work_of_tag
+from darknet_metal.runtime.phases import PHASES, PhaseClock
 
 __all__ = [
     "CLOCKS",
     "DevicePeaks",
     "DispatchTime",
+    "HostSplit",
     "Profile",
     "ProfileRow",
     "cpu_profile",
     "device_peaks",
     "measure_peaks",
     "profile_passes",
+    "split_host",
 ]
 
 #: What the time of each device kind is.
@@ -96,6 +99,82 @@ class ProfileRow:
     bandwidth_fraction: float | None
 
 
+@dataclass(frozen=True)
+class HostSplit:
+    """Where the wall time of a whole call goes (a pass or a training step, run as a caller
+    runs it, without the profiler's timing): medians over ``runs``. ``wall_seconds``: the
+    call; ``phases``: host seconds per phase (``runtime.phases.PHASES``; the wait for the
+    device is one); ``driver_copies`` and ``driver_copy_bytes``: the driver's own copies
+    between host and device memory per call; ``waits``, ``commits``, ``dispatches``: per
+    call."""
+
+    wall_seconds: float
+    phases: dict[str, float]
+    driver_copies: int
+    driver_copy_bytes: int
+    waits: int
+    commits: int
+    dispatches: int
+    runs: int
+
+    @property
+    def other_seconds(self) -> float:
+        """Wall time no phase accounts for (Python between the marks, locks)."""
+        return max(0.0, self.wall_seconds - sum(self.phases.values()))
+
+    def lines(self, device_seconds: float) -> list[str]:
+        """The split as table lines, beside the device's own time of the call."""
+        wall = self.wall_seconds
+        out = [f"  host side of a whole call, median of {self.runs} unprofiled run(s): wall "
+               f"{1e3 * wall:.3f} ms = {wall / device_seconds:.2f}x the device time"
+               if device_seconds > 0 else
+               f"  host side of a whole call, median of {self.runs} run(s): wall "
+               f"{1e3 * wall:.3f} ms",
+               f"  {'part':<34} {'ms':>9} {'share':>6}  on unified memory"]
+        for phase in PHASES:
+            seconds = self.phases.get(phase.name, 0.0)
+            out.append(f"  {phase.name:<34} {1e3 * seconds:>9.3f} "
+                       f"{100 * seconds / wall if wall > 0 else 0:>5.1f}%  "
+                       f"{'yes' if phase.unified_memory else 'no (cuda only)'}")
+        out.append(f"  {'other (between phases)':<34} {1e3 * self.other_seconds:>9.3f} "
+                   f"{100 * self.other_seconds / wall if wall > 0 else 0:>5.1f}%  yes")
+        out.append(f"  driver copies: {self.driver_copies}, {self.driver_copy_bytes / 1e6:.1f} "
+                   "MB (no on unified memory: the device uses host memory in place); "
+                   f"{self.waits} wait(s), {self.commits} command buffer(s), "
+                   f"{self.dispatches} dispatches a call")
+        return out
+
+
+def split_host(device: Any, clock: PhaseClock, run: Callable[[], None],
+               repeats: int) -> HostSplit:
+    """Runs ``run`` (a whole call) ``repeats`` times with ``clock`` enabled and the device's
+    counters read around each run: the medians as a ``HostSplit``."""
+    walls: list[float] = []
+    phases: list[dict[str, float]] = []
+    counts: list[dict[str, int]] = []
+    keys = ("driver_copies", "driver_copy_bytes", "waits", "command_buffers_committed",
+            "kernels_dispatched")
+    for _ in range(max(1, repeats)):
+        before = device.stats()
+        with clock.measuring() as seconds:
+            start = time.perf_counter()
+            run()
+            walls.append(time.perf_counter() - start)
+        after = device.stats()
+        phases.append(dict(seconds))
+        counts.append({k: int(after[k]) - int(before[k]) for k in keys})
+
+    def median(key: str) -> int:
+        return int(statistics.median(c[key] for c in counts))
+
+    return HostSplit(
+        wall_seconds=statistics.median(walls),
+        phases={name: statistics.median(p[name] for p in phases) for name in phases[0]},
+        driver_copies=median("driver_copies"), driver_copy_bytes=median("driver_copy_bytes"),
+        waits=median("waits"), commits=median("command_buffers_committed"),
+        dispatches=median("kernels_dispatched"), runs=len(walls))
+
+
 @dataclass
 class Profile:
     """The profile of one pass (``what``) on ``device`` (its kind) named ``device_name``.
@@ -114,6 +193,8 @@ class Profile:
     wall_seconds: float = 0.0
     peaks: DevicePeaks | None = None
     repeats: int = 1
+    #: Where a whole call's wall time goes on the host (None: not measured).
+    host: HostSplit | None = None
 
     @property
     def seconds(self) -> float:
@@ -170,6 +251,9 @@ class Profile:
             "clock": self.clock, "repeats": self.repeats, "seconds": self.seconds,
             "wall_seconds": self.wall_seconds, "host_copies": dict(self.host_copies),
             "peaks": None if self.peaks is None else asdict(self.peaks),
+            "host": None if self.host is None else {
+                **asdict(self.host), "other_seconds": self.host.other_seconds,
+                "unified_memory": {p.name: p.unified_memory for p in PHASES}},
             "by_kernel": [asdict(r) for r in self.by_kernel()],
             "by_layer": [asdict(r) for r in self.by_layer()],
             "dispatches": [asdict(d) for d in self.dispatches],
@@ -191,6 +275,8 @@ class Profile:
             lines.append(
                 f"  driver host copies (apart from the kernels): {int(copies['count'])}, "
                 f"{copies['bytes'] / 1e6:.1f} MB, {1e3 * copies['seconds']:.3f} ms")
+        if self.host is not None:
+            lines.extend(self.host.lines(self.seconds))
         if self.peaks is not None:
             p = self.peaks
             lines.append(f"  peaks: {p.flops_per_second / 1e9:.1f} GFLOP/s, "

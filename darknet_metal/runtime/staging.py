@@ -1,5 +1,5 @@
-"""Mini-batch passes staged on the host: the executors' common way of running a training
-iteration's passes when a device cannot stage them itself."""
+"""Staging on the host: a training iteration's mini-batch passes when a device cannot stage
+them itself, and a pass's input checked on its way to where the executor reads it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["run_staged_passes"]
+from darknet_metal.cpu.fill import copy_finite
+from darknet_metal.errors import ArgumentError
+
+__all__ = ["check_finite_input", "run_staged_passes", "stage_input"]
 
 
 def run_staged_passes(run: Callable[[np.ndarray], None], images_per_pass: int, x: np.ndarray,
@@ -25,3 +28,25 @@ def run_staged_passes(run: Callable[[np.ndarray], None], images_per_pass: int, x
         run(x[s * m:(s + 1) * m])
         for per_pass, whole in stage_out:
             np.copyto(whole[s], per_pass)
+
+
+def check_finite_input(x: np.ndarray) -> None:
+    """ArgumentError naming how many values of a pass's input ``x`` are NaN or infinite and
+    where the first is, if any are. A NaN or an infinity makes the sum non-finite; so may
+    finite values whose sum overflows, and only then is each value looked at (the sum reads
+    ``x`` once and allocates nothing)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = x.sum()
+    if not np.isfinite(total) and not (finite := np.isfinite(x)).all():
+        bad = np.argwhere(~finite)
+        raise ArgumentError(
+            f"x holds {len(bad)} NaN or infinite values (the first at index "
+            f"{tuple(int(i) for i in bad[0])}); they would make every output they reach NaN")
+
+
+def stage_input(x: np.ndarray, into: np.ndarray) -> None:
+    """Copies a pass's float32 input ``x`` into ``into`` (where the device reads it),
+    checking it finite in the same read (split across the CPU threads); ArgumentError as
+    ``check_finite_input`` says when it is not."""
+    if not copy_finite(x, into):
+        check_finite_input(x)

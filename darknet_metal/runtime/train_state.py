@@ -120,6 +120,10 @@ class Optimizer:
                    float(values["eps"]))
 
 
+#: The groups a device keeps in one block of memory each (``TrainState.arenas``).
+ARENA_GROUPS = ("value", "grad", "adam_m", "adam_v")
+
+
 class TrainState:
     """The training arrays of every layer (``layers[index]``), in ``dtype``.
 
@@ -128,38 +132,99 @@ class TrainState:
     the trained values into them. ``adam``: allocate Adam's moments. ``frozen``: indices of
     layers that never train (no accumulators, no moments: ``train_only_bn``). ``zeros``:
     allocates every array (zeroed; default NumPy's): a device that shares host memory
-    gives page-aligned ones, and then the parameters are copied into them."""
+    gives page-aligned ones, and then the parameters are copied into them.
+
+    ``arena``, for a device that keeps the state in memory of its own (``sync`` with it):
+    allocates one zeroed block of bytes per group of ``ARENA_GROUPS`` (``arenas``: each a
+    flat array of the dtype), whose arrays start on ``alignment``-byte boundaries (the
+    parameters are copied into theirs); every other array (``extra``) comes from ``zeros``.
+    ``sync(arenas, write)`` makes arenas current on the host (``to_host``)."""
 
     def __init__(self, specs: Sequence, params: Mapping[int, Params], dtype: np.dtype | type,
                  *, adam: bool = False, frozen: Collection[int] = (),
-                 zeros: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None) -> None:
+                 zeros: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None,
+                 arena: Callable[[int], np.ndarray] | None = None, alignment: int = 64,
+                 sync: Callable[..., None] | None = None) -> None:
         self.dtype = np.dtype(dtype)
         self._params = params
+        self._sync = sync
         self.layers: dict[int, LayerTrainState] = {}
+        #: Per group, the block of memory its arrays are views of (only with ``arena``).
+        self.arenas: dict[str, np.ndarray] = {}
         allocate = np.zeros if zeros is None else zeros
+        trainables = {spec.index: [] if spec.index in frozen else
+                      [n for n in spec.trainable_params if n in params.get(spec.index, {})]
+                      for spec in specs}
+        if arena is not None:
+            grouped = self._arena_arrays(specs, params, trainables, adam, arena, alignment)
         for spec in specs:
             layer = params.get(spec.index, {})
             values: Params = {}
             for name, array in layer.items():
-                if zeros is None and self.dtype == np.float32 and array.dtype == np.float32 \
-                        and array.flags.c_contiguous and array.flags.writeable:
+                if arena is not None:
+                    values[name] = grouped[("value", spec.index, name)]
+                elif zeros is None and self.dtype == np.float32 and \
+                        array.dtype == np.float32 and array.flags.c_contiguous and \
+                        array.flags.writeable:
                     values[name] = array
+                    continue
                 else:
                     values[name] = allocate(array.shape, self.dtype)
-                    np.copyto(values[name], array, casting="unsafe")
-                    if self.dtype == np.float32:
-                        layer[name] = values[name]  # the network trains this array from now
-            trainable = [] if spec.index in frozen else \
-                [n for n in spec.trainable_params if n in values]
+                np.copyto(values[name], array, casting="unsafe")
+                if self.dtype == np.float32:
+                    layer[name] = values[name]  # the network trains this array from now
+            trainable = trainables[spec.index]
 
-            def like(names: list[str], values: Params = values) -> Params:
+            def like(names: list[str], group: str, index: int = spec.index,
+                     values: Params = values) -> Params:
+                if arena is not None:
+                    return {n: grouped[(group, index, n)] for n in names}
                 return {n: allocate(values[n].shape, self.dtype) for n in names}
 
-            state = LayerTrainState(spec.index, self.dtype, values, like(trainable),
+            state = LayerTrainState(spec.index, self.dtype, values, like(trainable, "grad"),
                                     zeros=allocate)
             if adam:
-                state.adam_m, state.adam_v = like(trainable), like(trainable)
+                state.adam_m, state.adam_v = like(trainable, "adam_m"), like(trainable, "adam_v")
             self.layers[spec.index] = state
+
+    def _arena_arrays(self, specs: Sequence, params: Mapping[int, Params],
+                      trainables: Mapping[int, list[str]], adam: bool,
+                      arena: Callable[[int], np.ndarray],
+                      alignment: int) -> dict[tuple[str, int, str], np.ndarray]:
+        """The arrays of every group as views of one block per group, in layer order, each
+        starting on an ``alignment``-byte boundary (``arenas`` gets the blocks)."""
+        itemsize = self.dtype.itemsize
+        layout: dict[str, list[tuple[int, str, tuple[int, ...]]]] = {g: [] for g in ARENA_GROUPS}
+        for spec in specs:
+            layer = params.get(spec.index, {})
+            for name, array in layer.items():
+                layout["value"].append((spec.index, name, array.shape))
+            for name in trainables[spec.index]:
+                for group in ("grad", *(("adam_m", "adam_v") if adam else ())):
+                    layout[group].append((spec.index, name, layer[name].shape))
+        out: dict[tuple[str, int, str], np.ndarray] = {}
+        for group, entries in layout.items():
+            if not entries:
+                continue
+            offsets, end = [], 0
+            for _, _, shape in entries:
+                offsets.append(end)
+                nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+                end += -(-nbytes // alignment) * alignment
+            block = arena(max(end, alignment))
+            self.arenas[group] = block.view(self.dtype)
+            for (index, name, shape), at in zip(entries, offsets, strict=True):
+                size = int(np.prod(shape, dtype=np.int64))
+                out[(group, index, name)] = self.arenas[group][at // itemsize:
+                                                               at // itemsize + size].reshape(shape)
+        return out
+
+    def to_host(self, groups: Collection[str] = ARENA_GROUPS, *, write: bool = False) -> None:
+        """Makes the arrays of ``groups`` current on the host (a device that keeps them in
+        memory of its own copies them back); with ``write`` the host may then change them in
+        place, and the device takes the changes at its next use. Nothing to do elsewhere."""
+        if self._sync is not None and self.arenas:
+            self._sync([self.arenas[g] for g in groups if g in self.arenas], write=write)
 
     def layer(self, index: int) -> LayerTrainState:
         return self.layers[index]
@@ -182,6 +247,7 @@ class TrainState:
     def snapshot(self, into: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Copies of every array a step may write (see ``restore``), made in the arrays of
         an earlier snapshot ``into`` where they still fit (a step then allocates nothing)."""
+        self.to_host()
         arrays = self.arrays()
         if into is None or len(into) != len(arrays) or any(
                 a.shape != b.shape or a.dtype != b.dtype
@@ -193,10 +259,12 @@ class TrainState:
 
     def restore(self, snapshot: list[np.ndarray]) -> None:
         """Puts back the arrays of a ``snapshot`` bit for bit (in place: bound steps see it)."""
+        self.to_host(write=True)
         for array, saved in zip(self.arrays(), snapshot, strict=True):
             np.copyto(array, saved)
 
     def zero_grads(self) -> None:
+        self.to_host(("grad",), write=True)
         for state in self.layers.values():
             for g in state.grads.values():
                 g.fill(0)
@@ -208,3 +276,26 @@ class TrainState:
         for index, state in self.layers.items():
             for name, array in state.values.items():
                 np.copyto(self._params[index][name], array, casting="unsafe")
+
+
+class HostGuard:
+    """A step's guard on the host (``backend.StepGuard``): every array the step may write
+    copied before it (the copies reused from step to step), each checked after it."""
+
+    def __init__(self, state: TrainState) -> None:
+        self.state = state
+        self._saved: list[np.ndarray] | None = None
+
+    def begin(self) -> None:
+        self._saved = self.state.snapshot(self._saved)
+
+    def flags(self) -> tuple[bool, bool]:
+        from darknet_metal.cpu.update import all_finite
+
+        layers = self.state.layers.values()
+        return (all(all_finite(g) for layer in layers for g in layer.grads.values()),
+                all(all_finite(v) for layer in layers for v in layer.values.values()))
+
+    def restore(self) -> None:
+        if self._saved is not None:
+            self.state.restore(self._saved)

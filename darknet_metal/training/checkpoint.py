@@ -136,7 +136,7 @@ def restore_training_state(net: Network, checkpoint: Checkpoint) -> None:
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"cannot read the training state: {e}",
                               path=checkpoint.state) from None
-    expected = _state_arrays(net)
+    expected = _state_arrays(net, write=True)
     missing = sorted(set(expected) - set(arrays))
     extra = sorted(set(arrays) - set(expected))
     if missing or extra:
@@ -154,8 +154,11 @@ def restore_training_state(net: Network, checkpoint: Checkpoint) -> None:
     trainer.state.write_back()
 
 
-def _state_arrays(net: Network) -> dict[str, np.ndarray]:
+def _state_arrays(net: Network, *, write: bool = False) -> dict[str, np.ndarray]:
+    """The arrays a checkpoint's state holds, current on the host (``write``: the caller
+    changes them in place; the device takes them before its next step)."""
     state = Trainer.of(net).state
+    state.to_host(write=write)
     arrays = {}
     for index, layer in state.layers.items():
         for group in _GROUPS:

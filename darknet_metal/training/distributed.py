@@ -70,6 +70,12 @@ class Collective:
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
         self.check_every = int(check_every)
+        # The ranks sharing this machine (its CPUs, its GPUs).
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        #: This rank's place among those of its machine, and how many there are.
+        self.local_rank = int(local.Get_rank())
+        self.local_size = int(local.Get_size())
+        local.Free()
 
     @classmethod
     def from_environment(cls, check_every: int = 50) -> Collective | None:

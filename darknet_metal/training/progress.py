@@ -33,7 +33,9 @@ class IterationRecord:
     ``load_seconds``: the wait for the batch; ``train_seconds``: the step; ``images``: images
     trained on so far (``seen``); ``remaining_seconds``:
     the estimate to ``max_batches``; ``width``, ``height``: the input size of the step;
-    ``heads``: per ``[yolo]`` layer its statistics (``StepReport.heads``)."""
+    ``heads``: per ``[yolo]`` layer its statistics (``StepReport.heads``);
+    ``images_per_second``: the batch over the iteration's wall time (from the end of the one
+    before: loading, the step, the logs, checkpoints and evaluations included)."""
 
     iteration: int
     max_batches: int
@@ -51,6 +53,7 @@ class IterationRecord:
     best_map: float | None = None
     next_map: int | None = None
     heads: dict[int, dict[str, float]] = field(default_factory=dict)
+    images_per_second: float | None = None
 
     def to_json(self) -> str:
         """One line of the JSON-lines log: every field, ``schema`` and ``time`` (Unix
@@ -61,14 +64,17 @@ class IterationRecord:
         return json.dumps(_finite(record), allow_nan=False)
 
     def darknet_line(self) -> str:
-        """The line Darknet V5 prints after each iteration (without its colours)."""
+        """The line Darknet V5 prints after each iteration (without its colours), and the
+        images per second when known."""
         return (f"{self.iteration}: loss={self.loss:.3f}, avg loss={self.avg_loss:.3f}, "
                 f"last={format_map(self.last_map)}, best={format_map(self.best_map)}, "
                 f"mAP={'DISABLED' if self.next_map is None else self.next_map}, "
                 f"rate={self.rate:.8f}, load {self.batch}="
                 f"{format_duration(self.load_seconds)}, train="
                 f"{format_duration(self.train_seconds)}, {self.images} images, "
-                f"time remaining={format_duration(self.remaining_seconds, trim=True)}")
+                f"time remaining={format_duration(self.remaining_seconds, trim=True)}"
+                + ("" if self.images_per_second is None
+                   else f", {self.images_per_second:.1f} img/s"))
 
 
 def _finite(value: Any) -> Any:

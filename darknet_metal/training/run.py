@@ -18,6 +18,7 @@ from darknet_metal.errors import ArgumentError, DatasetError
 from darknet_metal.training.checkpoint import Checkpoint, find_checkpoint
 from darknet_metal.training.distributed import Collective
 from darknet_metal.training.session import RunResult, Schedule, TrainingRun
+from darknet_metal.training.trainer import Trainer
 
 
 class LoaderSource:
@@ -65,11 +66,12 @@ class TrainingSetup:
                weights: str | os.PathLike[str] | None = None, *, device: str = "cpu",
                seed: int = 0, evaluate: bool = False, map_every: int | None = None,
                clear: bool = False, backup: str | os.PathLike[str] | None = None,
-               workers: int = 2, chart: bool = True,
+               workers: int | None = None, chart: bool = True,
                collective: Collective | None = None) -> TrainingSetup:
         """Read and check the dataset (``DatasetError`` with ``check-data``'s first message
         when it has errors), load the network, make the loader and the run.
 
+        ``workers``: the loader's threads (None: ``default_workers()``, one per CPU).
         ``collective``: this process's rank among the processes training together
         (``training.distributed``): the network is loaded with ``K x`` the cfg's batch and
         subdivisions, the loader loads this rank's rows of each batch, every rank starts
@@ -155,8 +157,11 @@ class TrainingSetup:
                 f"{net.config.net.values['batch']} images of an iteration "
                 f"(batch {net.config.net.values['batch']}, subdivisions "
                 f"{net.config.net.values['subdivisions']} in all)")
+        # The workers write each batch where the trainer's device reads it.
+        workers = default_workers(collective) if workers is None else workers
         loader = Loader(dataset.train, settings, boxes=dataset.read_boxes, seed=seed,
-                        workers=workers, start_iteration=start, slots=rows)
+                        workers=workers, start_iteration=start, slots=rows,
+                        allocate=Trainer.of(net).batch_array)
         run_.source = LoaderSource(loader)
         return cls(dataset, net, loader, run_, started_from)
 
@@ -175,6 +180,19 @@ class TrainingSetup:
         self.run_.progress = progress
         with self.loader:
             return self.run_.run()
+
+
+def default_workers(collective: Collective | None = None) -> int:
+    """The loader's threads by default: one per CPU this process may use (shared among the
+    ranks of one machine when training across processes), at least 2. A GPU step is over
+    before one thread has augmented a batch, so the loader needs the CPUs; a CPU step
+    runs without the GIL while they wait."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 2
+    ranks = 1 if collective is None else max(1, collective.local_size)
+    return max(2, cpus // ranks)
 
 
 def _evaluation(dataset: Any) -> Callable[[Any], float]:

@@ -214,6 +214,8 @@ class TrainingRun:
             state.map_iteration = state.save_iteration = state.last_iteration = start_iteration
         bar = self._bar(start_iteration)
         started = time.monotonic()
+        #: When the iteration before the next one ended (its evaluation and files included).
+        self._last_end = started
         wait_before = self.source.wait_seconds
         interrupted = False
         logs = [open(self.backup / f"{self.base}.{kind}", "a", encoding="utf-8")
@@ -226,13 +228,13 @@ class TrainingRun:
                     file.write(line + "\n")
                     file.flush()
                 if bar is not None:
-                    seconds = max(record.train_seconds + record.load_seconds, 1e-9)
                     bar.set_postfix_str(
                         f"loss={record.loss:.3f} avg={record.avg_loss:.3f} "
-                        f"rate={record.rate:.2g} {record.batch / seconds:.1f} img/s",
+                        f"rate={record.rate:.2g} {record.images_per_second or 0:.1f} img/s",
                         refresh=False)
                     bar.update(1)
                 self._after(record.iteration)
+                self._last_end = time.monotonic()
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -277,6 +279,7 @@ class TrainingRun:
         report = (net.train_step(x, truths) if collective is None
                   else collective.step(net, x, truths))
         t2 = time.monotonic()
+        batch = int(x.shape[0]) * (1 if collective is None else collective.size)
         loss = float(report.loss)
         if state.avg_loss is None or not math.isfinite(state.avg_loss):
             state.avg_loss = loss
@@ -291,12 +294,12 @@ class TrainingRun:
         return IterationRecord(
             iteration=report.iteration, max_batches=schedule.max_batches, loss=loss,
             avg_loss=state.avg_loss, rate=report.learning_rate,
-            batch=int(x.shape[0]) * (1 if collective is None else collective.size),
-            load_seconds=t1 - t0,
+            batch=batch, load_seconds=t1 - t0,
             train_seconds=t2 - t1, images=net.header.seen, remaining_seconds=remaining,
             width=width, height=height, last_map=state.last_map, best_map=state.best_map,
             next_map=schedule.next_map(state.map_iteration) if self.evaluate else None,
-            heads={h.layer: dict(h.values) for h in report.heads})
+            heads={h.layer: dict(h.values) for h in report.heads},
+            images_per_second=batch / max(t2 - self._last_end, 1e-9))
 
     def _after(self, iteration: int) -> None:
         """Darknet's end of an iteration: the evaluation, then the weights files."""

@@ -14,6 +14,7 @@ GIL; Python only splits the batch, copies the truths in and reads the costs out.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -22,12 +23,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from darknet_metal.cpu import update as cpu_update
+from darknet_metal.cpu.fill import copy_finite
 from darknet_metal.cpu.yolo_loss import YOLO_STAT_NAMES, check_truths
 from darknet_metal.errors import ArgumentError, MemoryLimitError, NonFiniteError
 from darknet_metal.model.cfg import NetConfig
 from darknet_metal.model.weights import Params, WeightsHeader
 from darknet_metal.ops import Op
-from darknet_metal.runtime.backend import Backend, BoundProgram, UpdateSteps
+from darknet_metal.runtime.backend import Backend, BoundProgram, StepGuard, UpdateSteps
 from darknet_metal.runtime.memory import format_bytes, physical_memory, plan_memory
 from darknet_metal.runtime.program import INPUT, Tensor
 from darknet_metal.runtime.train_state import ArrayUpdate, Optimizer, TrainState
@@ -51,7 +53,7 @@ class TrainableNetwork(Protocol):
     """What training needs of a network (``darknet_metal.Network`` has it): the model (cfg,
     layers, parameters, the header's ``seen``, compute dtype, precision, input shape, the
     seed of training's random streams), its executor, one step at a time (``exclusive``),
-    and ``params_changed`` after an update."""
+    ``params_trained`` after an update (``params_changed`` after the host changed them)."""
 
     config: NetConfig
     layers: list[Op]
@@ -70,6 +72,8 @@ class TrainableNetwork(Protocol):
     def exclusive(self) -> AbstractContextManager[None]: ...
 
     def params_changed(self) -> None: ...
+
+    def params_trained(self) -> None: ...
 
 
 @dataclass
@@ -170,9 +174,13 @@ class Trainer:
         #: The executor the state and programs are bound to (None once it closed).
         self.executor: Backend | None = net.executor
         backend = self.executor
-        # A device that shares host memory gets page-aligned arrays it uses in place.
+        # A device that shares host memory gets page-aligned arrays it uses in place; one
+        # that keeps memory of its own keeps parameters, gradients and moments there.
         self.state = TrainState(specs, net.params, net.dtype, adam=self.adam,
-                                frozen=self.frozen, zeros=backend.training_zeros)
+                                frozen=self.frozen, zeros=backend.training_zeros,
+                                arena=backend.training_arena,
+                                alignment=backend.training_alignment,
+                                sync=backend.sync_training)
         dtype = self.state.dtype
         self.heads = [s.index for s in specs if s.detection_head is not None]
         self.loss_layers = self.heads or [s.index for s in specs
@@ -197,8 +205,10 @@ class Trainer:
         self.lr, self.t = zeros((1,), dtype), zeros((1,), dtype)
         self._updates: dict[tuple[int, tuple[int, ...]], UpdateSteps] = {}
         self._staged_x: np.ndarray | None = None
-        #: The arrays ``step`` restores a refused step from, reused from step to step.
-        self._saved: list[np.ndarray] | None = None
+        #: Batch arrays made by ``batch_array`` (a loader's): staged in place.
+        self._batch_arrays: dict[int, weakref.ref[np.ndarray]] = {}
+        #: What ``step`` keeps to undo a refused step, and checks after it.
+        self.guard: StepGuard = backend.step_guard(self.state)
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -212,7 +222,9 @@ class Trainer:
 
     def _bytes(self, program: Any, mini_batch: int) -> int:
         planned = sum(plan_memory(program, external={INPUT}).slot_bytes)
-        state = sum(a.nbytes for a in self.state.arrays())
+        # A device's step guard keeps a copy of every arena.
+        state = sum(a.nbytes for a in self.state.arrays()) + sum(
+            a.nbytes for a in self.state.arenas.values())
         c, h, w = self.net.input_shape
         return planned + state + mini_batch * c * h * w * self.state.dtype.itemsize
 
@@ -322,35 +334,49 @@ class Trainer:
                           if share else "")
             raise ArgumentError(f"x must have shape {(self.batch, c, h, w)} (batch={self.batch} "
                                 f"images at the network's size{share_rule}), not {x.shape}")
-        x = np.ascontiguousarray(x, self.state.dtype)
-        if not np.isfinite(x).all():
-            raise ArgumentError("x holds NaN or infinite values")
+        if x.dtype != self.state.dtype or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, self.state.dtype)
         if isinstance(truths, np.ndarray) and truths.ndim >= 1 and not self.heads:
             truths = list(truths)
         if not isinstance(truths, Sequence) or len(truths) != x.shape[0]:
             raise ArgumentError(f"truths must be a sequence of {x.shape[0]} arrays (one per "
                                 "image)")
+        if not self.heads:
+            return x, [self._class_row(i, np.asarray(t, dtype=np.float64))
+                       for i, t in enumerate(truths)]
         out = []
         for i, t in enumerate(truths):
             a = np.asarray(t, dtype=np.float64)
-            if self.heads:
-                a = a.reshape(-1, 5) if a.size else np.zeros((0, 5))
-                if a.shape[0] > self.truth_shape[0]:
-                    raise ArgumentError(f"truths[{i}] has {a.shape[0]} boxes, more than the "
-                                        f"[yolo] max={self.truth_shape[0]}")
-                try:
-                    check_truths(a[None].astype(self.state.dtype),
-                                 self.specs[self.heads[0]].values["classes"],
-                                 self.truth_shape[0])
-                except ArgumentError as e:
-                    raise ArgumentError(f"truths[{i}]: {e}") from None
-                if a.shape[0] and (a[:, 3:5] <= 0).any():
-                    row = int(np.argmax((a[:, 3:5] <= 0).any(axis=1)))
-                    raise ArgumentError(f"truths[{i}] row {row}: width and height must be > 0")
-            else:
-                a = self._class_row(i, a)
+            a = a.reshape(-1, 5) if a.size else np.zeros((0, 5))
+            if a.shape[0] > self.truth_shape[0]:
+                raise ArgumentError(f"truths[{i}] has {a.shape[0]} boxes, more than the "
+                                    f"[yolo] max={self.truth_shape[0]}")
             out.append(a)
+        # Every box of the batch checked at once; the first image at fault, if any, again
+        # on its own for its message.
+        boxes = np.concatenate(out) if out else np.zeros((0, 5))
+        classes = self.specs[self.heads[0]].values["classes"]
+        with np.errstate(invalid="ignore"):
+            wrong = (~(np.abs(boxes) <= np.finfo(self.state.dtype).max).all(axis=1)
+                     | (boxes[:, 3] <= 0) | (boxes[:, 4] <= 0)
+                     | (boxes[:, 0] < 0) | (boxes[:, 0] >= classes)
+                     | (boxes[:, 0] != np.floor(boxes[:, 0]))
+                     | (boxes[:, 1:3] < 0).any(axis=1) | (boxes[:, 1:3] > 1).any(axis=1))
+        if wrong.any():
+            first = int(np.searchsorted(np.cumsum([a.shape[0] for a in out]),
+                                        int(np.argmax(wrong)), side="right"))
+            self._check_image_truths(first, out[first], classes)
         return x, out
+
+    def _check_image_truths(self, i: int, a: np.ndarray, classes: int) -> None:
+        """ArgumentError naming image ``i``'s first bad row (class, centre, size)."""
+        try:
+            check_truths(a[None].astype(self.state.dtype), classes, self.truth_shape[0])
+        except ArgumentError as e:
+            raise ArgumentError(f"truths[{i}]: {e}") from None
+        if a.shape[0] and (a[:, 3:5] <= 0).any():
+            row = int(np.argmax((a[:, 3:5] <= 0).any(axis=1)))
+            raise ArgumentError(f"truths[{i}] row {row}: width and height must be > 0")
 
     def _class_row(self, i: int, a: np.ndarray) -> np.ndarray:
         classes = self.truth_shape[0]
@@ -382,31 +408,65 @@ class Trainer:
             return float(array[0])
         return float(array.sum(dtype=np.float64))
 
-    def _passes(self, x: np.ndarray, truths: list[np.ndarray], loaded: Any,
-                stats: dict[int, list[np.ndarray]] | None = None, then: Any = None) -> float:
-        """Every mini-batch of ``x`` through ``loaded``, and ``then`` (update steps) after
-        them, as one submission: the batch and all truths staged at once, each pass's cost
-        staged out. Returns the loss (Darknet's mean over the loss layers, per image)."""
-        m = self.mini_batch
-        passes = x.shape[0] // m
+    def batch_array(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A zeroed array for a batch of ``shape`` that ``step`` stages in place: a device
+        reads it where it is (on ``cuda``, from page-locked memory), no copy is made. A
+        loader's workers write their batches into such arrays (``Loader(allocate=...)``)."""
         zeros = self._executor_in_use().training_zeros or np.zeros
-        if self._staged_x is None or self._staged_x.shape != x.shape:
-            self._staged_x = zeros(x.shape, x.dtype)
-        np.copyto(self._staged_x, x)
+        array = zeros(tuple(shape), self.state.dtype)
+        self._batch_arrays = {key: ref for key, ref in self._batch_arrays.items()
+                              if ref() is not None}
+        self._batch_arrays[id(array)] = weakref.ref(array)
+        return array
+
+    def _stage(self, x: np.ndarray, truths: list[np.ndarray]) -> _Staged:
+        """The batch where the device reads it (``x`` itself when ``batch_array`` made it,
+        else a copy), checked finite in the same read, and the truths in their staging
+        arrays; nothing of the training state changes (a refused batch leaves no trace)."""
+        zeros = self._executor_in_use().training_zeros or np.zeros
+        made = self._batch_arrays.get(id(x))
+        if made is not None and made() is x:
+            staged, finite = x, _finite_copy(x, None)
+        else:
+            if self._staged_x is None or self._staged_x.shape != x.shape:
+                self._staged_x = zeros(x.shape, x.dtype)
+            staged, finite = self._staged_x, _finite_copy(x, self._staged_x)
+        if not finite:
+            raise ArgumentError("x holds NaN or infinite values")
+        m = self.mini_batch
         stage_in, stage_out, costs = [], [], []
         for index in self.loss_layers:
             layer = self.state.layer(index)
-            staged = layer.extra["truth_batch"]
-            staged.fill(0)
+            truth = layer.extra["truth_batch"]
+            truth.fill(0)
             for j, t in enumerate(truths):
                 if self.heads:
-                    staged[j, : t.shape[0]] = t
+                    truth[j, : t.shape[0]] = t
                 else:
-                    staged[j] = t
-            stage_in.append((staged, layer.truth(m)))
+                    truth[j] = t
+            stage_in.append((truth, layer.truth(m)))
             stage_out.append((self._cost_array(index), layer.extra["cost_batch"]))
             costs.append(layer.extra["cost_batch"])
-        loaded.run_passes(self._staged_x, stage_in, stage_out, then)
+        return _Staged(staged, stage_in, stage_out, costs)
+
+    def _passes(self, x: np.ndarray, truths: list[np.ndarray], loaded: BoundProgram,
+                stats: dict[int, list[np.ndarray]] | None = None) -> float:
+        """``_stage`` then ``_run``, without an update."""
+        self._executor_in_use().phases.mark("prepare")
+        return self._run(self._stage(x, truths), loaded, stats)
+
+    def _run(self, staged: _Staged, loaded: BoundProgram,
+             stats: dict[int, list[np.ndarray]] | None = None, then: UpdateSteps | None = None,
+             guard: StepGuard | None = None) -> float:
+        """Every mini-batch of a staged batch through ``loaded``, then ``then`` (update
+        steps), with ``guard``'s device part, as one submission; each pass's cost staged out.
+        Returns the loss (Darknet's mean over the loss layers, per image)."""
+        m = self.mini_batch
+        passes = staged.x.shape[0] // m
+        executor = self._executor_in_use()
+        loaded.run_passes(staged.x, staged.stage_in, staged.stage_out, then, guard)
+        executor.phases.mark("read back")
+        costs = staged.costs
         total = 0.0
         for sub in range(passes):
             if costs:
@@ -420,13 +480,16 @@ class Trainer:
     def gradient_buffers(self) -> dict[int, Params]:
         """The gradient accumulators (Darknet's ``*_updates``), per layer and parameter name:
         the arrays ``accumulate`` adds into and ``update`` reads, writable in place (to sum
-        them across processes)."""
+        them across processes): current on the host, and what the host writes reaches the
+        device before its next step."""
+        self.state.to_host(("grad",), write=True)
         return {i: layer.grads for i, layer in self.state.layers.items() if layer.grads}
 
     def statistic_buffers(self) -> dict[int, Params]:
         """The running statistics training updates (batch norm's ``rolling_mean`` and
         ``rolling_variance``), per layer and name: the arrays the passes write, writable in
         place (to average them across processes; call ``net.params_changed()`` after)."""
+        self.state.to_host(("value",), write=True)
         found: dict[int, Params] = {}
         for spec in self.specs:
             values = self.state.layer(spec.index).values
@@ -477,7 +540,7 @@ class Trainer:
         rate = self._set_rate(iteration)
         self._update_steps(images, self._held(iteration)).run()
         self.state.write_back()
-        self.net.params_changed()
+        self.net.params_trained()
         return rate
 
     def _set_rate(self, iteration: int) -> float:
@@ -509,45 +572,60 @@ class Trainer:
         truth, ``CfgError`` at the line of a cfg key training does not support,
         ``NonFiniteError`` (nothing changed) when the step produces NaN or infinity.
         """
+        phases = self._executor_in_use().phases
+        phases.mark("prepare")
         x, truths = self.check_batch(x, truths, share=reduce is not None)
-        saved = self._saved = self.state.snapshot(self._saved)
+        staged = self._stage(x, truths)
+        guard = self.guard
+        phases.mark("guard")
+        guard.begin()
         seen = self.net.header.seen
         try:
             stats: dict[int, list[np.ndarray]] = {}
             iteration = seen // self.batch + 1
+            phases.mark("update")
             rate = self._set_rate(iteration)
             if reduce is None:
-                # The passes and the update in one submission (one wait on a device); the
-                # arrays are checked after it, and restored if anything is not finite.
+                # The passes, the update and the guard's copies and checks in one submission
+                # (one wait on a device); restored if anything is not finite.
                 update = self._update_steps(self.batch, self._held(iteration))
-                loss = self._passes(x, truths, self.program, stats, then=update)
+                loss = self._run(staged, self.program, stats, then=update, guard=guard)
                 self.net.header.seen += self.batch
             else:
-                images, loss = reduce(self._passes(x, truths, self.program, stats))
-                self._update_steps(images, self._held(iteration)).run()
+                images, loss = reduce(self._run(staged, self.program, stats, guard=guard))
+                self._update_steps(images, self._held(iteration)).run(guard)
                 self.net.header.seen += images
-            fault = (f"the loss is {loss}" if not np.isfinite(loss)
-                     else self._non_finite_array("gradients"))
+            phases.mark("guard")
+            gradients_finite, parameters_finite = guard.flags()
+            fault = (f"the loss is {loss}" if not np.isfinite(loss) else None
+                     if gradients_finite else self._non_finite_array("gradients"))
             if fault is not None:
                 # Where it went wrong is found from the state the step started from.
-                self.state.restore(saved)
+                guard.restore()
                 self.net.header.seen = seen
                 raise self._located(fault, x, truths)
-            fault = self._non_finite_array("parameters")
-            if fault is not None:
-                raise NonFiniteError(f"{fault[1]}; the step was undone", layer=fault[0])
+            if not parameters_finite:
+                found = self._non_finite_array("parameters")
+                layer, message = found if found is not None else (
+                    None, "NaN or infinity in the updated parameters")
+                raise NonFiniteError(f"{message}; the step was undone", layer=layer)
         except BaseException:
-            self.state.restore(saved)
+            phases.stop()
+            guard.restore()
             self.net.header.seen = seen
             raise
+        phases.mark("update")
         self.state.write_back()
-        self.net.params_changed()
-        return StepReport(loss, rate, self.net.header.seen // self.batch,
-                          [HeadReport(i, _head_stats(stats[i])) for i in self.heads])
+        self.net.params_trained()
+        report = StepReport(loss, rate, self.net.header.seen // self.batch,
+                            [HeadReport(i, _head_stats(stats[i])) for i in self.heads])
+        phases.stop()
+        return report
 
     def _non_finite_array(self, what: str) -> tuple[int, str] | None:
         """(layer, what is wrong) of the first layer with a NaN or infinity in its
         ``what`` ("gradients" or "parameters"), or None."""
+        self.state.to_host(("grad",) if what == "gradients" else ("value",))
         for spec in self.specs:
             layer = self.state.layer(spec.index)
             arrays = layer.grads if what == "gradients" else layer.values
@@ -616,6 +694,7 @@ class Trainer:
         try:
             self.state.zero_grads()
             loss = self._passes(x, truths, loaded)
+            self.state.to_host(("grad",))
             params = {i: {n: g.copy() for n, g in layer.grads.items()}
                       for i, layer in self.state.layers.items() if layer.grads}
             deltas = {}
@@ -648,3 +727,24 @@ def _frozen(specs: Sequence) -> range:
 def _head_stats(per_pass: list[np.ndarray]) -> dict[str, float]:
     last = per_pass[-1]
     return {name: float(last[k]) for k, name in enumerate(YOLO_STAT_NAMES)}
+
+
+@dataclass
+class _Staged:
+    """A batch staged for the passes: ``x`` where the device reads it, the truths' staging
+    pairs (whole batch -> per pass), the costs' (per pass -> whole batch), the cost arrays."""
+
+    x: np.ndarray
+    stage_in: list[tuple[np.ndarray, np.ndarray]]
+    stage_out: list[tuple[np.ndarray, np.ndarray]]
+    costs: list[np.ndarray]
+
+
+def _finite_copy(x: np.ndarray, into: np.ndarray | None) -> bool:
+    """Copies ``x`` into ``into`` (None: none) and says whether ``x`` is finite, reading it
+    once (float32: split across the CPU threads)."""
+    if x.dtype == np.float32:
+        return copy_finite(x, into)
+    if into is not None:
+        np.copyto(into, x)
+    return bool(np.isfinite(x).all())

@@ -68,6 +68,8 @@ struct dm_device {
     dm_dispatch_list *dispatch_lists;
 
     dm_stats stats;
+    /* The driver's copy totals when the counters were last reset. */
+    uint64_t copies_base, copy_bytes_base;
 
     /* Profiling (profile.c): the kernel of each dispatch encoded since dm_profile_begin. */
     int profiling;

@@ -21,7 +21,15 @@ struct dm_dispatch_list {
 
     dm_buffer **held; /* distinct buffers, each counted once in its dispatch_list_refs */
     int n_held, cap_held;
+    void *driver_cache; /* what the driver keeps of the whole list (encode_list), or NULL */
 };
+
+/* Lets the driver drop what it kept of the list (the list changed or goes away). */
+static void drop_cache(dm_dispatch_list *list) {
+    if (list->driver_cache && list->device && list->device->driver->list_free)
+        list->device->driver->list_free(list->device->handle, list->driver_cache);
+    list->driver_cache = NULL;
+}
 
 static int grow(void **array, int *cap, int need, size_t item) {
     if (need <= *cap) return DM_OK;
@@ -112,6 +120,7 @@ int dm_dispatch_list_add(dm_dispatch_list *list, dm_pipeline *pipeline,
     if (rc != DM_OK) return rc;
     rc = grow_items(list, list->n + 1);
     if (rc != DM_OK) return rc;
+    drop_cache(list);
     rc = grow((void **)&list->refs, &list->cap_refs, list->n_refs + desc->n_buffers,
               sizeof *list->refs);
     if (rc != DM_OK) return rc;
@@ -159,6 +168,10 @@ static int first_use(const dm_dispatch_list *list, const dm_buffer *b) {
 
 static int encode_items(dm_device *device, dm_dispatch_list *list, int first, int n, int *n_done) {
     const dm_driver *driver = device->driver;
+    if (driver->encode_list && first == 0 && n == list->n) {
+        return driver->encode_list(device->handle, device->open_command, list->items, n,
+                                   &list->driver_cache, n_done);
+    }
     if (driver->encode_batch)
         return driver->encode_batch(device->handle, device->open_command, list->items + first, n,
                                     n_done);
@@ -232,6 +245,7 @@ int dm_dispatch_list_encode(dm_device *device, dm_dispatch_list *list) {
 void dm_dispatch_list_destroy(dm_dispatch_list *list) {
     if (list == NULL) return;
     dm_device *device = list->device;
+    drop_cache(list);
     if (device != NULL) {
         if (list->prev) list->prev->next = list->next;
         else device->dispatch_lists = list->next;
@@ -253,6 +267,9 @@ void dm_dispatch_list_destroy(dm_dispatch_list *list) {
 }
 
 void dm_dispatch_lists_detach(dm_device *device) {
-    for (dm_dispatch_list *p = device->dispatch_lists; p; p = p->next) p->device = NULL;
+    for (dm_dispatch_list *p = device->dispatch_lists; p; p = p->next) {
+        drop_cache(p);
+        p->device = NULL;
+    }
     device->dispatch_lists = NULL;
 }

@@ -219,6 +219,26 @@ int dm_buffer_sync(dm_buffer *b) {
     return host_access(b, 0);
 }
 
+int dm_buffer_sync_write(dm_buffer *b) {
+    int rc = check_range(b, 0, 0, "dm_buffer_sync_write");
+    if (rc != DM_OK) return rc;
+    if (b->last_use > b->device->completed_seq) {
+        rc = dm_stream_wait_for(b->device, b->last_use);
+        if (rc != DM_OK) return rc;
+    }
+    return host_access(b, 1);
+}
+
+int dm_buffer_set_resident(dm_buffer *b) {
+    int rc = check_range(b, 0, 0, "dm_buffer_set_resident");
+    if (rc != DM_OK) return rc;
+    if (!b->wrapped)
+        return dm_set_error(DM_ERR_INVALID,
+                            "dm_buffer_set_resident: the buffer does not wrap host memory");
+    const dm_driver *driver = b->device->driver;
+    return driver->set_resident ? driver->set_resident(b->device->handle, b->handle) : DM_OK;
+}
+
 int dm_buffer_write(dm_buffer *b, size_t offset, const void *src, size_t nbytes) {
     int rc = check_range(b, offset, nbytes, "dm_buffer_write");
     if (rc != DM_OK) return rc;
@@ -228,9 +248,15 @@ int dm_buffer_write(dm_buffer *b, size_t offset, const void *src, size_t nbytes)
         rc = dm_stream_wait_for(b->device, b->last_use);
         if (rc != DM_OK) return rc;
     }
-    rc = host_access(b, 1);
-    if (rc != DM_OK) return rc;
-    if (nbytes) memcpy((char *)b->contents + offset, src, nbytes);
+    const dm_driver *driver = b->device->driver;
+    if (driver->buffer_write && !b->wrapped) {
+        if (nbytes) rc = driver->buffer_write(b->device->handle, b->handle, offset, src, nbytes);
+        if (rc != DM_OK) return rc;
+    } else {
+        rc = host_access(b, 1);
+        if (rc != DM_OK) return rc;
+        if (nbytes) memcpy((char *)b->contents + offset, src, nbytes);
+    }
     b->device->stats.bytes_uploaded += nbytes;
     return DM_OK;
 }
@@ -243,9 +269,15 @@ int dm_buffer_read(dm_buffer *b, size_t offset, void *dst, size_t nbytes) {
         rc = dm_stream_wait_for(b->device, b->last_use);
         if (rc != DM_OK) return rc;
     }
-    rc = host_access(b, 0);
-    if (rc != DM_OK) return rc;
-    if (nbytes) memcpy(dst, (const char *)b->contents + offset, nbytes);
+    const dm_driver *driver = b->device->driver;
+    if (driver->buffer_read && !b->wrapped) {
+        if (nbytes) rc = driver->buffer_read(b->device->handle, b->handle, offset, dst, nbytes);
+        if (rc != DM_OK) return rc;
+    } else {
+        rc = host_access(b, 0);
+        if (rc != DM_OK) return rc;
+        if (nbytes) memcpy(dst, (const char *)b->contents + offset, nbytes);
+    }
     b->device->stats.bytes_downloaded += nbytes;
     return DM_OK;
 }

@@ -13,6 +13,12 @@ int dm_device_get_stats(dm_device *device, dm_stats *out) {
     if (device == NULL || out == NULL)
         return dm_set_error(DM_ERR_INVALID, "dm_device_get_stats: NULL argument");
     *out = device->stats;
+    if (device->driver->copy_counters) {
+        uint64_t count = 0, bytes = 0;
+        device->driver->copy_counters(device->handle, &count, &bytes);
+        out->driver_copies = count - device->copies_base;
+        out->driver_copy_bytes = bytes - device->copy_bytes_base;
+    }
     return DM_OK;
 }
 
@@ -31,6 +37,9 @@ int dm_device_reset_counters(dm_device *device) {
     s->bytes_uploaded = s->bytes_downloaded = s->pool_hits = s->pool_misses = 0;
     s->cpu_fallbacks = s->pipelines_built = s->encode_ns = 0;
     s->peak_in_flight = (uint64_t)device->n_in_flight;
+    if (device->driver->copy_counters)
+        device->driver->copy_counters(device->handle, &device->copies_base,
+                                      &device->copy_bytes_base);
     return DM_OK;
 }
 

@@ -91,11 +91,28 @@ typedef struct dm_driver {
     /* NULL when unsupported. */
     int (*set_thread_order)(void *device, int order, uint64_t seed);
 
-    /* Called by the core after it waited for the work that uses `buffer` and before it reads
-     * (will_write 0) or writes (1) the contents: a driver whose device memory is not the host
-     * copy makes the contents current, and learns that the host changed them. NULL: the
-     * contents are the device's memory. */
+    /* Called by the core after it waited for the work that uses `buffer` and before the host
+     * reads (will_write 0) or changes (1) the contents through their pointer: a driver whose
+     * device memory is not the host copy makes the contents current, and with will_write
+     * uploads them before the next dispatch. NULL: the contents are the device's memory. */
     int (*host_access)(void *device, void *buffer, int will_write);
+    /* dm_buffer_set_resident: the device may keep wrapped memory in a copy of its own
+     * between uses (NULL: the device uses host memory in place, nothing to do). */
+    int (*set_resident)(void *device, void *buffer);
+    /* dm_buffer_read / dm_buffer_write of a range, after the core waited for the work that
+     * uses the buffer, where the driver has memory of its own: copied straight between the
+     * caller's memory and the device's, the range alone (NULL: the core copies through the
+     * contents after host_access). */
+    int (*buffer_read)(void *device, void *buffer, size_t offset, void *dst, size_t nbytes);
+    int (*buffer_write)(void *device, void *buffer, size_t offset, const void *src,
+                        size_t nbytes);
+    /* Encodes a whole dispatch list (items 0..n-1), as encode_batch would, keeping in *cache
+     * what it prepares once for the list (a recorded replay); the core passes the same
+     * *cache until the list changes, then frees it with list_free. On failure *n_done says
+     * how many stayed encoded, as encode_batch's. NULL: the core uses encode_batch. */
+    int (*encode_list)(void *device, void *command, const dm_driver_item *items, int n,
+                       void **cache, int *n_done);
+    void (*list_free)(void *device, void *cache);
     /* Dispatch timing (dm_profile_begin/end). profile_start: time every dispatch encoded
      * from now on. profile_stop, called once all encoded work completed: the device time of
      * each timed dispatch in encode order into ns[0..*n) (*n must come out as the number of
@@ -104,6 +121,9 @@ typedef struct dm_driver {
     int (*profile_start)(void *device);
     int (*profile_stop)(void *device, uint64_t *ns, size_t capacity, size_t *n,
                         dm_profile_copies *copies);
+    /* Running totals of the driver's own copies between host and device memory since the
+     * device was created (not dm_buffer_write/read's, which the core counts). NULL: none. */
+    void (*copy_counters)(void *device, uint64_t *count, uint64_t *bytes);
     /* DM_OK when a device can be created on this machine, else an error saying what is
      * missing. NULL: always (the driver is compiled in). */
     int (*probe)(void);

@@ -56,7 +56,11 @@ class Loader:
     ``start_iteration``: the first batch's iteration (a resumed run continues its sequence);
     ``sampling``: "random" (Darknet's: each image drawn with replacement) or "epoch" (a
     seeded permutation per epoch); ``slots``: the rows of each batch to load (default all:
-    a process training on a share of each batch loads its rows only).
+    a process training on a share of each batch loads its rows only). ``allocate(shape)``:
+    makes the arrays the workers write batches into (a trainer's ``batch_array``: memory its
+    device reads in place); they are then reused, ``prefetch + 2`` per size, so a batch's
+    ``x`` is valid until ``prefetch + 1`` more batches were taken (None: a new NumPy array
+    each batch).
 
     Use as a context manager (or call :meth:`close`): closing cancels the work queued, waits
     for the images being made, and leaves no thread behind. An image or label that cannot
@@ -76,6 +80,7 @@ class Loader:
         start_iteration: int = 0,
         sampling: str = "random",
         slots: range | None = None,
+        allocate: Callable[[tuple[int, ...]], np.ndarray] | None = None,
     ) -> None:
         if not isinstance(settings, LoaderSettings):
             raise ArgumentError(f"settings must be LoaderSettings, not {type(settings).__name__}")
@@ -102,6 +107,10 @@ class Loader:
         #: Seconds the caller spent in :meth:`next` waiting for data.
         self.wait_seconds = 0.0
         self._size = (settings.width, settings.height)
+        self._allocate = allocate
+        # Per (width, height): the batch arrays made so far and the next one to reuse.
+        self._arrays: dict[tuple[int, int], list[np.ndarray]] = {}
+        self._turn: dict[tuple[int, int], int] = {}
         self._pending: deque[_Pending] = deque()
         self._lock = threading.Lock()
         self._closed = False
@@ -190,7 +199,22 @@ class Loader:
             pending = self._pending.popleft()
             for future in pending.futures:
                 future.cancel()
-        # Tasks already running finish into arrays nobody keeps.
+            # Tasks already running finish into arrays nobody keeps: never handed out again.
+            arrays = self._arrays.get((pending.width, pending.height), [])
+            self._arrays[(pending.width, pending.height)] = [a for a in arrays
+                                                            if a is not pending.x]
+
+    def _batch_array(self, width: int, height: int) -> np.ndarray:
+        shape = (len(self.slots), self.settings.channels, height, width)
+        if self._allocate is None:
+            return np.empty(shape, np.float32)
+        arrays = self._arrays.setdefault((width, height), [])
+        if len(arrays) < self.prefetch + 2:
+            arrays.append(self._allocate(shape))
+            return arrays[-1]
+        turn = self._turn.get((width, height), 0)
+        self._turn[(width, height)] = turn + 1
+        return arrays[turn % len(arrays)]
 
     def _fill(self) -> None:
         assert self._pool is not None
@@ -198,7 +222,7 @@ class Loader:
         while len(self._pending) < self.prefetch:
             width, height = self._size
             s = self.settings
-            x = np.empty((len(self.slots), s.channels, height, width), np.float32)
+            x = self._batch_array(width, height)
             futures = [
                 self._pool.submit(
                     load_slot, self.source, s, self.seed, next_iteration, slot,
