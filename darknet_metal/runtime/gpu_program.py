@@ -242,12 +242,16 @@ class GpuBoundProgram:
             items = [self.copy_item(staged, 0, self.input_buffer, staged.size)]
             items.extend((step, self.offsets.get(i), self.tags[i])
                          for i, step in enumerate(self.steps))
+            stored = STORED_DTYPE[self.program.storage]
             for layer in outputs:
                 t = Tensor(layer, "output")
-                spec = self.program.tensors[t]
-                out = aligned_empty(spec.shape, STORED_DTYPE[self.program.storage], page)
-                items.append(self.copy_item(self.buffer(t), 0, out, out.size))
-                self.staged_outputs[layer] = out
+                shape = self.program.tensors[t].shape
+                n = int(np.prod(shape))
+                # Whole pages, wrapped whole: a driver locks them for its copies.
+                pages = aligned_empty((-(-n * stored.itemsize // page) * page // stored.itemsize,),
+                                      stored, page)
+                items.append(self.copy_item(self.buffer(t), 0, pages, n))
+                self.staged_outputs[layer] = pages[:n].reshape(shape)
             lst = self.device.dispatch_list(len(items))
             for dispatch, offsets, tag in items:
                 lst.add(*dispatch, offsets=offsets, tag=tag)

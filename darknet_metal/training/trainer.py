@@ -411,7 +411,9 @@ class Trainer:
     def batch_array(self, shape: tuple[int, ...]) -> np.ndarray:
         """A zeroed array for a batch of ``shape`` that ``step`` stages in place: a device
         reads it where it is (on ``cuda``, from page-locked memory), no copy is made. A
-        loader's workers write their batches into such arrays (``Loader(allocate=...)``)."""
+        loader's workers write their batches into such arrays (``Loader(allocate=...)``):
+        images scaled to [0, 1], so ``step`` takes them as finite without reading them
+        again (fill one yourself and a NaN is yours to keep out)."""
         zeros = self._executor_in_use().training_zeros or np.zeros
         array = zeros(tuple(shape), self.state.dtype)
         self._batch_arrays = {key: ref for key, ref in self._batch_arrays.items()
@@ -426,7 +428,8 @@ class Trainer:
         zeros = self._executor_in_use().training_zeros or np.zeros
         made = self._batch_arrays.get(id(x))
         if made is not None and made() is x:
-            staged, finite = x, _finite_copy(x, None)
+            # A loader's batch: images scaled to [0, 1], finite by construction.
+            staged, finite = x, True
         else:
             if self._staged_x is None or self._staged_x.shape != x.shape:
                 self._staged_x = zeros(x.shape, x.dtype)
