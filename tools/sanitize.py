@@ -7,8 +7,9 @@ Each tool runs over each target in its own process:
 
 - ``kernels``: every case of ``darknet_metal.diagnostics.kernel_cases`` (every registry
   kernel, odd sizes), as ``darknet-metal doctor`` runs them;
-- ``pass``: one inference pass of yolov4-tiny (random weights, ``--size``, batch 1);
-- ``step``: one training step of yolov4-tiny (batch 2);
+- ``pass``: two inference passes of yolov4-tiny (random weights, ``--size``, batch 1): the
+  first records the pass's dispatch list, the second replays the recording (a CUDA graph);
+- ``step``: two training steps of yolov4-tiny (batch 2), recorded and replayed the same way;
 - ``controls``: the planted bugs of ``shim/kernels/sanitizer_controls.metal``, one per tool
   (a missing barrier for racecheck, a barrier in divergent code for synccheck, a write past a
   buffer for memcheck, a read of never-written memory for initcheck), each of which must be
@@ -73,6 +74,7 @@ def _run_pass(size: int) -> None:
 
     net = _yolov4_tiny(size, 1)
     x = np.random.default_rng(0).random((1, 3, size, size), dtype=np.float32)
+    net.forward(x)  # the first pass records its dispatch list, the second replays it
     outputs = net.forward(x)
     print(f"inference pass: {len(outputs)} outputs, all finite: "
           f"{all(np.isfinite(o).all() for o in outputs)}")
@@ -84,6 +86,7 @@ def _run_step(size: int) -> None:
     net = _yolov4_tiny(size, 2)
     x = np.random.default_rng(0).random((2, 3, size, size), dtype=np.float32)
     boxes = np.array([[1, 0.3, 0.4, 0.2, 0.3], [5, 0.7, 0.6, 0.4, 0.2]], np.float32)
+    net.train_step(x, [boxes[:1], boxes])  # recorded, then replayed
     report = net.train_step(x, [boxes[:1], boxes])
     print(f"training step: loss {report.loss:.6g}")
 

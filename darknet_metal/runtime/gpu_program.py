@@ -233,8 +233,8 @@ class GpuBoundProgram:
     def pass_list(self, outputs: Sequence[int]) -> Any:
         """One dispatch list of a whole pass: the staged input copied in, every step, and the
         outputs of layers ``outputs`` copied into host arrays of their own
-        (``staged_outputs``, wrapped: a driver with memory of its own brings them back at
-        the wait, from page-locked memory). Programs without host steps; a driver that
+        (``staged_outputs``, wrapped resident: a driver with memory of its own brings one
+        back, from page-locked memory, when it is read). Programs without host steps; a driver that
         records lists replays it at once. Made on first use."""
         if self._pass_list is None:
             staged = self.staged_input()
@@ -251,6 +251,8 @@ class GpuBoundProgram:
                 pages = aligned_empty((-(-n * stored.itemsize // page) * page // stored.itemsize,),
                                       stored, page)
                 items.append(self.copy_item(self.buffer(t), 0, pages, n))
+                # Only written by the device: it comes back when read, never goes up.
+                self.wrap(pages).set_resident()
                 self.staged_outputs[layer] = pages[:n].reshape(shape)
             lst = self.device.dispatch_list(len(items))
             for dispatch, offsets, tag in items:
