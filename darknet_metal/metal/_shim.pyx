@@ -11,6 +11,7 @@ Work is encoded into a command buffer and runs asynchronously; reading a buffer 
 ``darknet_metal.errors.DeviceError`` with the shim's message; ``.code`` holds its code.
 """
 
+cimport cython
 import os
 import re
 
@@ -512,6 +513,9 @@ cdef int _submit(Device dev, dm_dispatch_list *dlist, kernel_name, args_bytes, b
     return 0
 
 
+# A dispatch list keeps the buffers it names until its own deallocation (the shim holds them
+# until then): the garbage collector must not drop them first.
+@cython.no_gc_clear
 cdef class DispatchList:
     """A prepared dispatch list: dispatches checked and packed once by ``add``, then encoded
     together, in order, by each ``encode`` (one call into the shim instead of one per
@@ -615,6 +619,9 @@ def aligned_empty(shape, dtype=np.float32, page_size: int = 16384) -> np.ndarray
     return raw[start:start + count * dt.itemsize].view(dt).reshape(shape)
 
 
+# A wrapped buffer's array must outlive the release in __dealloc__, which waits for work
+# that still copies into it: the garbage collector must not drop the array first.
+@cython.no_gc_clear
 cdef class Buffer:
     """Device memory (shared with the host). ``Buffer(device, nbytes)`` comes from the pool;
     ``Buffer.wrap(device, array)`` uses a page-aligned array's memory without a copy.

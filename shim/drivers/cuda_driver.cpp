@@ -646,6 +646,7 @@ int host_access(void *handle, void *buffer, int will_write) {
 int buffer_read(void *handle, void *buffer, size_t offset, void *dst, size_t nbytes) {
     CudaDevice *d = static_cast<CudaDevice *>(handle);
     CudaBuffer *r = static_cast<CudaBuffer *>(buffer)->root;
+    offset += static_cast<CudaBuffer *>(buffer)->offset;
     if (!r->device_newer) {
         std::memcpy(dst, static_cast<char *>(r->host) + offset, nbytes);
         return DM_OK;
@@ -659,6 +660,7 @@ int buffer_read(void *handle, void *buffer, size_t offset, void *dst, size_t nby
 int buffer_write(void *handle, void *buffer, size_t offset, const void *src, size_t nbytes) {
     CudaDevice *d = static_cast<CudaDevice *>(handle);
     CudaBuffer *r = static_cast<CudaBuffer *>(buffer)->root;
+    offset += static_cast<CudaBuffer *>(buffer)->offset;
     if (r->host_newer) {  // the host copy goes up whole before the next dispatch
         std::memcpy(static_cast<char *>(r->host) + offset, src, nbytes);
         return DM_OK;
@@ -992,7 +994,12 @@ CUresult launch_items(CudaList *l, CUstream stream, std::string *error) {
     for (size_t i = 0; i < l->items.size(); i++) {
         CUresult cr = launch(l->items[i], l->args_device, stream);
         if (cr != CUDA_SUCCESS) {
-            if (error) *error = launch_failure(l->items[i], i, l->items.size(), cr);
+            if (error) {
+                try {
+                    *error = launch_failure(l->items[i], i, l->items.size(), cr);
+                } catch (const std::bad_alloc &) {
+                }
+            }
             return cr;
         }
     }
@@ -1056,8 +1063,14 @@ CUresult launch_list(CudaDevice *d, CudaList *l, std::string *error) {
         }
         const char *name = "?";
         api.GetErrorName(cr, &name);
-        *error = std::string("launching a recorded dispatch list of ") +
-                 std::to_string(l->items.size()) + " dispatches failed on the GPU: " + name;
+        char message[256];
+        std::snprintf(message, sizeof message,
+                      "launching a recorded dispatch list of %zu dispatches failed on the GPU: "
+                      "%s", l->items.size(), name);
+        try {
+            *error = message;
+        } catch (const std::bad_alloc &) {
+        }
         return cr;
     }
     return launch_items(l, d->stream, error);
@@ -1172,7 +1185,8 @@ int commit(void *handle, void *command) {
         if (r.list) {
             std::string error;
             if (launch_list(d, r.list, &error) != CUDA_SUCCESS) {
-                c->launch_error = error;
+                c->launch_error.swap(error);
+                if (c->launch_error.empty()) c->launch_error.assign("a recorded list failed");
                 break;
             }
             continue;
@@ -1186,7 +1200,11 @@ int commit(void *handle, void *command) {
         if (end) api.EventRecord(end, d->stream);
         if (cr == CUDA_SUCCESS && d->sync_each) cr = api.StreamSynchronize(d->stream);
         if (cr != CUDA_SUCCESS) {
-            c->launch_error = launch_failure(r, i, c->items.size(), cr);
+            try {
+                c->launch_error = launch_failure(r, i, c->items.size(), cr);
+            } catch (const std::bad_alloc &) {
+                c->launch_error = "a kernel failed on the GPU";
+            }
             break;
         }
     }
