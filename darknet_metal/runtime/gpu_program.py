@@ -254,10 +254,7 @@ class GpuBoundProgram:
                 # Only written by the device: it comes back when read, never goes up.
                 self.wrap(pages).set_resident()
                 self.staged_outputs[layer] = pages[:n].reshape(shape)
-            lst = self.device.dispatch_list(len(items))
-            for dispatch, offsets, tag in items:
-                lst.add(*dispatch, offsets=offsets, tag=tag)
-            self._pass_list = lst
+            self._pass_list = self._list_of(items)
         return self._pass_list
 
     def buffer(self, t: Tensor) -> Any:
@@ -330,12 +327,7 @@ class GpuBoundProgram:
             run_staged_passes(self.run, self.program.tensors[INPUT].shape[0], x, stage_in,
                               stage_out)
             self.phases.mark("encode")
-            if guard is not None:
-                self._dispatch(guard.after_passes)
-            if then is not None:
-                self._dispatch(then.items)
-                if guard is not None:
-                    self._dispatch(guard.after_update)
+            self._dispatch(_after_passes(then, guard))
             self.device_commit_and_wait()
         else:
             start = time.perf_counter()
@@ -369,22 +361,21 @@ class GpuBoundProgram:
                 for per_pass, whole in stage_out:
                     items.append(self.copy_item(per_pass, 0, whole, per_pass.size,
                                                 s * per_pass.size))
-            if guard is not None:
-                items.extend(guard.after_passes)
-            if then is not None:
-                items.extend(then.items)
-                if guard is not None:
-                    items.extend(guard.after_update)
-            lst = self.device.dispatch_list(len(items))
-            for dispatch, offsets, tag in items:
-                lst.add(*dispatch, offsets=offsets, tag=tag)
+            items.extend(_after_passes(then, guard))
             # What the list binds stays alive with it (a staged array's wrap is the program's).
-            found = (lst, (x, stage_in, stage_out, then, guard))
+            found = (self._list_of(items), (x, stage_in, stage_out, then, guard))
             while len(self.step_lists) >= MAX_STEP_LISTS:
                 oldest = next(iter(self.step_lists))
                 self.step_lists.pop(oldest)[0].close()
         self.step_lists[key] = found
         return found[0]
+
+    def _list_of(self, items: Sequence[Item]) -> Any:
+        """A dispatch list of ``items``, in order."""
+        lst = self.device.dispatch_list(len(items))
+        for dispatch, offsets, tag in items:
+            lst.add(*dispatch, offsets=offsets, tag=tag)
+        return lst
 
     def _dispatch(self, items: Sequence[Item]) -> None:
         for dispatch, offsets, tag in items:
@@ -443,6 +434,17 @@ class GpuBoundProgram:
         for _, buf in self.wrapped.values():
             buf.release()
         self.wrapped = {}
+
+
+def _after_passes(then: DeviceSteps | None, guard: GuardSteps | None) -> list[Item]:
+    """What a step runs after its passes: the guard's check of the gradients, the update,
+    the guard's check of the parameters."""
+    items = [] if guard is None else list(guard.after_passes)
+    if then is not None:
+        items.extend(then.items)
+        if guard is not None:
+            items.extend(guard.after_update)
+    return items
 
 
 class DeviceSteps:

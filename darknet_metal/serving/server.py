@@ -116,16 +116,19 @@ def serve(repository: str | os.PathLike[str], *, host: str = "127.0.0.1", port: 
         raise
     app = create_app(models, stats, ServerLimits(max_body_bytes, max_image_pixels),
                      version=__version__)
+    config = uvicorn.Config(app, log_level="warning" if quiet else "info",
+                            timeout_graceful_shutdown=60, access_log=not quiet)
+    server = uvicorn.Server(config)
+    # In place before the address is announced: a SIGTERM that comes before uvicorn takes
+    # its signals over asks it to stop as soon as it runs (it checks should_exit), and one
+    # that uvicorn re-raises once it has shut down gracefully ends in exit status 0, as a
+    # finished service should.
+    previous = signal.signal(signal.SIGTERM,
+                             lambda signum, frame: setattr(server, "should_exit", True))
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     _note(f"serving {', '.join(m.name for m in models.values())} on "
           f"http://{shown}:{bound_port} (demo page at /, metrics at /metrics)")
-    config = uvicorn.Config(app, log_level="warning" if quiet else "info",
-                            timeout_graceful_shutdown=60, access_log=not quiet)
-    server = uvicorn.Server(config)
-    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with
-    # this handler in place a SIGTERM ends in exit status 0, as a finished service should.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
         server.run(sockets=[sock])
     finally:

@@ -209,25 +209,20 @@ static int host_access(dm_buffer *b, int will_write) {
     return driver->host_access(b->device->handle, b->handle, will_write);
 }
 
-int dm_buffer_sync(dm_buffer *b) {
-    int rc = check_range(b, 0, 0, "dm_buffer_sync");
+/* Waits for the work that uses the buffer, then the driver's host_access. */
+static int sync_for_host(dm_buffer *b, int will_write, const char *what) {
+    int rc = check_range(b, 0, 0, what);
     if (rc != DM_OK) return rc;
     if (b->last_use > b->device->completed_seq) {
         rc = dm_stream_wait_for(b->device, b->last_use);
         if (rc != DM_OK) return rc;
     }
-    return host_access(b, 0);
+    return host_access(b, will_write);
 }
 
-int dm_buffer_sync_write(dm_buffer *b) {
-    int rc = check_range(b, 0, 0, "dm_buffer_sync_write");
-    if (rc != DM_OK) return rc;
-    if (b->last_use > b->device->completed_seq) {
-        rc = dm_stream_wait_for(b->device, b->last_use);
-        if (rc != DM_OK) return rc;
-    }
-    return host_access(b, 1);
-}
+int dm_buffer_sync(dm_buffer *b) { return sync_for_host(b, 0, "dm_buffer_sync"); }
+
+int dm_buffer_sync_write(dm_buffer *b) { return sync_for_host(b, 1, "dm_buffer_sync_write"); }
 
 int dm_buffer_set_resident(dm_buffer *b) {
     int rc = check_range(b, 0, 0, "dm_buffer_set_resident");

@@ -65,3 +65,36 @@ def test_add(dtype, scale):
     np.testing.assert_array_equal(dst, want)
     with pytest.raises(ArgumentError, match="overlap"):
         fill.add_step(dst, dst)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 1000, (1 << 18) - 1, (1 << 18) + 5, 3 * (1 << 18) + 7])
+def test_copy_finite_copies_bits_and_finds_every_nan_and_infinity(n):
+    rng = np.random.default_rng(n)
+    src = rng.standard_normal(n).astype(np.float32)
+    # Values at the edges of finite: the largest, the smallest subnormal, -0.
+    src[: min(n, 3)] = np.array([np.finfo(np.float32).max, 1e-45, -0.0], np.float32)[: min(n, 3)]
+    for dst in (np.empty(n, np.float32), np.empty(n + 1, np.float32)[1:]):  # aligned, not
+        assert fill.copy_finite(src, dst) is True
+        assert dst.tobytes() == src.tobytes()
+    assert fill.copy_finite(src) is True
+    for position in sorted({0, n // 2, n - 1, min(n - 1, 1 << 18)}):
+        for bad in (np.nan, np.inf, -np.inf):
+            broken = src.copy()
+            broken[position] = bad
+            assert fill.copy_finite(broken) is False
+            out = np.empty_like(broken)
+            assert fill.copy_finite(broken, out) is False
+            assert out.tobytes() == broken.tobytes()  # copied whole all the same
+
+
+def test_copy_finite_refuses_what_it_cannot_copy():
+    a = np.zeros((2, 3), np.float32)
+    with pytest.raises(ArgumentError, match="float32"):
+        fill.copy_finite(a.astype(np.float64))
+    with pytest.raises(ArgumentError, match="shape"):
+        fill.copy_finite(a, np.zeros((3, 2), np.float32))
+    with pytest.raises(ArgumentError, match="writable"):
+        out = np.zeros((2, 3), np.float32)
+        out.flags.writeable = False
+        fill.copy_finite(a, out)
+    assert fill.copy_finite(np.zeros(0, np.float32)) is True

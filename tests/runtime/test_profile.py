@@ -6,6 +6,7 @@ expressions), bytes against the copy kernel's obvious traffic."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from darknet_metal.cli import main
 from darknet_metal.errors import ArgumentError
 from darknet_metal.metal.dispatch import gemm_args
 from darknet_metal.metal.work import NO_LAYER, dispatch_tag, work_of_tag
+from darknet_metal.runtime.phases import PHASES, PhaseClock
 
 CFG = """\
 [net]
@@ -156,6 +158,51 @@ def test_training_profile_leaves_the_network_as_it_was(gpu_device, cfg):
     for i, p in before.items():
         for k, a in p.items():
             np.testing.assert_array_equal(net.params[i][k], a)
+
+
+def test_host_split_of_a_step_and_of_a_pass(gpu_device, cfg):
+    # The wall time of whole calls, split into the host's phases, with the counters of
+    # each call: one command buffer and one wait; the driver's copies are the input (and
+    # the outputs read) on cuda, nothing where the device shares host memory.
+    net = dm.load(cfg, device=gpu_device)
+    step = net.profile(train=True, repeats=1, peaks=False)
+    host = step.host
+    assert host is not None and host.runs >= 5
+    assert set(host.phases) == {p.name for p in PHASES}
+    assert host.phases["wait"] > 0 and host.phases["encode"] > 0
+    assert sum(host.phases.values()) <= host.wall_seconds * 1.0001
+    assert host.other_seconds >= 0
+    assert (host.commits, host.waits) == (1, 1)
+    x = 2 * 3 * 64 * 64 * 4
+    if gpu_device == "cuda":
+        assert x <= host.driver_copy_bytes <= x + (1 << 20)
+    else:
+        assert host.driver_copies == host.driver_copy_bytes == 0
+    assert host.dispatches == len(step.dispatches)
+    table = step.table()
+    assert "host side of a whole call" in table and "on unified memory" in table
+    data = json.loads(step.to_json())["host"]
+    assert data["phases"]["guard"] == host.phases["guard"] and "unified_memory" in data
+    infer = net.profile(repeats=1, peaks=False).host
+    assert infer is not None and (infer.commits, infer.waits) == (1, 1)
+    assert infer.phases["guard"] == infer.phases["update"] == 0
+
+
+def test_phase_clock_adds_time_only_while_measuring():
+    clock = PhaseClock()
+    clock.mark("prepare")
+    clock.stop()
+    assert all(v == 0 for v in clock.seconds.values())
+    with clock.measuring() as seconds:
+        clock.mark("prepare")
+        time.sleep(0.002)
+        clock.mark("wait")
+        time.sleep(0.001)
+    assert seconds["prepare"] >= 0.002 and seconds["wait"] >= 0.001
+    assert seconds["encode"] == 0
+    with clock.measuring() as again:  # starts from zero
+        pass
+    assert all(v == 0 for v in again.values())
 
 
 def test_cpu_profile_is_per_layer(cfg):

@@ -23,6 +23,17 @@ def _pending(url: str) -> float:
     return 0.0
 
 
+def test_sigterm_right_after_the_address_is_announced_exits_0(tmp_path):
+    # The announcement is the moment a caller may stop the server: a SIGTERM then, before
+    # uvicorn has taken its signals over, must still end in a graceful exit, not kill the
+    # process (-15) or be swallowed (a server that never stops).
+    add_tiny(tmp_path, "yolov3-tiny", "max_batch_size: 1\n", size=64)
+    for _ in range(3):
+        with ServerProcess(tmp_path, "-q") as server:
+            pass
+        assert server.process.returncode == 0, server.log
+
+
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(tmp_path):
     # A 3 s queue delay keeps the request waiting in the batcher when SIGTERM arrives.
     add_tiny(tmp_path, config="max_batch_size: 8\n"

@@ -64,6 +64,65 @@ def test_a_host_write_between_passes_reaches_the_device(cuda):
         np.testing.assert_array_equal(out.read(np.float32), want)
 
 
+def test_resident_wrapped_memory_is_copied_only_when_asked(cuda):
+    # The training state's contract on 'cuda': the device keeps its own copy; the host sees
+    # the device's changes after sync(), the device the host's after sync(write=True), and
+    # nothing is copied at commits and waits.
+    page = cuda.info["page_size"]
+    a = _shim.aligned_empty((1 << 16,), np.float32, page)  # whole pages: page-locked
+    a[:] = 3.0
+    buf = _shim.Buffer.wrap(cuda, a)
+    buf.set_resident()
+    n = a.size
+    zeros = cuda.upload(np.zeros(n, np.float32))
+    sevens = cuda.upload(np.full(n, 7.0, np.float32))
+    out = cuda.buffer(4 * n)
+    _axpy(cuda, n, 2.0, buf, zeros, out)  # the first use takes the host's contents
+    np.testing.assert_array_equal(out.read(np.float32), 6.0)
+    before = cuda.stats()
+    _axpy(cuda, n, 0.0, zeros, sevens, buf)  # buf = 7 on the device
+    cuda.synchronize()
+    assert cuda.stats()["driver_copy_bytes"] - before["driver_copy_bytes"] < a.nbytes
+    np.testing.assert_array_equal(a, 3.0)  # not brought back at the wait
+    buf.sync()
+    np.testing.assert_array_equal(a, 7.0)
+    a[:] = 9.0  # changed without saying so: the device keeps its copy
+    _axpy(cuda, n, 1.0, buf, zeros, out)
+    np.testing.assert_array_equal(out.read(np.float32), 7.0)
+    buf.sync(write=True)
+    a[:] = 4.0
+    _axpy(cuda, n, 1.0, buf, zeros, out)
+    np.testing.assert_array_equal(out.read(np.float32), 4.0)
+    for b in (buf, zeros, sevens, out):
+        b.release()
+
+
+def test_a_dispatch_list_is_replayed_with_the_buffers_contents_of_each_commit(cuda):
+    # A whole list is recorded once (a CUDA graph) and replayed: each encode computes with
+    # what the buffers hold then, counts every dispatch, and a dispatch added later runs too.
+    n = 4096
+    x = cuda.buffer(4 * n)
+    y = cuda.upload(np.ones(n, np.float32))
+    mid = cuda.buffer(4 * n)
+    out = cuda.buffer(4 * n)
+    lst = cuda.dispatch_list()
+    lst.add("selftest_axpy_f32", struct.pack("<If", n, 2.0), [x, y, mid], n, 64)
+    lst.add("selftest_axpy_f32", struct.pack("<If", n, 3.0), [mid, y, out], n, 64)
+    for k in range(4):
+        x.write(np.full(n, float(k), np.float32))
+        before = cuda.stats()["kernels_dispatched"]
+        lst.encode()
+        np.testing.assert_array_equal(out.read(np.float32), 3.0 * (2.0 * k + 1) + 1)
+        assert cuda.stats()["kernels_dispatched"] - before == 2
+    lst.add("selftest_axpy_f32", struct.pack("<If", n, -1.0), [out, y, out], n, 64)
+    x.write(np.zeros(n, np.float32))
+    lst.encode()
+    np.testing.assert_array_equal(out.read(np.float32), -(3.0 * 1 + 1) + 1)
+    lst.close()
+    for b in (x, y, mid, out):
+        b.release()
+
+
 def test_barrier_kernels_need_whole_threadgroups(cuda):
     x = cuda.upload(np.ones(100, np.float32))
     sums = cuda.buffer(4 * 2)

@@ -98,6 +98,30 @@ def test_zero_copy_wrap_uses_the_array_memory(device):
     assert after["allocated_bytes"] == before["allocated_bytes"]
 
 
+def test_resident_wraps_change_nothing_where_the_device_shares_host_memory(device):
+    # On the emulator (as on Metal) the device works in the array itself: the host sees
+    # its writes at once, and the device the host's, whatever the coherence calls say.
+    page = device.info["page_size"]
+    a = _shim.aligned_empty((1024,), np.float32, page)
+    a[:] = 3.0
+    buf = device.upload(a, zero_copy=True)
+    buf.set_resident()
+    zeros = device.upload(np.zeros(1024, np.float32))
+    sevens = device.upload(np.full(1024, 7.0, np.float32))
+    device.dispatch("selftest_axpy_f32", axpy_args(1024, 0.0), [zeros, sevens, buf], 1024, 128)
+    device.synchronize()
+    np.testing.assert_array_equal(a, 7.0)
+    buf.sync(write=True)
+    a[:] = 4.0
+    out = device.buffer(4 * 1024)
+    device.dispatch("selftest_axpy_f32", axpy_args(1024, 1.0), [buf, zeros, out], 1024, 128)
+    np.testing.assert_array_equal(out.read(np.float32), 4.0)
+    assert device.stats()["driver_copies"] == device.stats()["driver_copy_bytes"] == 0
+    plain = device.buffer(64)
+    with pytest.raises(_shim.DeviceError, match="does not wrap host memory"):
+        plain.set_resident()
+
+
 def test_unaligned_array_is_copied_not_wrapped(device):
     x = np.arange(1025, dtype=np.float32)[1:]  # 4 bytes past an allocation start
     b = device.upload(x, zero_copy=True)

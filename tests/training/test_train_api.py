@@ -452,3 +452,39 @@ def test_the_networks_trainer_lives_with_it_and_others_go_when_let_go(tmp_path):
     assert Trainer.of(net) is own and net.iteration == 2
     net.to("emu")  # the state goes back into net.params; a new trainer on the new device
     assert own.executor is None and Trainer.of(net) is not own
+
+
+def test_a_batch_made_by_the_trainer_is_staged_in_place_with_the_same_result(tmp_path,
+                                                                             device):
+    # A loader writes batches where the device reads them (``batch_array``): the step takes
+    # that array as it is and gives what a step on a copy of it gives.
+    nets = [_net(tmp_path, name=f"net{k}", device=device) for k in range(2)]
+    x, truths = _batch(nets[0])
+    made = Trainer.of(nets[1]).batch_array(x.shape)
+    assert made.shape == x.shape and made.dtype == np.float32 and not made.any()
+    made[...] = x
+    reports = [nets[0].train_step(x, truths), nets[1].train_step(made, truths)]
+    assert reports[0].loss == reports[1].loss
+    for a, b in zip(_state(nets[0]), _state(nets[1]), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_device_keeps_parameters_gradients_and_moments_in_one_block_each(tmp_path):
+    net = _net(tmp_path, device="emu", adam=1)
+    x, truths = _batch(net)
+    net.train_step(x, truths)
+    state = Trainer.of(net).state
+    assert set(state.arenas) == {"value", "grad", "adam_m", "adam_v"}
+    page = net.executor.training_alignment
+    for layer in state.layers.values():
+        for group in ("value", "grad", "adam_m", "adam_v"):
+            for name, a in layer.group(group).items():
+                assert np.shares_memory(a, state.arenas[group]), (layer.index, group, name)
+                assert a.__array_interface__["data"][0] % page == 0
+    # The network's parameters are the arena's arrays (the device trains them in place),
+    # and reading them gives the trained values.
+    for index, params in net.params.items():
+        for name, a in params.items():
+            assert a is state.layer(index).values[name]
+    cpu = _net(tmp_path, name="cpu", device="cpu", adam=1)
+    assert not Trainer.of(cpu).state.arenas  # the CPU trains NumPy arrays of its own

@@ -69,3 +69,10 @@ def test_chart_is_written_whole_and_not_too_often(tmp_path):
     with Image.open(path) as im:
         assert im.size == (800, 600) and im.format == "PNG"
     assert [p.name for p in tmp_path.iterdir()] == ["chart.png"]
+
+
+def test_images_per_second_end_the_line_and_are_in_the_record():
+    record = _record(images_per_second=412.345)
+    assert record.darknet_line().endswith("time remaining=7 seconds, 412.3 img/s")
+    assert json.loads(record.to_json())["images_per_second"] == 412.345
+    assert json.loads(_record().to_json())["images_per_second"] is None

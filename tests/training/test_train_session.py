@@ -11,6 +11,7 @@ from training_golden import TRAIN
 
 import darknet_metal as dm
 from darknet_metal.training.checkpoint import find_checkpoint
+from darknet_metal.training.run import default_workers
 from darknet_metal.training.session import Schedule, TrainingRun
 
 CASE = TRAIN / "micro-v4-sgd"
@@ -69,6 +70,10 @@ def test_a_run_learns_and_writes_darknets_files(tmp_path, device):
     assert last <= 0.75 * first, (first, last)  # the loss falls by at least 25%
     log = (tmp_path / "micro.log").read_text().splitlines()
     assert len(log) == 30 and log[11].startswith("12: loss=") and "last=20.00%" in log[11]
+    # Images per second over each iteration's wall time: at most the batch over the step.
+    for r in records:
+        assert 0 < r["images_per_second"] <= r["batch"] / r["train_seconds"]
+    assert all(line.endswith(" img/s") for line in log)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["chart_micro.png", "micro.jsonl", "micro.log", "micro_10.weights",
                      "micro_20.weights", "micro_30.weights", "micro_best.weights",
@@ -133,3 +138,18 @@ def test_a_finished_run_says_how_to_continue(tmp_path):
     with pytest.raises(dm.ArgumentError, match="--clear"):
         TrainingRun(net, FixedBatches(net), Schedule(5, 0, 100, 100), backup=tmp_path,
                     base="m", progress=False, chart=False).run()
+
+
+def test_the_loader_has_a_thread_per_cpu_by_default_shared_among_local_ranks(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
+
+    class Ranks:
+        local_size = 3
+
+    assert default_workers() == 12
+    assert default_workers(Ranks()) == 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert default_workers() == 2  # at least 2: one loads while the other augments
+

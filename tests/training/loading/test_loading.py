@@ -136,6 +136,36 @@ def test_loader_batches_are_load_batch(tmp_path):
     assert all(t.dtype == np.float32 and t.shape[1] == 5 and len(t) <= 6 for t in truths)
 
 
+def test_batches_written_into_given_arrays_are_the_same_and_the_arrays_reused(tmp_path):
+    # A trainer gives the loader arrays its device reads in place: the loader makes
+    # prefetch + 2 per size and then cycles through them, the batches unchanged.
+    samples = _samples(tmp_path)
+    settings = LoaderSettings(**FULL)
+    made = []
+
+    def allocate(shape):
+        made.append(np.full(shape, np.nan, np.float32))  # every pixel must be written
+        return made[-1]
+
+    with Loader(samples, settings, seed=5, workers=2, prefetch=2) as plain, \
+            Loader(samples, settings, seed=5, workers=2, prefetch=2,
+                   allocate=allocate) as given:
+        for _ in range(7):
+            a, b = plain.next(), given.next()
+            assert b.x.tobytes() == a.x.tobytes()
+            assert any(b.x is m for m in made)
+        assert len(made) == 4
+        # The two batches being made when the size changes are dropped, and their arrays
+        # are never handed out again (a worker may still be writing one): coming back to
+        # the size, the loader makes two new arrays instead.
+        given.set_size(128, 96)
+        given.next()
+        given.set_size(96, 64)
+        for _ in range(6):
+            given.next()
+        assert sum(m.shape[2:] == (64, 96) for m in made) == 6
+
+
 def test_epoch_sampling_visits_every_image_once_per_epoch(tmp_path):
     samples = _samples(tmp_path, count=6)
     settings = LoaderSettings(width=32, height=32, batch=3)
