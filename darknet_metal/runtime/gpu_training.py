@@ -74,7 +74,7 @@ class GpuTraining:
         every one) current on the host; with ``write`` the host may change them, and the
         device takes the changes at its next use."""
         for block, buf in self._arenas:
-            if arenas is None or any(np.shares_memory(block, a) for a in arenas):
+            if arenas is None or any(np.may_share_memory(block, a) for a in arenas):
                 buf.sync(write=write)
 
     def _training_placement(self, state: TrainState, batch: int,

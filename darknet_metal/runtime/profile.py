@@ -102,7 +102,8 @@ class ProfileRow:
 @dataclass(frozen=True)
 class HostSplit:
     """Where the wall time of a whole call goes (a pass or a training step, run as a caller
-    runs it, without the profiler's timing): medians over ``runs``. ``wall_seconds``: the
+    runs it, without the profiler's timing): the run of the median wall time among ``runs``,
+    whole (its parts add up to its wall time). ``wall_seconds``: the
     call; ``phases``: host seconds per phase (``runtime.phases.PHASES``; the wait for the
     device is one); ``driver_copies`` and ``driver_copy_bytes``: the driver's own copies
     between host and device memory per call; ``waits``, ``commits``, ``dispatches``: per
@@ -125,10 +126,10 @@ class HostSplit:
     def lines(self, device_seconds: float) -> list[str]:
         """The split as table lines, beside the device's own time of the call."""
         wall = self.wall_seconds
-        out = [f"  host side of a whole call, median of {self.runs} unprofiled run(s): wall "
+        out = [f"  host side of a whole call, the median of {self.runs} unprofiled run(s): wall "
                f"{1e3 * wall:.3f} ms = {wall / device_seconds:.2f}x the device time"
                if device_seconds > 0 else
-               f"  host side of a whole call, median of {self.runs} run(s): wall "
+               f"  host side of a whole call, the median of {self.runs} run(s): wall "
                f"{1e3 * wall:.3f} ms",
                f"  {'part':<34} {'ms':>9} {'share':>6}  on unified memory"]
         for phase in PHASES:
@@ -148,7 +149,7 @@ class HostSplit:
 def split_host(device: Any, clock: PhaseClock, run: Callable[[], None],
                repeats: int) -> HostSplit:
     """Runs ``run`` (a whole call) ``repeats`` times with ``clock`` enabled and the device's
-    counters read around each run: the medians as a ``HostSplit``."""
+    counters read around each run: the run of the median wall time as a ``HostSplit``."""
     walls: list[float] = []
     phases: list[dict[str, float]] = []
     counts: list[dict[str, int]] = []
@@ -164,15 +165,15 @@ def split_host(device: Any, clock: PhaseClock, run: Callable[[], None],
         phases.append(dict(seconds))
         counts.append({k: int(after[k]) - int(before[k]) for k in keys})
 
-    def median(key: str) -> int:
-        return int(statistics.median(c[key] for c in counts))
-
+    # The run of the median wall time, whole: its parts add up to its wall time (medians
+    # taken part by part would not).
+    run_at = sorted(range(len(walls)), key=walls.__getitem__)[len(walls) // 2]
+    chosen = counts[run_at]
     return HostSplit(
-        wall_seconds=statistics.median(walls),
-        phases={name: statistics.median(p[name] for p in phases) for name in phases[0]},
-        driver_copies=median("driver_copies"), driver_copy_bytes=median("driver_copy_bytes"),
-        waits=median("waits"), commits=median("command_buffers_committed"),
-        dispatches=median("kernels_dispatched"), runs=len(walls))
+        wall_seconds=walls[run_at], phases=phases[run_at],
+        driver_copies=chosen["driver_copies"], driver_copy_bytes=chosen["driver_copy_bytes"],
+        waits=chosen["waits"], commits=chosen["command_buffers_committed"],
+        dispatches=chosen["kernels_dispatched"], runs=len(walls))
 
 
 @dataclass

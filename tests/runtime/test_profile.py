@@ -170,7 +170,7 @@ def test_host_split_of_a_step_and_of_a_pass(gpu_device, cfg):
     assert host is not None and host.runs >= 5
     assert set(host.phases) == {p.name for p in PHASES}
     assert host.phases["wait"] > 0 and host.phases["encode"] > 0
-    assert sum(host.phases.values()) <= host.wall_seconds * 1.0001
+    assert sum(host.phases.values()) <= host.wall_seconds  # one run's parts, whole
     assert host.other_seconds >= 0
     assert (host.commits, host.waits) == (1, 1)
     x = 2 * 3 * 64 * 64 * 4
