@@ -269,7 +269,8 @@ class Network:
 
     def profile(self, x: np.ndarray | None = None, *, train: bool = False,
                 truths: Sequence[Any] | None = None, repeats: int = 3,
-                peaks: DevicePeaks | bool = True) -> Profile:
+                peaks: DevicePeaks | bool = True,
+                progress: Callable[[str], None] | None = None) -> Profile:
         """Where the time of a forward pass (or, with ``train``, of a training step) goes:
         per kernel dispatch its time, floating-point operations and bytes moved, summed per
         layer and per kernel, with fractions of the device's peaks (``runtime.profile``).
@@ -281,6 +282,7 @@ class Network:
         time the median over them (after one unprofiled warm-up run). ``peaks``: True for
         the device's copy bandwidth and GEMM rate (``device_peaks``: measured on the
         device's first profile), a ``DevicePeaks`` to use those, False for none.
+        ``progress(line)``: told what runs next (a profile on the emulator takes minutes).
 
         Times are the device's on ``cuda`` and ``metal``, host times on ``emu`` (labelled:
         the emulator is the CPU) and per layer on ``cpu``. A training profile runs real steps
@@ -288,6 +290,7 @@ class Network:
         ArgumentError for a training profile on ``cpu`` (whose steps are not timed one by
         one) or a bad input."""
         repeats = arguments.positive_int("repeats", repeats)
+        say = progress or (lambda line: None)
         c, h, w = self.input_shape
         rng = np.random.default_rng(0)
         if train:
@@ -308,33 +311,39 @@ class Network:
             return cpu_profile(f"inference {size}", ms, list(kinds.values()),
                                [x.shape[0] * op.flops for op in self.layers], repeats)
         if not train:
-            self.forward(x)  # warm-up: programs, buffers, pipelines
+            say("a warm-up pass (programs, buffers, pipelines)")
+            self.forward(x)
             with self.exclusive():
                 executor = self.inference_executor()
                 device = executor.device  # type: ignore[attr-defined]
                 dispatches, copies, wall = profile_passes(
-                    device, lambda: executor.forward(x, outputs=[]), repeats, kinds)
+                    device, lambda: executor.forward(x, outputs=[]), repeats, kinds,
+                    progress=say)
                 host = split_host(device, executor.phases, lambda: self.forward(x),
-                                  max(repeats, 5))
+                                  max(repeats, 5), progress=say)
             what = f"inference {size}"
         else:
             if truths is None:
                 truths = self._synthetic_truths(x.shape[0], rng)
             twin = self._twin()
             try:
-                twin.train_step(x, truths)  # warm-up
+                say("a warm-up step (programs, buffers, pipelines)")
+                twin.train_step(x, truths)
                 with twin.exclusive():
                     device = twin.executor.device  # type: ignore[attr-defined]
                     dispatches, copies, wall = profile_passes(
-                        device, lambda: twin.train_step(x, truths), repeats, kinds)
+                        device, lambda: twin.train_step(x, truths), repeats, kinds,
+                        progress=say)
                     host = split_host(device, twin.executor.phases,
-                                      lambda: twin.train_step(x, truths), max(repeats, 5))
+                                      lambda: twin.train_step(x, truths), max(repeats, 5),
+                                      progress=say)
             finally:
                 twin.to("cpu")
             subdivisions = int(self.config.net.values["subdivisions"])
             what = f"training step {size} (subdivisions {subdivisions})"
         with self.exclusive():
             if peaks is True:
+                say("the device's copy bandwidth and GEMM rate (once per device)")
                 peaks = device_peaks(device)
         return Profile(what=what, device=self.device, device_name=str(device.name),
                        clock=CLOCKS[self.device], dispatches=dispatches, host_copies=copies,

@@ -91,7 +91,9 @@ def _run_profile(args: argparse.Namespace) -> int:
         net.batch = 1
     print(f"profiling {'a training step' if args.train else 'a forward pass'} of {cfg} on "
           f"{device} ...", file=sys.stderr)
-    profile = net.profile(train=args.train, repeats=args.repeats)
+    profile = net.profile(train=args.train, repeats=args.repeats,
+                          progress=lambda line: print(f"  {line} ...", file=sys.stderr,
+                                                      flush=True))
     print(profile.table(args.top))
     if args.json is not None:
         text = (profile.to_json() + "\n").encode()

@@ -146,16 +146,19 @@ class HostSplit:
         return out
 
 
-def split_host(device: Any, clock: PhaseClock, run: Callable[[], None],
-               repeats: int) -> HostSplit:
+def split_host(device: Any, clock: PhaseClock, run: Callable[[], None], repeats: int,
+               progress: Callable[[str], None] | None = None) -> HostSplit:
     """Runs ``run`` (a whole call) ``repeats`` times with ``clock`` enabled and the device's
-    counters read around each run: the run of the median wall time as a ``HostSplit``."""
+    counters read around each run: the run of the median wall time as a ``HostSplit``.
+    ``progress(line)`` is told of each run."""
     walls: list[float] = []
     phases: list[dict[str, float]] = []
     counts: list[dict[str, int]] = []
     keys = ("driver_copies", "driver_copy_bytes", "waits", "command_buffers_committed",
             "kernels_dispatched")
-    for _ in range(max(1, repeats)):
+    for k in range(max(1, repeats)):
+        if progress is not None:
+            progress(f"whole call {k + 1} of {max(1, repeats)} (the host's split)")
         before = device.stats()
         with clock.measuring() as seconds:
             start = time.perf_counter()
@@ -308,17 +311,20 @@ def _pct(value: float | None) -> str:
 
 
 def profile_passes(device: Any, run: Callable[[], None], repeats: int,
-                   kinds: Mapping[int, str]) -> tuple[list[DispatchTime], dict[str, float],
-                                                      float]:
+                   kinds: Mapping[int, str], progress: Callable[[str], None] | None = None
+                   ) -> tuple[list[DispatchTime], dict[str, float], float]:
     """Runs ``run`` (one pass, or one training step) ``repeats`` times under the device's
     profiler: (the dispatches with the median time of each over the runs, the driver's host
     copies of one run (medians), the median host wall time of a run). ``kinds``: layer
-    index -> kind, for the rows. Raises DeviceError when the runs did not dispatch the same
-    kernels (a pass whose work changes from run to run cannot be profiled this way)."""
+    index -> kind, for the rows. ``progress(line)`` is told of each run. Raises DeviceError
+    when the runs did not dispatch the same kernels (a pass whose work changes from run to run
+    cannot be profiled this way)."""
     runs: list[list[tuple[str, int, int]]] = []
     copies: list[dict[str, float]] = []
     walls: list[float] = []
-    for _ in range(max(1, repeats)):
+    for k in range(max(1, repeats)):
+        if progress is not None:
+            progress(f"profiled run {k + 1} of {max(1, repeats)}")
         device.profile_begin()
         start = time.perf_counter()
         try:

@@ -28,7 +28,7 @@ def add_command(commands: Any) -> None:
         description=(
             "Write OUT.cfg: the bundled --model's cfg with classes in every [yolo], "
             "filters=(classes+5)*masks in the convolution before each, max_batches (Darknet's "
-            "rule unless given), steps at 80%% and 90%% of it, the size, batch and "
+            "rule unless given), steps at 80% and 90% of it, the size, batch and "
             "subdivisions, and the anchors (--anchors auto: clustered from --data's boxes). "
             "Every derived value is printed on stderr with where it came from; nothing is "
             "written when a value is refused."

@@ -642,3 +642,18 @@ def test_help_shows_the_defaults() -> None:
         assert f"(default: {default})" in text, text
     doctor = " ".join(_help(["doctor", "--help"]).split())
     assert "(default: 96)" in doctor
+
+
+def test_every_commands_help_prints_its_percent_signs_once(capsys):
+    # argparse formats "%" only in arguments' help, never in a description: a "%%" written
+    # there reaches the user as two.
+    def help_of(*words: str) -> str:
+        assert main([*words, "--help"]) == 0
+        return capsys.readouterr().out
+
+    listing = help_of().split("COMMAND", 2)[-1]
+    commands = re.findall(r"^    ([a-z][\w-]*)", listing, re.MULTILINE)
+    assert {"cfg", "train", "detect", "profile"} <= set(commands)
+    for name in commands:
+        assert "%%" not in help_of(name), name
+    assert "steps at 80% and 90% of it" in " ".join(help_of("cfg").split())

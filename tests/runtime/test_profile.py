@@ -222,8 +222,15 @@ def test_profile_command(cfg, tmp_path, capsys):
     out = tmp_path / "p.json"
     assert main(["profile", str(cfg), "--device", "emu", "--repeats", "1", "--json",
                  str(out), "--top", "3"]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "inference 64x64 batch 1 on emu" in text and "gemm_nn_f32" in text
+    # What runs next is said as it starts (a profile on the emulator takes minutes).
+    said = captured.err.splitlines()
+    assert said[0].startswith("profiling a forward pass")
+    assert "  a warm-up pass (programs, buffers, pipelines) ..." in said
+    assert "  profiled run 1 of 1 ..." in said
+    assert "  whole call 5 of 5 (the host's split) ..." in said
     data = json.loads(out.read_text())
     assert data["device"] == "emu" and data["by_layer"]
     assert main(["profile", "--device", "emu"]) == 2
