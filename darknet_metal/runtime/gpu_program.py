@@ -114,7 +114,7 @@ class DeviceArray:
         if self._staged is not None:
             self._buffer.sync()  # waits for the pass; the wrapped array is then current
             out = np.empty(self.shape, self._stored)
-            copy_finite(self._staged, out)
+            copy_finite(self._staged, out)  # the copy, split across the CPU threads
         else:
             out = np.empty(self.shape, self._stored)
             self._buffer.read_into(out)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from darknet_metal.cpu.update import all_finite
 from darknet_metal.errors import ArgumentError
 from darknet_metal.model.weights import Params
 from darknet_metal.runtime.program import Param
@@ -290,8 +291,6 @@ class HostGuard:
         self._saved = self.state.snapshot(self._saved)
 
     def flags(self) -> tuple[bool, bool]:
-        from darknet_metal.cpu.update import all_finite
-
         layers = self.state.layers.values()
         return (all(all_finite(g) for layer in layers for g in layer.grads.values()),
                 all(all_finite(v) for layer in layers for v in layer.values.values()))

@@ -425,13 +425,13 @@ class Trainer:
         """The batch where the device reads it (``x`` itself when ``batch_array`` made it,
         else a copy), checked finite in the same read, and the truths in their staging
         arrays; nothing of the training state changes (a refused batch leaves no trace)."""
-        zeros = self._executor_in_use().training_zeros or np.zeros
         made = self._batch_arrays.get(id(x))
         if made is not None and made() is x:
             # A loader's batch: images scaled to [0, 1], finite by construction.
             staged, finite = x, True
         else:
             if self._staged_x is None or self._staged_x.shape != x.shape:
+                zeros = self._executor_in_use().training_zeros or np.zeros
                 self._staged_x = zeros(x.shape, x.dtype)
             staged, finite = self._staged_x, _finite_copy(x, self._staged_x)
         if not finite:

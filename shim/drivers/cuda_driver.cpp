@@ -287,7 +287,6 @@ struct CudaDevice {
     std::vector<std::pair<CUdeviceptr, size_t>> free_arenas;
     std::vector<CudaBuffer *> wrapped_roots;
     CUstream capture_stream = nullptr;  // where dispatch lists' graphs are captured
-    uint64_t graph_launches = 0, graph_captures = 0;
     // Profiling: a pair of timing events around each timed launch (null: not launched), in
     // launch order, the driver's own copies, and spare events for the next profile.
     bool profiling = false;
@@ -1048,7 +1047,6 @@ void capture(CudaDevice *d, CudaList *l) {
         l->no_graph = true;
         return;
     }
-    d->graph_captures++;
 }
 
 /* Launches a recorded list on the device's stream: its graph when the buffers are where they
@@ -1057,10 +1055,7 @@ CUresult launch_list(CudaDevice *d, CudaList *l, std::string *error) {
     if (!l->no_graph && !(l->graph && addresses_unchanged(l))) capture(d, l);
     if (l->graph) {
         CUresult cr = api.GraphLaunch(l->graph, d->stream);
-        if (cr == CUDA_SUCCESS) {
-            d->graph_launches++;
-            return cr;
-        }
+        if (cr == CUDA_SUCCESS) return cr;
         const char *name = "?";
         api.GetErrorName(cr, &name);
         char message[256];
