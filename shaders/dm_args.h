@@ -114,6 +114,20 @@ typedef struct dm_gemm_args {
 } dm_gemm_args;
 DM_STATIC_ASSERT(sizeof(dm_gemm_args) == 68, "dm_gemm_args size");
 
+/* gemm_splits_fwd_f32: the epilogue of a GEMM split along K. For each of `images` outputs of
+ * `per_image` elements (rows x spatial, row-major), c[z*per_image + i] = act(part[(z*splits +
+ * 0)*per_image + i] + ... + part[(z*splits + splits - 1)*per_image + i] + bias[i / spatial]),
+ * the splits added in order; the bias only with bias_mode DM_BIAS_ROWS. */
+typedef struct dm_gemm_splits_args {
+    uint32_t per_image;
+    uint32_t images;
+    uint32_t splits;
+    uint32_t spatial;
+    int32_t bias_mode;
+    int32_t act;
+} dm_gemm_splits_args;
+DM_STATIC_ASSERT(sizeof(dm_gemm_splits_args) == 24, "dm_gemm_splits_args size");
+
 /* maxpool_fwd_f32: planes = batch*channels; padding is Darknet's total
  * padding (cfg key, default size-1); windows start padding/2 before the image. */
 typedef struct dm_pool_args {

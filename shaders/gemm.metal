@@ -10,6 +10,7 @@
 // - gemm_*_simd_f32: for Apple7+ GPUs, the same tiles and loads, the arithmetic on
 //   simdgroup_float8x8 matrices (4 simdgroups in 2x2, each owning 32x32 = 4x4 accumulators).
 // Both zero-pad the tiles past M, N and K, so any sizes work; only in-range outputs are written.
+// gemm_splits_fwd_f32 finishes a product split along K into slots (the epilogue run once).
 #include <metal_stdlib>
 #include "dm_args.h"
 #include "dm_activation.h"
@@ -324,6 +325,24 @@ kernel void gemm_simd(constant dm_gemm_args& args [[buffer(0)]],
             c[r * args.ldc + n] = T(gemm_epilogue<T>(args, bias, c, zg, r, n, c_tile[e]));
         }
     }
+}
+
+// The epilogue of a GEMM split along K (see dm_gemm_splits_args): a product with too few
+// output tiles to fill the GPU (a late layer at batch 1) runs as `splits` GEMMs over runs of
+// K, each into a slot of its own, and this adds the slots in a fixed order (a seeded run
+// repeats) before the bias and the activation. Grid: images * per_image.
+kernel void gemm_splits_fwd_f32(constant dm_gemm_splits_args& args [[buffer(0)]],
+                                device const float* part [[buffer(1)]],
+                                device const float* bias [[buffer(2)]],
+                                device float* c [[buffer(3)]],
+                                uint gid [[thread_position_in_grid]]) {
+    if (gid >= args.images * args.per_image) return;
+    const uint z = gid / args.per_image, i = gid - z * args.per_image;
+    device const float* p = part + z * args.splits * args.per_image + i;
+    float v = 0.0f;
+    for (uint s = 0; s < args.splits; ++s) v += p[s * args.per_image];
+    if (args.bias_mode == DM_BIAS_ROWS) v += bias[i / args.spatial];
+    c[gid] = dm_activate(v, args.act);
 }
 
 typedef decltype(gemm_tiled<false, false, float>) gemm_tiled_t;

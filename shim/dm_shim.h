@@ -164,6 +164,12 @@ int dm_buffer_wrap(dm_device *device, void *host, size_t nbytes, dm_buffer **out
  * place (Metal's shared storage, the emulator) nothing changes. Without it, a driver with
  * memory of its own copies wrapped memory up at every commit and back at each wait. */
 int dm_buffer_set_resident(dm_buffer *buffer);
+/* The host wrote bytes [offset, offset + nbytes) of a resident wrapped buffer's memory (at a
+ * time no work used it: after dm_buffer_sync): a device with memory of its own starts copying
+ * them to its copy now, ordered before the work committed next, so that the copy of one part
+ * overlaps the host writing the next; the rest of its copy is kept. Nothing to do where the
+ * device uses host memory in place. DM_ERR_INVALID for a buffer that is not wrapped. */
+int dm_buffer_flush(dm_buffer *buffer, size_t offset, size_t nbytes);
 /* Returns the buffer to the pool (wrapped buffers are freed). Safe with pending work. */
 void dm_buffer_release(dm_buffer *buffer);
 size_t dm_buffer_size(const dm_buffer *buffer);

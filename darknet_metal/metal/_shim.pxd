@@ -130,6 +130,7 @@ cdef extern from "dm_shim.h" nogil:
     int dm_buffer_sync(dm_buffer *buffer)
     int dm_buffer_sync_write(dm_buffer *buffer)
     int dm_buffer_set_resident(dm_buffer *buffer)
+    int dm_buffer_flush(dm_buffer *buffer, size_t offset, size_t nbytes)
     int dm_pipeline_get(dm_device *device, const char *name, dm_pipeline **out)
     uint32_t dm_pipeline_max_threads(const dm_pipeline *pipeline)
     uint32_t dm_pipeline_execution_width(const dm_pipeline *pipeline)

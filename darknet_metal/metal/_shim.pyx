@@ -755,6 +755,17 @@ cdef class Buffer:
         self._ok()
         _raise(dm_buffer_set_resident(self._ptr))
 
+    def flush(self, offset: int, nbytes: int) -> None:
+        """The host wrote bytes [offset, offset + nbytes) of this resident wrapped array
+        (after ``sync()``): a device with memory of its own starts copying them now, before
+        the work committed next, while the host goes on writing the rest. Nothing to do
+        where the device uses host memory in place. DeviceError (kind "invalid") for a range
+        outside the buffer or a buffer that does not wrap an array."""
+        self._ok()
+        if offset < 0 or nbytes < 0:
+            raise DeviceError(f"flush: offset {offset} and nbytes {nbytes} must be >= 0")
+        _raise(dm_buffer_flush(self._ptr, offset, nbytes))
+
     def __repr__(self) -> str:
         if self._ptr == NULL:
             return "<Buffer (released)>"

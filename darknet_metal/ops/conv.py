@@ -9,7 +9,8 @@ the other float32 convolutions of one group ``cpu.packed_conv``'s product with w
 packed once (after im2col, except for plain 1x1 convolutions); the rest (float64, groups)
 im2col + BLAS. On a device: im2col (skipped
 for 1x1 stride-1 unpadded convolutions, whose input already is the column matrix) and one
-batched, grouped GEMM with the bias and elementwise activation in its epilogue.
+batched, grouped GEMM with the bias and elementwise activation in its epilogue (a product
+with too few output tiles to fill a GPU split along K, its epilogue a pass of its own).
 """
 
 from __future__ import annotations
@@ -76,6 +77,17 @@ WINOGRAD4_MIN_SIZE = 48
 WEIGHT_GRADIENT_TILES = 2048
 WEIGHT_GRADIENT_RUN = 256
 
+#: A forward GEMM with fewer output tiles than this (all its images counted) leaves a large
+#: GPU's multiprocessors idle (an H200 has 132, each holding several threadgroups; a late
+#: layer at batch 1 has a few dozen tiles with thousands of K each): its K is cut into runs of
+#: at least FORWARD_SPLIT_RUN, each run's product goes to a slot of its own, and
+#: ``gemm_splits_fwd_f32`` adds the slots before the bias and the activation.
+FORWARD_SPLIT_TILES = 512
+FORWARD_SPLIT_RUN = 256
+
+#: The GEMM kernels' K step: a split's run is a multiple of it (no half-empty K tile).
+GEMM_K_STEP = 16
+
 #: The most im2col columns one GEMM's images may take (one image's always fit): a late layer's
 #: images then share a dispatch.
 IMAGES_WORKSPACE_BYTES = 256 << 20
@@ -92,6 +104,19 @@ def weight_gradient_splits(filters: int, rows: int, pixels: int, copies: int) ->
         return 1, pixels
     run = -(-pixels // splits)
     return -(-pixels // run), run
+
+
+def forward_splits(tiles: int, k: int) -> tuple[int, int]:
+    """(splits, run) of a forward GEMM of ``tiles`` output tiles summing over ``k``: K cut
+    into ``splits`` runs of ``run`` (a multiple of GEMM_K_STEP, at least FORWARD_SPLIT_RUN;
+    the last may be shorter) so that tiles times splits reach FORWARD_SPLIT_TILES; (1, k)
+    when the product needs no split."""
+    splits = min(k // FORWARD_SPLIT_RUN, -(-FORWARD_SPLIT_TILES // tiles))
+    if splits < 2:
+        return 1, k
+    steps = -(-k // GEMM_K_STEP)
+    run = -(-steps // splits) * GEMM_K_STEP
+    return -(-k // run), run
 
 
 def gemm_tiles(rows: int, columns: int) -> int:
@@ -421,11 +446,16 @@ class ConvolutionalOp(_Gemm):
 
     def _emit_gemm(self, e: LayerEmitter, weights: Param, bias: Param | None, out: Tensor,
                    act: int) -> None:
-        """out = act(W * columns (+ bias)) per group, several images per GEMM."""
+        """out = act(W * columns (+ bias)) per group, several images per GEMM; split along K
+        (``forward_splits``) when too few output tiles would fill a GPU."""
         f = self.out_shape[0]
         groups, fg, _, k, n = self._sizes()
         chunk = self._images_per_gemm(e)
         cols = self._workspace(e, "workspace", chunk)
+        splits, run = forward_splits(gemm_tiles(fg, n) * chunk, k)
+        if groups == 1 and splits > 1 and e.storage == "f32":
+            self._emit_split_gemm(e, weights, bias, out, act, cols, chunk, splits, run)
+            return
         for first in range(0, e.batch, chunk):
             count = min(chunk, e.batch - first)
             operand, offset, b_group, b_image = self._chunk_columns(e, cols, first, count)
@@ -438,6 +468,36 @@ class ConvolutionalOp(_Gemm):
                 c_batch_stride=f * n, c_group_stride=fg * n, bias_group_stride=fg,
                 bias_mode=BIAS_NONE if bias is None else BIAS_ROWS, act=act,
             )
+
+    def _emit_split_gemm(self, e: LayerEmitter, weights: Param, bias: Param | None,
+                         out: Tensor, act: int, cols: Tensor | None, chunk: int, splits: int,
+                         run: int) -> None:
+        """``_emit_gemm`` of an ungrouped convolution with K cut into ``splits`` runs of
+        ``run``: per chunk of images, slice z of a GEMM is image z // runs, run z % runs,
+        its product in slot z of the partial sums (the last, shorter run a GEMM of its own),
+        then one pass adds each image's slots in order, with the bias and activation."""
+        f = self.out_shape[0]
+        _, _, _, k, n = self._sizes()
+        partials = e.tensor("forward_partials", (chunk * splits * f * n,))
+        whole, rest = divmod(k, run)
+        for first in range(0, e.batch, chunk):
+            count = min(chunk, e.batch - first)
+            operand, offset, _, b_image = self._chunk_columns(e, cols, first, count)
+            for at, runs, length in ((0, whole, run), (whole, int(rest > 0), rest)):
+                if runs == 0:
+                    continue
+                gemm_step(e, gemm_kernel("nn", e.simd),
+                          {"a": weights, "b": operand, "bias": None, "c": partials},
+                          offsets={"a": at * run, "b": offset + at * run * n,
+                                   "c": at * f * n},
+                          M=f, N=n, K=length, lda=k, ldb=n, ldc=n, groups=runs,
+                          slices=count * runs, a_group_stride=run, b_batch_stride=b_image,
+                          b_group_stride=run * n, c_batch_stride=splits * f * n,
+                          c_group_stride=f * n, bias_mode=BIAS_NONE, act=LINEAR)
+            e.kernel("gemm_splits_fwd_f32", {"part": partials, "bias": bias, "c": out},
+                     {"n": count * f * n}, offsets={"c": first * f * n}, per_image=f * n,
+                     images=count, splits=splits, spatial=n,
+                     bias_mode=BIAS_NONE if bias is None else BIAS_ROWS, act=act)
 
     def _emit_gemm_backward(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         c, h, w = self.in_shape

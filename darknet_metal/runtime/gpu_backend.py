@@ -56,7 +56,7 @@ from darknet_metal.runtime.program import (
     build_program,
 )
 from darknet_metal.runtime.program_cache import MAX_PROGRAMS, ProgramCache, TrainingPrograms
-from darknet_metal.runtime.staging import check_finite_input, stage_input
+from darknet_metal.runtime.staging import check_finite_input
 
 if TYPE_CHECKING:
     from darknet_metal.runtime.train_state import TrainState
@@ -351,7 +351,7 @@ class GpuBackend(GpuTraining):
         whole = (timings is None and self.storage == "f32" and not bound.host_steps
                  and keep is not None and not self.device.info["unified_memory"])
         if whole:
-            stage_input(x, bound.staged_input())
+            bound.stage_input(x)
         else:
             check_finite_input(x)
             bound.input_buffer.write(np.ascontiguousarray(x, self.stored_dtype))

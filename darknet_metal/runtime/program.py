@@ -175,13 +175,15 @@ class LayerEmitter:
     """What an op sees while it emits one layer's steps into a program (see ``build_program``).
 
     ``batch``; ``inputs``: the tensors of the layer's inputs (``spec.inputs`` order);
-    ``output``: the layer's output tensor; ``simd``: the device has ``simdgroup_matrix``."""
+    ``output``: the layer's output tensor; ``simd``: the device has ``simdgroup_matrix``;
+    ``storage``: the element type of the program's tensors ("f32", "f16")."""
 
     def __init__(self, builder: _Builder, spec: ProgramLayer) -> None:
         self._builder = builder
         self.spec = spec
         self.batch = builder.batch
         self.simd = builder.simd
+        self.storage = builder.storage
         self.inputs = tuple(Tensor(i, "output") for i in spec.inputs)
         self.output = Tensor(spec.index, "output")
         #: The gradient of the pass's loss with respect to ``output`` (training programs):

@@ -1,5 +1,5 @@
 """Staging on the host: a training iteration's mini-batch passes when a device cannot stage
-them itself, and a pass's input checked on its way to where the executor reads it."""
+them itself, and the check of a pass's input."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from darknet_metal.cpu.fill import copy_finite
 from darknet_metal.errors import ArgumentError
 
-__all__ = ["check_finite_input", "run_staged_passes", "stage_input"]
+__all__ = ["check_finite_input", "run_staged_passes"]
 
 
 def run_staged_passes(run: Callable[[np.ndarray], None], images_per_pass: int, x: np.ndarray,
@@ -43,10 +42,3 @@ def check_finite_input(x: np.ndarray) -> None:
             f"x holds {len(bad)} NaN or infinite values (the first at index "
             f"{tuple(int(i) for i in bad[0])}); they would make every output they reach NaN")
 
-
-def stage_input(x: np.ndarray, into: np.ndarray) -> None:
-    """Copies a pass's float32 input ``x`` into ``into`` (where the device reads it),
-    checking it finite in the same read (split across the CPU threads); ArgumentError as
-    ``check_finite_input`` says when it is not."""
-    if not copy_finite(x, into):
-        check_finite_input(x)

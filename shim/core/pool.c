@@ -234,6 +234,22 @@ int dm_buffer_set_resident(dm_buffer *b) {
     return driver->set_resident ? driver->set_resident(b->device->handle, b->handle) : DM_OK;
 }
 
+int dm_buffer_flush(dm_buffer *b, size_t offset, size_t nbytes) {
+    int rc = check_range(b, offset, nbytes, "dm_buffer_flush");
+    if (rc != DM_OK) return rc;
+    if (!b->wrapped)
+        return dm_set_error(DM_ERR_INVALID, "dm_buffer_flush: the buffer does not wrap host memory");
+    if (b->last_use > b->device->completed_seq) {
+        rc = dm_stream_wait_for(b->device, b->last_use);
+        if (rc != DM_OK) return rc;
+    }
+    const dm_driver *driver = b->device->driver;
+    if (driver->buffer_flush == NULL || nbytes == 0) return DM_OK;
+    rc = driver->buffer_flush(b->device->handle, b->handle, offset, nbytes);
+    if (rc == DM_OK) b->device->stats.bytes_uploaded += nbytes;
+    return rc;
+}
+
 int dm_buffer_write(dm_buffer *b, size_t offset, const void *src, size_t nbytes) {
     int rc = check_range(b, offset, nbytes, "dm_buffer_write");
     if (rc != DM_OK) return rc;

@@ -675,6 +675,23 @@ int buffer_write(void *handle, void *buffer, size_t offset, const void *src, siz
     return DM_OK;
 }
 
+// A range the host wrote into resident wrapped memory goes up now, from that memory (page-locked
+// when it is whole pages: the copy runs while the host writes the next range). Memory that is
+// not resident goes up whole at the next commit anyway, as does a root the host marked newer.
+int buffer_flush(void *handle, void *buffer, size_t offset, size_t nbytes) {
+    CudaDevice *d = static_cast<CudaDevice *>(handle);
+    CudaBuffer *r = static_cast<CudaBuffer *>(buffer)->root;
+    offset += static_cast<CudaBuffer *>(buffer)->offset;
+    if (!r->resident || r->host_newer) return DM_OK;
+    int rc = check_usable(d);
+    if (rc != DM_OK) return rc;
+    CUresult cr = api.MemcpyHtoDAsync(r->memory + offset, static_cast<char *>(r->host) + offset,
+                                      nbytes, d->stream);
+    if (cr != CUDA_SUCCESS) return cuda_error(DM_ERR_EXECUTION, cr, "copying a range to the GPU");
+    count_copy(d, nbytes);
+    return DM_OK;
+}
+
 int pipeline_create(void *handle, const char *name, void **out, dm_driver_pipeline_facts *facts) {
     CudaDevice *d = static_cast<CudaDevice *>(handle);
     int rc = check_usable(d);
@@ -1350,6 +1367,7 @@ constexpr dm_driver make_cuda_driver() {
     d.buffer_read = buffer_read;
     d.set_resident = set_resident;
     d.buffer_write = buffer_write;
+    d.buffer_flush = buffer_flush;
     d.encode_list = encode_list;
     d.list_free = list_free;
     return d;

@@ -99,6 +99,10 @@ typedef struct dm_driver {
     /* dm_buffer_set_resident: the device may keep wrapped memory in a copy of its own
      * between uses (NULL: the device uses host memory in place, nothing to do). */
     int (*set_resident)(void *device, void *buffer);
+    /* dm_buffer_flush: the host wrote bytes [offset, offset + nbytes) of wrapped memory the
+     * device keeps resident; start copying them to the device's copy, ordered before the
+     * work committed next (NULL: the device uses host memory in place, nothing to do). */
+    int (*buffer_flush)(void *device, void *buffer, size_t offset, size_t nbytes);
     /* dm_buffer_read / dm_buffer_write of a range, after the core waited for the work that
      * uses the buffer, where the driver has memory of its own: copied straight between the
      * caller's memory and the device's, the range alone (NULL: the core copies through the

@@ -97,6 +97,40 @@ def test_resident_wrapped_memory_is_copied_only_when_asked(cuda):
         b.release()
 
 
+def test_a_flushed_range_goes_up_alone(cuda):
+    # How a pass's input is staged on 'cuda': the host writes part of a resident wrap and
+    # flushes it; that range goes up before the next commit (and only it), the rest of the
+    # device's copy stays as it was.
+    page = cuda.info["page_size"]
+    a = _shim.aligned_empty((1 << 16,), np.float32, page)
+    a[:] = 3.0
+    buf = _shim.Buffer.wrap(cuda, a)
+    buf.set_resident()
+    n = a.size
+    zeros = cuda.upload(np.zeros(n, np.float32))
+    out = cuda.buffer(4 * n)
+    _axpy(cuda, n, 1.0, buf, zeros, out)  # the first use takes the host's contents
+    np.testing.assert_array_equal(out.read(np.float32), 3.0)
+    buf.sync()
+    a[:] = 5.0
+    before = cuda.stats()
+    buf.flush(4 * 1000, 4 * 2000)  # elements [1000, 3000)
+    _axpy(cuda, n, 1.0, buf, zeros, out)
+    cuda.synchronize()
+    moved = cuda.stats()["driver_copy_bytes"] - before["driver_copy_bytes"]
+    assert 4 * 2000 <= moved < 4 * 3000, moved  # the range and the arguments
+    want = np.full(n, 3.0, np.float32)
+    want[1000:3000] = 5.0
+    np.testing.assert_array_equal(out.read(np.float32), want)
+    with pytest.raises(DeviceError, match="outside the buffer"):
+        buf.flush(4 * n - 4, 8)
+    plain = cuda.buffer(64)
+    with pytest.raises(DeviceError, match="does not wrap host memory"):
+        plain.flush(0, 4)
+    for b in (buf, zeros, out, plain):
+        b.release()
+
+
 def test_a_dispatch_list_is_replayed_with_the_buffers_contents_of_each_commit(cuda):
     # A whole list is recorded once (a CUDA graph) and replayed: each encode computes with
     # what the buffers hold then, counts every dispatch, and a dispatch added later runs too.

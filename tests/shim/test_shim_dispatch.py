@@ -120,6 +120,19 @@ def test_resident_wraps_change_nothing_where_the_device_shares_host_memory(devic
     plain = device.buffer(64)
     with pytest.raises(_shim.DeviceError, match="does not wrap host memory"):
         plain.set_resident()
+    # A flushed range: the device reads host memory in place, nothing to copy; a range
+    # outside the buffer, a buffer that wraps nothing and a negative size are refused.
+    a[:] = 6.0
+    buf.flush(0, a.nbytes)
+    device.dispatch("selftest_axpy_f32", axpy_args(1024, 1.0), [buf, zeros, out], 1024, 128)
+    np.testing.assert_array_equal(out.read(np.float32), 6.0)
+    assert device.stats()["driver_copies"] == 0
+    with pytest.raises(_shim.DeviceError, match="outside the buffer"):
+        buf.flush(a.nbytes - 4, 8)
+    with pytest.raises(_shim.DeviceError, match="does not wrap host memory"):
+        plain.flush(0, 4)
+    with pytest.raises(_shim.DeviceError, match="must be >= 0"):
+        buf.flush(-4, 4)
 
 
 def test_unaligned_array_is_copied_not_wrapped(device):

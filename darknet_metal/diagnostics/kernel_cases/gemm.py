@@ -2,7 +2,7 @@
 NumPy products, at sizes no tile divides: the bias by rows and by columns, the activation in
 the epilogue, ``beta * c`` accumulated (and never read with beta 0), batch and group slices,
 a leading dimension wider than the matrix (its pad left alone), the plain product's
-store-only epilogue, and the half twins."""
+store-only epilogue, the half twins, and a product split along K with its epilogue."""
 
 from __future__ import annotations
 
@@ -156,6 +156,66 @@ def _bias_per_column(name: str) -> KernelCase:
     return KernelCase(f"{name}-{m}x{n}x{k}-bias_cols", (Step(name, args, sizes),), make)
 
 
+def _sum_splits(per_image: int, images: int, splits: int, spatial: int, *, bias: bool,
+                act: str) -> KernelCase:
+    """c = act(the slots of each image added + a bias per row) against float64."""
+    args = dict(per_image=per_image, images=images, splits=splits, spatial=spatial,
+                bias_mode=BIAS_ROWS if bias else BIAS_NONE, act=ACTIVATION_ID[act])
+
+    def make(rng: np.random.Generator) -> CaseData:
+        part = normal(rng, (images, splits, per_image), 3.0)
+        b = normal(rng, -(-per_image // spatial))
+        total = part.astype(np.float64).sum(axis=1)
+        if bias:
+            total += np.repeat(b.astype(np.float64), spatial)[:per_image]
+        want = activated(total.astype(np.float32), act)
+        arrays = {"part": part, "c": nan_filled((images, per_image))}
+        if bias:
+            arrays["bias"] = b
+        return CaseData(arrays, (Check("c", want, Close(1e-5, 1e-5)),))
+
+    buffers = {"part": "part", "bias": "bias" if bias else None, "c": "c"}
+    return KernelCase(
+        f"gemm_splits_fwd_f32-{images}x{splits}x{per_image}-{'bias-' if bias else ''}{act}",
+        (Step("gemm_splits_fwd_f32", args, {"n": images * per_image}, buffers),), make)
+
+
+def _split_forward(name: str, m: int, n: int, k: int, images: int, run: int) -> KernelCase:
+    """A convolution's forward split along K as a late layer at a small batch runs it: slice
+    z of a GEMM is image z // runs, run z % runs, into slot z of the partial sums (the last,
+    shorter run a GEMM of its own), then the slots added with the bias and leaky; against
+    the float64 product of the whole K."""
+    whole, rest = divmod(k, run)
+    splits = whole + (rest > 0)
+    steps = []
+    for at, runs, length in ((0, whole, run), (whole, int(rest > 0), rest)):
+        if runs == 0:
+            continue
+        args, sizes = gemm_args(M=m, N=n, K=length, lda=k, ldb=n, ldc=n, groups=runs,
+                                slices=images * runs, a_group_stride=run,
+                                b_batch_stride=k * n, b_group_stride=run * n,
+                                c_batch_stride=splits * m * n, c_group_stride=m * n,
+                                bias_mode=BIAS_NONE, act=0)
+        steps.append(Step(name, args, sizes, {"a": "a", "b": "b", "bias": None, "c": "part"},
+                          {"a": at * run, "b": at * run * n, "c": at * m * n}))
+    steps.append(Step("gemm_splits_fwd_f32",
+                      dict(per_image=m * n, images=images, splits=splits, spatial=n,
+                           bias_mode=BIAS_ROWS, act=ACTIVATION_ID["leaky"]),
+                      {"n": images * m * n}, {"part": "part", "bias": "bias", "c": "c"}))
+
+    def make(rng: np.random.Generator) -> CaseData:
+        a, b, bias = normal(rng, (m, k)), normal(rng, (images, k, n)), normal(rng, m)
+        exact = np.einsum("mk,ikn->imn", a.astype(np.float64), b.astype(np.float64))
+        exact += bias.astype(np.float64)[None, :, None]
+        want = np.where(exact > 0, exact, 0.1 * exact)
+        return CaseData({"a": a, "b": b, "bias": bias,
+                         "part": nan_filled((images * splits * m * n,)),
+                         "c": nan_filled((images, m, n))},
+                        (Check("c", want, Close(1e-4, 1e-4 * np.sqrt(k))),))
+
+    return KernelCase(f"{name}-split_k-{images}x{m}x{n}x{k}-run{run}", tuple(steps), make)
+
+
 def _half(variant: str) -> KernelCase:
     """Two slices of leaky(A @ op(B) + bias) in half storage against float64."""
     m, n, k, slices = 37, 45, 70, 2
@@ -193,4 +253,10 @@ CASES: tuple[KernelCase, ...] = (
       for acc in (True, False)),
     *(_bias_per_column(name) for name in ("gemm_nt_f32", "gemm_nt_simd_f32")),
     *(_half(variant) for variant in ("gemm_nn", "gemm_nt", "gemm_nn_simd", "gemm_nt_simd")),
+    _sum_splits(7, 1, 1, 7, bias=False, act="linear"),
+    _sum_splits(3 * 29, 2, 5, 29, bias=True, act="leaky"),
+    _sum_splits(1000, 3, 18, 13, bias=True, act="mish"),
+    _sum_splits(512, 1, 2, 169, bias=False, act="logistic"),
+    *(_split_forward(name, 70, 37, 600, 2, 256) for name in ("gemm_nn_f32", "gemm_nn_simd_f32")),
+    _split_forward("gemm_nn_f32", 5, 3, 512, 1, 256),
 )

@@ -1,10 +1,10 @@
 """Kernels of ``shaders/gemm.metal``: ``c = act(op(A)·op(B) + bias + beta*c)`` over slices, in
-threadgroup tiles or with ``simdgroup_matrix``."""
+threadgroup tiles or with ``simdgroup_matrix``, and the epilogue of a product split along K."""
 
 from __future__ import annotations
 
 from darknet_metal.metal.kernel_spec import Binding, Grid, Kernel
-from darknet_metal.metal.kernels.shorthand import equals, read
+from darknet_metal.metal.kernels.shorthand import ELEMENTS, equals, read, write
 
 SOURCE = "gemm.metal"
 
@@ -66,8 +66,24 @@ def _gemm(trans: str, simd: bool) -> Kernel:
     )
 
 
-KERNELS: tuple[Kernel, ...] = tuple(
-    _gemm(trans, simd) for simd in (False, True) for trans in TRANSPOSITIONS
+#: The epilogue of a product split along K: the slots added, the bias, the activation.
+GEMM_SPLITS_FWD = Kernel(
+    name="gemm_splits_fwd_f32",
+    source=SOURCE,
+    args="dm_gemm_splits_args",
+    bindings=(
+        read("part", "images*splits*per_image"),
+        read("bias", "min(per_image, 1)*((per_image - 1)//spatial + 1)",
+             used_if=equals("bias_mode", BIAS_ROWS)),
+        write("c", "images*per_image"),
+    ),
+    grid=ELEMENTS,
+    flops="images*splits*per_image",
+)
+
+KERNELS: tuple[Kernel, ...] = (
+    *(_gemm(trans, simd) for simd in (False, True) for trans in TRANSPOSITIONS),
+    GEMM_SPLITS_FWD,
 )
 
 # The half GEMMs serve inference only, which never multiplies by a transposed A.
