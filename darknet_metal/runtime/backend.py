@@ -96,6 +96,10 @@ class Backend(Protocol):
     #: The training state's allocator (page-aligned arrays a device uses in place), or None
     #: for NumPy's.
     training_zeros: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None
+    #: Copies a float32 batch into a ``training_zeros`` array of its shape and says whether
+    #: it is finite, as the device best takes it (part by part where it has memory of its
+    #: own); None: a plain copy serves.
+    stage_batch: Callable[[np.ndarray, np.ndarray], bool] | None
     #: Where a device wants the training state's parameters, gradients and moments: a block
     #: of bytes per group (``TrainState``'s ``arena``), its arrays starting on
     #: ``training_alignment`` bytes; None: one NumPy array each.

@@ -120,6 +120,8 @@ class CpuBackend:
     name = "cpu"
     #: The training state's allocator: NumPy's (nothing shares the arrays).
     training_zeros = None
+    #: The batch is copied as it is (``Trainer``'s own copy).
+    stage_batch = None
     #: No arenas: each training array is a NumPy array of its own.
     training_arena = None
     training_alignment = 64

@@ -135,6 +135,7 @@ class GpuBackend(GpuTraining):
             TrainingPrograms())
         self._wrapped: dict[Param, tuple[np.ndarray, Any]] = {}
         self._arenas: list[tuple[np.ndarray, Any]] = []
+        self._staged_batch: tuple[np.ndarray, Any] | None = None
         self._guards: dict[int, Any] = {}
         #: Pass rings of streams, by (program, kept outputs, depth).
         self._rings: dict[tuple[int, tuple[int, ...], int], PassRing] = {}
@@ -428,6 +429,9 @@ class GpuBackend(GpuTraining):
         for guard in self._guards.values():
             guard.release()
         self._guards = {}
+        if self._staged_batch is not None:
+            self._staged_batch[1].release()
+            self._staged_batch = None
         # The arenas stay with whoever holds their arrays (the network's parameters): they
         # are brought up to date before the device lets go of them.
         self.sync_training()

@@ -28,7 +28,7 @@ from darknet_metal.runtime.program import (
     Program,
     Tensor,
 )
-from darknet_metal.runtime.staging import check_finite_input, run_staged_passes
+from darknet_metal.runtime.staging import check_finite_input, run_staged_passes, stage_in_parts
 
 __all__ = ["DeviceArray", "DeviceParams", "DeviceSteps", "GpuBoundProgram", "HostCall", "Item",
            "item"]
@@ -39,12 +39,6 @@ Item = tuple[Dispatch, tuple[int, ...] | None, int]
 
 #: Step lists a program keeps (``GpuBoundProgram.step_list``): a trainer alternates a few.
 MAX_STEP_LISTS = 4
-
-#: A pass's input is staged in up to this many parts of at least STAGE_PART_BYTES, each sent
-#: to the device as soon as it is written: on a device with memory of its own the copy
-#: engines take one part while the host copies and checks the next.
-STAGE_PARTS = 4
-STAGE_PART_BYTES = 4 << 20
 
 
 def item(kernel: str, buffers: Mapping[str, Any], args: Mapping[str, int | float],
@@ -238,20 +232,12 @@ class GpuBoundProgram:
 
     def stage_input(self, x: np.ndarray) -> None:
         """Copies a whole pass's float32 input ``x`` (the program's input shape) into
-        ``staged_input``, checking it finite in the same read, in up to STAGE_PARTS parts,
-        each flushed to the device once written (its upload overlaps the next part's copy).
+        ``staged_input``, checking it finite in the same read, part by part
+        (``stage_in_parts``: each part's upload overlaps the next part's copy).
         ArgumentError (``check_finite_input``) when ``x`` holds NaN or an infinity."""
         staged = self.staged_input()
-        buf = self.wrap(staged)
-        buf.sync()  # the pass before may still be reading its copy
-        src, dst = x.reshape(-1), staged.reshape(-1)
-        parts = max(1, min(STAGE_PARTS, dst.nbytes // STAGE_PART_BYTES))
-        per = -(-dst.size // parts)
-        for at in range(0, dst.size, per):
-            end = min(at + per, dst.size)
-            if not copy_finite(src[at:end], dst[at:end]):
-                check_finite_input(x)
-            buf.flush(at * dst.itemsize, (end - at) * dst.itemsize)
+        if not stage_in_parts(x, staged, self.wrap(staged)):
+            check_finite_input(x)
 
     def pass_list(self, outputs: Sequence[int]) -> Any:
         """One dispatch list of a whole pass: the staged input copied in, every step, and the

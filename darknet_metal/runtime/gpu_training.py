@@ -19,6 +19,7 @@ from darknet_metal.runtime.layer import Layer
 from darknet_metal.runtime.placement import LayerPlacement
 from darknet_metal.runtime.program import LayerEmitter, Param, Program, Tensor, build_program
 from darknet_metal.runtime.program_cache import TrainingPrograms
+from darknet_metal.runtime.staging import stage_in_parts
 from darknet_metal.runtime.train_state import ArrayUpdate, Optimizer, TrainState
 
 __all__ = ["GpuTraining"]
@@ -37,6 +38,8 @@ class GpuTraining:
     _training_fallback: dict[int, str] | None
     #: The training arenas and their resident wraps (``training_arena``).
     _arenas: list[tuple[np.ndarray, Any]]
+    #: The array ``stage_batch`` last staged into and its resident wrap, or None.
+    _staged_batch: tuple[np.ndarray, Any] | None
     #: Step guards by training state (``step_guard``).
     _guards: dict[int, DeviceGuard]
 
@@ -49,6 +52,24 @@ class GpuTraining:
         a = aligned_empty(shape, dtype, int(self.device.info["page_size"]))
         a.fill(0)
         return a
+
+    def stage_batch(self, x: np.ndarray, into: np.ndarray) -> bool:
+        """Copies a float32 batch ``x`` into ``into`` (a ``training_zeros`` array of its
+        shape that the step's list reads), checking it finite in the same read: where the
+        device has memory of its own, part by part, each part going up while the host copies
+        the next (``stage_in_parts``; ``into`` is wrapped resident on first use). Whether
+        ``x`` is finite."""
+        held = self._staged_batch
+        if held is None or held[0] is not into:
+            buf = self.device.upload(into, zero_copy=True)
+            if not buf.wrapped:
+                buf.release()
+                raise DeviceError("a staged batch is not page-aligned")
+            buf.set_resident()
+            if held is not None:
+                held[1].release()
+            held = self._staged_batch = (into, buf)
+        return stage_in_parts(x, into, held[1])
 
     @property
     def training_alignment(self) -> int:

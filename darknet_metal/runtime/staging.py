@@ -1,15 +1,25 @@
 """Staging on the host: a training iteration's mini-batch passes when a device cannot stage
-them itself, and the check of a pass's input."""
+them itself, a batch copied where the device reads it part by part, and the check of a pass's
+input."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from darknet_metal.cpu.fill import copy_finite
 from darknet_metal.errors import ArgumentError
 
-__all__ = ["check_finite_input", "run_staged_passes"]
+__all__ = ["STAGE_PARTS", "STAGE_PART_BYTES", "check_finite_input", "run_staged_passes",
+           "stage_in_parts"]
+
+#: A batch is staged in up to this many parts of at least STAGE_PART_BYTES, each sent to the
+#: device as soon as it is written: on a device with memory of its own the copy engines take
+#: one part while the host copies and checks the next.
+STAGE_PARTS = 4
+STAGE_PART_BYTES = 4 << 20
 
 
 def run_staged_passes(run: Callable[[np.ndarray], None], images_per_pass: int, x: np.ndarray,
@@ -42,3 +52,20 @@ def check_finite_input(x: np.ndarray) -> None:
             f"x holds {len(bad)} NaN or infinite values (the first at index "
             f"{tuple(int(i) for i in bad[0])}); they would make every output they reach NaN")
 
+
+
+def stage_in_parts(x: np.ndarray, into: np.ndarray, buffer: Any) -> bool:
+    """Copies float32 ``x`` into ``into`` (as many elements, C-contiguous; ``buffer`` a
+    resident wrap of it), checking it finite in the same read, in up to STAGE_PARTS parts,
+    each flushed to the device once written. Waits first for the work still reading
+    ``into``. Whether ``x`` is finite (every part is copied either way)."""
+    buffer.sync()
+    src, dst = x.reshape(-1), into.reshape(-1)
+    parts = max(1, min(STAGE_PARTS, dst.nbytes // STAGE_PART_BYTES))
+    per = -(-dst.size // parts)
+    finite = True
+    for at in range(0, dst.size, per):
+        end = min(at + per, dst.size)
+        finite = copy_finite(src[at:end], dst[at:end]) and finite
+        buffer.flush(at * dst.itemsize, (end - at) * dst.itemsize)
+    return finite

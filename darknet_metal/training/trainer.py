@@ -430,10 +430,15 @@ class Trainer:
             # A loader's batch: images scaled to [0, 1], finite by construction.
             staged, finite = x, True
         else:
+            executor = self._executor_in_use()
             if self._staged_x is None or self._staged_x.shape != x.shape:
-                zeros = self._executor_in_use().training_zeros or np.zeros
+                zeros = executor.training_zeros or np.zeros
                 self._staged_x = zeros(x.shape, x.dtype)
-            staged, finite = self._staged_x, _finite_copy(x, self._staged_x)
+            staged = self._staged_x
+            if executor.stage_batch is not None and x.dtype == np.float32:
+                finite = executor.stage_batch(x, staged)
+            else:
+                finite = _finite_copy(x, staged)
         if not finite:
             raise ArgumentError("x holds NaN or infinite values")
         m = self.mini_batch

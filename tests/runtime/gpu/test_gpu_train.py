@@ -21,6 +21,7 @@ from float64_judge import judge
 
 import darknet_metal as dm
 from darknet_metal.model.bundled import get_spec
+from darknet_metal.runtime import staging
 from darknet_metal.training.trainer import Trainer
 
 SIZE = 64
@@ -115,6 +116,28 @@ def test_three_steps_on_a_gpu_equal_the_cpus(model, batch, net, gpu_device):
             moved = value.astype(np.float64) - start[i][name]
             size = max(np.linalg.norm(start[i][name]), np.linalg.norm(value))
             assert np.linalg.norm(moved) >= 1e-4 * size, (i, name, "did not move")
+
+
+def test_each_steps_batch_reaches_the_device_part_by_part(gpu_device, monkeypatch):
+    # A caller's batch is copied into the step's staging array part by part, each part sent
+    # up as it is written (on 'cuda' the device keeps its copy of that array): parts of a
+    # page here, so a 98 KiB batch travels in 4. A new batch each step, the same weights: the
+    # loss is the CPU's for that batch, not the last one's.
+    monkeypatch.setattr(staging, "STAGE_PART_BYTES", 4096)
+    cpu, gpu, exact = _pair("yolov4-tiny", 2, gpu_device, learning_rate=1e-3, adam=0)
+    start = _weights(cpu)
+    batches = [_batch(2, seed) for seed in (0, 1, 0, 3)]
+    losses = []
+    for step, (x, truths) in enumerate(batches, 1):
+        for n in (cpu, gpu, exact):
+            _set_weights(n, start)
+        want, got = cpu.train_step(x, truths).loss, gpu.train_step(x, truths).loss
+        exact_loss = exact.train_step(x.astype(np.float64), truths).loss
+        assert judge(f"step {step} loss", np.float64(got), np.float64(want),
+                     np.float64(exact_loss), 1e-4) is None
+        losses.append(want)
+    # The batches differ enough that a stale one would show.
+    assert min(abs(losses[1] - losses[0]), abs(losses[3] - losses[2])) > 1e-2 * losses[0]
 
 
 def _weights(net: dm.Network) -> dict[int, dict[str, np.ndarray]]:
