@@ -244,10 +244,10 @@ int dm_buffer_flush(dm_buffer *b, size_t offset, size_t nbytes) {
         if (rc != DM_OK) return rc;
     }
     const dm_driver *driver = b->device->driver;
+    /* The driver's own copy: counted with its copies (driver_copy_bytes), as the uploads of
+     * wrapped memory at a commit are, not as a dm_buffer_write. */
     if (driver->buffer_flush == NULL || nbytes == 0) return DM_OK;
-    rc = driver->buffer_flush(b->device->handle, b->handle, offset, nbytes);
-    if (rc == DM_OK) b->device->stats.bytes_uploaded += nbytes;
-    return rc;
+    return driver->buffer_flush(b->device->handle, b->handle, offset, nbytes);
 }
 
 int dm_buffer_write(dm_buffer *b, size_t offset, const void *src, size_t nbytes) {
