@@ -3,7 +3,10 @@ KServe v2 / Triton HTTP/REST protocol, plus ``/detect``, ``/metrics`` and the de
 
 Every error is answered as JSON ``{"error": "..."}`` naming the field: 400 for a bad request,
 404 for an unknown model, version or route, 405 for a wrong method, 413 for a body or image
-above the limits, 500 (logged) for anything unexpected — never by stopping the server.
+above the limits, 500 (logged) for anything unexpected — never by stopping the server. A body
+that is not what the route reads (JSON for ``infer``, an image for ``/detect``) is described
+by its length and first bytes. The ready routes answer 200 only for versions warmed up at
+load (``served.warm_up``).
 Request bodies are read in the event loop up to ``max_body_bytes``; decoding, checking and
 encoding tensors and images run in worker threads, and networks in the batchers' threads.
 """
@@ -15,6 +18,7 @@ import contextlib
 import functools
 import logging
 import math
+import re
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,7 +34,12 @@ from darknet_metal.inference.image import decode_image
 from darknet_metal.serving.metrics import ServingStats
 from darknet_metal.serving.model_config import config_json
 from darknet_metal.serving.served import UNBATCHED_MAX_ROWS, ServedModel, ServedVersion
-from darknet_metal.serving.tensors import infer_response, read_infer_request
+from darknet_metal.serving.tensors import (
+    describe_body,
+    image_format,
+    infer_response,
+    read_infer_request,
+)
 
 __all__ = ["ServerLimits", "create_app"]
 
@@ -115,9 +124,15 @@ def create_app(models: dict[str, ServedModel], stats: ServingStats,
     async def live(request: Any) -> Any:
         return Response(status_code=200)
 
+    def is_ready(*versions: ServedVersion) -> bool:
+        """Serving, and each of ``versions`` warmed up (so its first request is not the one
+        that pays for building the network's executor)."""
+        return state["ready"] and all(v.stats.warmed_up for v in versions)
+
     @answers_json
     async def ready(request: Any) -> Any:
-        return Response(status_code=200 if state["ready"] else 400)
+        every = [v for m in models.values() for v in m.versions.values()]
+        return Response(status_code=200 if is_ready(*every) else 400)
 
     @answers_json
     async def server_metadata(request: Any) -> Any:
@@ -141,8 +156,8 @@ def create_app(models: dict[str, ServedModel], stats: ServingStats,
 
     @answers_json
     async def model_ready(request: Any) -> Any:
-        find(request)
-        return Response(status_code=200 if state["ready"] else 400)
+        _, served = find(request)
+        return Response(status_code=200 if is_ready(served) else 400)
 
     @answers_json
     async def model_config(request: Any) -> Any:
@@ -231,7 +246,7 @@ def create_app(models: dict[str, ServedModel], stats: ServingStats,
             if not body:
                 raise RequestError("the body is empty: send an image file's bytes (JPEG, PNG)")
             detector = Detector(served.network, thresh, nms)
-            prepared = _prepare_image(detector, body, limits.max_image_pixels)
+            prepared = _prepare_image(detector, body, limits.max_image_pixels, model.name)
             return prepared.x[None], (detector, prepared)
 
         def finish(outs: list[np.ndarray], context: Any) -> dict[str, Any]:
@@ -304,14 +319,53 @@ async def _run(served: ServedVersion, x: np.ndarray) -> list[np.ndarray]:
     return await asyncio.wrap_future(future)
 
 
-def _prepare_image(detector: Detector, body: bytes, max_pixels: int) -> Any:
+def _prepare_image(detector: Detector, body: bytes, max_pixels: int, model: str) -> Any:
+    """``body`` decoded and letterboxed for ``detector``; a ``RequestError`` (400, or 413 for
+    an image above ``max_pixels``) saying what the body was when it is not an image."""
     try:
         rgb = decode_image(body, "the request's image", max_pixels)
     except ImageTooLargeError as exc:
         raise RequestError(str(exc), status=413) from exc
     except ImageError as exc:
-        raise RequestError(str(exc)) from exc
+        raise RequestError(_not_an_image(body, exc, model)) from exc
     return detector.prepare(rgb)
+
+
+def _not_an_image(body: bytes, exc: ImageError, model: str) -> str:
+    """The message for a ``/detect`` body that does not decode: its length and first bytes,
+    and why. Pillow's own messages name the file object it read (``cannot identify image
+    file <_io.BytesIO object at 0x...>``), which tells a client nothing, so its reason is
+    restated in terms of the bytes received."""
+    from PIL import UnidentifiedImageError
+
+    what = describe_body(body)
+    found = image_format(body)
+    send = "; send the bytes of a JPEG, PNG or other image file"
+    cause = exc.__cause__
+    if cause is None:  # decoded, then refused (an empty image, 32-bit float pixels)
+        reason = _scrub(str(exc)).removeprefix("the request's image: ")
+        return f"{what} is an image this server cannot use: {reason}"
+    if not isinstance(cause, UnidentifiedImageError):
+        start = f"it starts as a {found} file, but " if found else ""
+        reason = f"{start}decoding fails ({type(cause).__name__}: {_scrub(str(cause))})"
+    elif found:
+        reason = f"it starts as a {found} file, but its header is cut short or corrupt"
+    elif body.lstrip()[:1] in (b"{", b"["):
+        return (f"{what} is not an image: it looks like JSON, and inference requests go to "
+                f"/v2/models/{model}/infer")
+    else:
+        reason = "its first bytes match no image format Pillow reads"
+    return f"{what} is not an image Pillow can decode: {reason}{send}"
+
+
+#: A Python object's default repr, as some library messages include it.
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def _scrub(message: str) -> str:
+    """``message`` without Python object reprs (``<_io.BytesIO object at 0x...>``): they
+    name the server's memory, not anything the client sent."""
+    return _OBJECT_REPR.sub("the body", message)
 
 
 def _query_unit(request: Any, key: str, configured: str | None, default: float) -> float:

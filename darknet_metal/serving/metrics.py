@@ -1,6 +1,7 @@
 """What the server counts, per model version, and how it is shown: ``/metrics`` in
 Prometheus' text format (through ``prometheus_client``) under Triton's metric names, and
-``/v2/models/{name}/stats`` as Triton's statistics extension answers.
+``/v2/models/{name}/stats`` as Triton's statistics extension answers (plus ``warmup``: the
+passes run at load, their count, ``ns`` and ``seconds``).
 
 Triton's names (counters, durations in microseconds, summed over requests):
 ``nv_inference_request_success``, ``nv_inference_request_failure`` (label ``reason``:
@@ -72,7 +73,20 @@ class VersionStats:
     #: requests per execution -> executions
     batch_requests: dict[int, int] = field(default_factory=dict)
     last_inference_ms: int = 0
+    #: The warm-up at load (``record_warmup``): passes run (one per instance), and their time.
+    #: Kept apart from the counts above, which are the clients' requests only.
+    warmup: _Duration = field(default_factory=_Duration)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def warmed_up(self) -> bool:
+        """Whether the warm-up has run: the version answers ready only after it."""
+        return self.warmup.count > 0
+
+    def record_warmup(self, passes: int, ns: int) -> None:
+        """The warm-up at load: ``passes`` forward passes that took ``ns`` in all."""
+        with self._lock:
+            self.warmup.add(ns, passes)
 
     def tallies(self) -> tuple[dict[str, int], dict[int, _Duration], dict[int, int]]:
         """Copies of ``failures``, ``batch_sizes`` and ``batch_requests`` of one moment."""
@@ -124,6 +138,9 @@ class VersionStats:
                     {"batch_size": size, "compute_infer": duration.json()}
                     for size, duration in sorted(self.batch_sizes.items())
                 ],
+                # Not one of Triton's fields (clients read the ones they know): the forward
+                # passes of zeros run at load, before the version answered ready.
+                "warmup": {**self.warmup.json(), "seconds": self.warmup.ns / 1e9},
             }
 
 

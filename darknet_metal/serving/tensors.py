@@ -3,7 +3,8 @@
 the JSON header (``Inference-Header-Content-Length`` giving the header's length).
 
 Every fault is a ``RequestError`` (status 400) naming the field, such as
-``inputs[0].shape``.
+``inputs[0].shape``. A body that is not what the route reads is described by its length and
+first bytes (``describe_body``), never by a Python object's repr.
 """
 
 from __future__ import annotations
@@ -19,9 +20,42 @@ import numpy as np
 from darknet_metal.errors import RequestError
 from darknet_metal.serving.repository import INPUT_NAME
 
-__all__ = ["InferRequest", "RequestedOutput", "infer_response", "read_infer_request"]
+__all__ = ["InferRequest", "RequestedOutput", "describe_body", "image_format",
+           "infer_response", "read_infer_request"]
 
 _FP32 = np.dtype("<f4")
+#: Bytes of a body shown in error messages: enough to recognise a format or a typo.
+PREVIEW_BYTES = 16
+#: The leading bytes of the image formats a client is likely to send, for hints in errors
+#: (Pillow reads more; these are the ones worth naming).
+_IMAGE_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"), (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"),
+)
+
+
+def describe_body(data: bytes, what: str = "the request body") -> str:
+    """``what`` with its length and first bytes, for an error message: ``the request body
+    (19 bytes, starting b'hello, not an im'...)``. The bytes are shown as a bytes literal
+    (printable ASCII as is, the rest escaped), so the message stays one safe line whatever
+    the client sent."""
+    if not data:
+        return f"{what} (0 bytes)"
+    head = data[:PREVIEW_BYTES]
+    if len(data) <= PREVIEW_BYTES:
+        return f"{what} ({_bytes(len(data))}: {head!r})"
+    return f"{what} ({_bytes(len(data))}, starting {head!r}...)"
+
+
+def image_format(data: bytes) -> str | None:
+    """The image format ``data`` starts as (``"JPEG"``, ``"PNG"``, ...), or None."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WebP"
+    return next((name for magic, name in _IMAGE_MAGIC if data.startswith(magic)), None)
+
+
+def _bytes(count: int) -> str:
+    return "1 byte" if count == 1 else f"{count} bytes"
 
 
 @dataclass(frozen=True)
@@ -62,10 +96,8 @@ def read_infer_request(body: bytes, header_length: str | None, *,
                                f"is not a length within the body's {size} bytes")
     try:
         header = json.loads(body[:split])
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise RequestError(f"the request is not JSON ({exc})") from None
-    except RecursionError:
-        raise RequestError("the request is not JSON (nested too deeply)") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RequestError(_not_json(body, split, exc)) from None
     if not isinstance(header, dict):
         raise RequestError(f"the request is a JSON {type(header).__name__}; expected an "
                            "object with 'inputs'")
@@ -88,6 +120,19 @@ def read_infer_request(body: bytes, header_length: str | None, *,
                     max_batch_size or max_rows, max_batch_size == 0)
     return InferRequest(x=x, outputs=_read_outputs(header.get("outputs"), output_names,
                                                    binary_output), id=request_id)
+
+
+def _not_json(body: bytes, split: int, exc: Exception) -> str:
+    """The message for a request whose JSON (all of ``body``, or its first ``split`` bytes
+    with the binary extension) does not parse: what was received, why it does not parse,
+    and where an image file should have gone."""
+    what = describe_body(body[:split], "the request body" if split == len(body)
+                         else "the request's JSON header")
+    reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+    found = image_format(body)
+    hint = (f"; a {found} image goes to the model's /detect route, not /infer"
+            if found else "")
+    return f"{what} is not JSON ({reason}){hint}"
 
 
 def _read_input(tensor: Mapping[str, Any], body: bytes, split: int,

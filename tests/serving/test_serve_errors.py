@@ -105,10 +105,12 @@ def test_unknown_models_routes_and_methods(client, method, path, status, words):
 
 
 @pytest.mark.parametrize("body, words", [
-    (b"{not json", "the request is not JSON"),
+    (b"{not json", "the request body (9 bytes: b'{not json') is not JSON"),
     (b"[1, 2]", "a JSON list; expected an object"),
-    (b"\xff\xfe", "the request is not JSON"),
-    (b"[" * 100000 + b"]" * 100000, "the request is not JSON (nested too deeply)"),
+    (b"\xff\xfe", "the request body (2 bytes: b'\\xff\\xfe') is not JSON"),
+    (b"[" * 100000 + b"]" * 100000,
+     "the request body (200000 bytes, starting b'[[[[[[[[[[[[[[[['...) is not JSON (nested too "
+     "deeply)"),
     (json.dumps({}).encode(), "inputs: expected a list"),
     (json.dumps({"inputs": []}).encode(), "inputs: expected a list"),
     (json.dumps({"inputs": [1]}).encode(), "inputs[0]: expected a JSON object, not a number"),
@@ -168,7 +170,7 @@ def _binary(x: np.ndarray, **tensor) -> tuple[bytes, dict]:
      "Inference-Header-Content-Length: 'x'"),
     (lambda body, h: (body, {"Inference-Header-Content-Length": str(len(body) + 1)}),
      "is not a length within the body"),
-    (lambda body, h: (body, {}), "the request is not JSON"),
+    (lambda body, h: (body, {}), "is not JSON"),
 ])
 def test_bad_binary_requests(client, mutate, words):
     x = np.zeros((1, 3, TINY_SIZE, TINY_SIZE), np.float32)
@@ -213,7 +215,8 @@ def _png(width: int, height: int) -> bytes:
 
 @pytest.mark.parametrize("query, body, status, words", [
     ("", b"", 400, "the body is empty"),
-    ("", b"GIF89a not really", 400, "the request's image: cannot decode image"),
+    ("", b"GIF89a not really", 400, "the request body (17 bytes, starting b'GIF89a not "
+     "reall'...) is not an image Pillow can decode: it starts as a GIF file"),
     ("?thresh=abc", _png(8, 8), 400, "query parameter thresh: 'abc'"),
     ("?nms=1.5", _png(8, 8), 400, "query parameter nms: '1.5'"),
     ("?thresh=nan", _png(8, 8), 400, "query parameter thresh"),
@@ -222,6 +225,44 @@ def _png(width: int, height: int) -> bytes:
 def test_bad_detect_requests(client, query, body, status, words):
     got, message = client.error("POST", f"/v2/models/tiny/detect{query}", body)
     assert got == status and words in message, message
+
+
+def _truncated_png() -> bytes:
+    """The first half of a PNG of noise (noise, so that half its pixel data is missing)."""
+    pixels = np.random.default_rng(3).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return out.getvalue()[:len(out.getvalue()) // 2]
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"hello, not an image", ["the request body (19 bytes, starting b'hello, not an im'...)",
+                              "is not an image Pillow can decode",
+                              "match no image format"]),
+    (b"\x00\x01\x02", ["the request body (3 bytes: b'\\x00\\x01\\x02')"]),
+    (b"x" * 5000, ["5000 bytes, starting b'xxxxxxxxxxxxxxxx'..."]),
+    (_truncated_png(), [f"({len(_truncated_png())} bytes, starting b'\\x89PNG",
+                        "it starts as a PNG file, but decoding fails (OSError: "]),
+    (json.dumps(_request()).encode(), ["is not an image: it looks like JSON",
+                                       "/v2/models/tiny/infer"]),
+], ids=["text", "three-bytes", "long", "truncated-png", "json"])
+def test_a_body_that_is_not_an_image_is_described_by_its_bytes(client, body, words):
+    """The issue: a non-image body's 400 said ``cannot identify image file <_io.BytesIO
+    object at 0x...>``, naming the server's memory instead of what the client sent."""
+    status, message = client.error("POST", "/v2/models/tiny/detect", body)
+    assert status == 400
+    assert f"{len(body)} bytes" in message
+    for word in words:
+        assert word in message, message
+    assert "object at 0x" not in message and "BytesIO" not in message, message
+
+
+def test_an_image_sent_to_infer_is_described_and_pointed_to_detect(client):
+    png = _png(8, 8)
+    status, message = client.error("POST", INFER, png)
+    assert status == 400, message
+    assert f"the request body ({len(png)} bytes, starting b'\\x89PNG" in message, message
+    assert "is not JSON" in message and "a PNG image goes to the model's /detect" in message
 
 
 def test_a_good_request_after_the_bad_ones(client):
@@ -346,6 +387,9 @@ def test_a_thousand_malformed_requests_cause_no_500(limited, client):
         statuses[status] = statuses.get(status, 0) + 1
         assert status in (200, 400, 404, 405, 413, 415), (i, path, status, data[:300])
         if status != 200:
-            assert isinstance(json.loads(data)["error"], str), (i, data[:300])
+            message = json.loads(data)["error"]
+            assert isinstance(message, str), (i, data[:300])
+            # What the client sent is described by its bytes, never by a Python object's repr.
+            assert "object at 0x" not in message, (i, message)
     assert limited.alive() and client.live()
     assert statuses.get(400, 0) > 500, statuses
