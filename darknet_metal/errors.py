@@ -72,14 +72,26 @@ class WeightsError(DarknetMetalError, ValueError):
         *,
         path: str | os.PathLike[str] | None = None,
         layer: int | None = None,
+        hint: str = "",
+        cli_hint: str | None = None,
     ) -> None:
         self.path = os.fspath(path) if path is not None else None
         self.layer = layer
         self.reason = message
+        #: What to do about it, in Python's terms and (``cli_hint``, when it differs) in the
+        #: command line's: ``str()`` carries the first, ``cli_message`` the second.
+        self.hint = hint
+        self.cli_hint = hint if cli_hint is None else cli_hint
         where = self.path or "<weights>"
         if layer is not None:
             where += f": layer {layer}"
-        super().__init__(f"{where}: {message}")
+        self.where = where
+        super().__init__(f"{where}: {message}" + (f" {hint}" if hint else ""))
+
+    @property
+    def cli_message(self) -> str:
+        """The message as a command prints it: the fix in the command line's terms."""
+        return f"{self.where}: {self.reason}" + (f" {self.cli_hint}" if self.cli_hint else "")
 
 
 class DatasetError(DarknetMetalError, ValueError):

@@ -1,7 +1,8 @@
 """A bundled model's cfg made for your classes, as Darknet's README tells a user to edit it by
 hand: ``classes`` in every ``[yolo]``, ``filters=(classes + 5) x masks`` in the convolution
 before each, ``max_batches``, ``steps`` at 80% and 90% of it with two ``scales``, the input size,
-``batch`` and ``subdivisions``, and optionally the anchors.
+``batch`` and ``subdivisions``, and optionally the anchors; ``burn_in`` is the model's unless
+the run is too short for it (:func:`fitting_burn_in`).
 
 The edit is textual: every other line of the bundled cfg (comments, order, the keys not named
 above) stays as it is, so the file reads like the one a user would have made, and with 80 classes
@@ -20,12 +21,17 @@ from darknet_metal.errors import ArgumentError
 from darknet_metal.model.bundled import get_spec
 from darknet_metal.model.cfg import NetConfig, parse_cfg_text
 
-__all__ = ["DerivedCfg", "DerivedValue", "TRAINING_KEYS", "anchor_count", "darknet_max_batches",
-           "derive_cfg"]
+__all__ = ["BURN_IN_SHARE", "DerivedCfg", "DerivedValue", "TRAINING_KEYS", "anchor_count",
+           "darknet_max_batches", "derive_cfg", "fitting_burn_in"]
 
 #: The [net] keys a derived cfg sets for training whatever the bundled cfg says: the
 #: schedule, and the batch (bundled cfgs hold the testing batch of 1 in some cases).
 TRAINING_KEYS = ("batch", "subdivisions", "max_batches", "steps", "scales")
+
+#: The most of a run its burn-in may take: Darknet's recipe, burn_in=1000 of at least 6000
+#: iterations. A shorter run warms up over this share of it, so that its learning rate is the
+#: cfg's for most of the run.
+BURN_IN_SHARE = 1 / 6
 _HEADER = re.compile(r"^\s*\[([^\]]+)\]\s*$")
 _KEY = re.compile(r"^(\s*)([A-Za-z_][\w]*)(\s*=\s*)(.*?)(\s*)$")
 
@@ -70,12 +76,19 @@ def darknet_max_batches(classes: int, train_images: int = 0, batch: int = 64) ->
     return max(2000 * classes, 6000, -(-train_images // batch) if train_images else 0)
 
 
+def fitting_burn_in(model_burn_in: int, max_batches: int) -> int:
+    """The burn-in of a run of ``max_batches`` iterations: the model's ``model_burn_in``, or
+    BURN_IN_SHARE of the run (at least 1) when the model's would take more of it."""
+    return min(model_burn_in, max(1, int(max_batches * BURN_IN_SHARE)))
+
+
 def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
                batch: int = 64, subdivisions: int | None = None,
                max_batches: int | None = None, train_images: int = 0,
                anchors: Sequence[float] | None = None,
                anchors_source: str = "given",
-               subdivisions_source: str = "given") -> DerivedCfg:
+               subdivisions_source: str = "given",
+               burn_in: int | None = None) -> DerivedCfg:
     """The bundled ``model``'s cfg for ``classes`` classes.
 
     ``size``: (width, height) in pixels, multiples of 32 (default: the model's);
@@ -84,11 +97,14 @@ def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
     ``subdivisions_source``); ``max_batches``: iterations (default:
     :func:`darknet_max_batches` of ``classes`` and ``train_images``); ``anchors``: 2 x N
     numbers, N the model's anchor count, in pixels at ``size`` (default: the model's), said
-    to come from ``anchors_source``. Raises ``ModelNotFoundError`` for a model not bundled
-    and ``ArgumentError`` naming the argument for a value Darknet would refuse."""
+    to come from ``anchors_source``; ``burn_in``: iterations over which the learning rate
+    warms up (default: :func:`fitting_burn_in` of the model's and ``max_batches``). Raises
+    ``ModelNotFoundError`` for a model not bundled and ``ArgumentError`` naming the argument
+    for a value Darknet would refuse."""
     arguments = dict(classes=classes, size=size, batch=batch, subdivisions=subdivisions,
                      max_batches=max_batches, train_images=train_images, anchors=anchors,
-                     anchors_source=anchors_source, subdivisions_source=subdivisions_source)
+                     anchors_source=anchors_source, subdivisions_source=subdivisions_source,
+                     burn_in=burn_in)
     spec = get_spec(model)
     if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
         raise ArgumentError(f"classes must be a positive integer, not {classes!r}")
@@ -123,6 +139,17 @@ def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
         max_source = "given"
     if not isinstance(max_batches, int) or isinstance(max_batches, bool) or max_batches < 1:
         raise ArgumentError(f"max_batches must be a positive integer, not {max_batches!r}")
+    model_burn_in = int(net["burn_in"])
+    if burn_in is None:
+        burn_in = fitting_burn_in(model_burn_in, max_batches)
+        burn_source = (f"{model}'s" if burn_in == model_burn_in else
+                       f"a sixth of max_batches, as Darknet's 1000 of 6000: {model}'s "
+                       f"{model_burn_in} would hold the learning rate near 0 for most of the "
+                       "run")
+    else:
+        burn_source = "given"
+    if not isinstance(burn_in, int) or isinstance(burn_in, bool) or burn_in < 0:
+        raise ArgumentError(f"burn_in must be a non-negative integer, not {burn_in!r}")
     heads = [s for s in bundled.layers if s.kind == "yolo"]
     total = anchor_count(bundled)
     anchor_text = None
@@ -141,6 +168,7 @@ def derive_cfg(model: str, classes: int, *, size: tuple[int, int] | None = None,
         "max_batches": (str(max_batches), max_source),
         "steps": (f"{steps[0]},{steps[1]}", "80% and 90% of max_batches"),
         "scales": (".1,.1", "Darknet's README: one scale per step"),
+        "burn_in": (str(burn_in), burn_source),
     }
     lines = text.splitlines()
     values: list[DerivedValue] = []

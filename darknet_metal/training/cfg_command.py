@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from darknet_metal.cli_args import positive_int, size
+from darknet_metal.cli_args import non_negative_int, positive_int, size
 from darknet_metal.errors import ArgumentError
 from darknet_metal.model.bundled import model_names
 from darknet_metal.model.derive import DerivedCfg, anchor_count, derive_cfg
@@ -28,8 +28,9 @@ def add_command(commands: Any) -> None:
         description=(
             "Write OUT.cfg: the bundled --model's cfg with classes in every [yolo], "
             "filters=(classes+5)*masks in the convolution before each, max_batches (Darknet's "
-            "rule unless given), steps at 80% and 90% of it, the size, batch and "
-            "subdivisions, and the anchors (--anchors auto: clustered from --data's boxes). "
+            "rule unless given), steps at 80% and 90% of it, burn_in (the model's, or a "
+            "sixth of a short run), the size, batch and subdivisions, and the anchors "
+            "(--anchors auto: clustered from --data's boxes). "
             "Every derived value is printed on stderr with where it came from; nothing is "
             "written when a value is refused."
         ),
@@ -62,6 +63,9 @@ def add_cfg_arguments(parser: Any, *, data: bool = True, model_required: bool = 
     parser.add_argument("--max-batches", type=positive_int, metavar="N",
                         help="iterations (default: Darknet's rule, max(2000 x classes, 6000, "
                         "training images / batch))")
+    parser.add_argument("--burn-in", type=non_negative_int, metavar="N",
+                        help="iterations over which the learning rate warms up (default: the "
+                        "model's, or a sixth of max_batches when that is less)")
     parser.add_argument("--anchors", choices=("model", "auto"), default="model",
                         help="model: the model's anchors; auto: Darknet's calc_anchors on "
                         "DATA's boxes at the size (default: %(default)s)")
@@ -79,7 +83,8 @@ def derive_from_args(args: argparse.Namespace, dataset: Any = None) -> DerivedCf
         raise ArgumentError("give --classes N or --data DATA")
     derived = derive_cfg(args.model, classes, size=args.size, batch=args.batch,
                          subdivisions=args.subdivisions, max_batches=args.max_batches,
-                         train_images=len(dataset.train) if dataset is not None else 0)
+                         train_images=len(dataset.train) if dataset is not None else 0,
+                         burn_in=args.burn_in)
     if args.anchors == "auto":
         if dataset is None:
             raise ArgumentError("--anchors auto needs --data (the boxes to cluster)")

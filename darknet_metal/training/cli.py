@@ -13,10 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from darknet_metal.cli_args import non_negative_int, positive_int, seed
 from darknet_metal.training import cfg_command
+
+if TYPE_CHECKING:
+    from darknet_metal.training.from_model import Prepared
 
 __all__ = ["add_commands"]
 
@@ -99,15 +102,30 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, quiet: bool = False) -> int:
+    from darknet_metal.training.checkpoint import describe_earlier_checkpoint
     from darknet_metal.training.run import TrainingSetup
 
-    _from_model(args, quiet)
-    setup = TrainingSetup.from_args(args)
+    prepared = _from_model(args, quiet)
+    try:
+        setup = TrainingSetup.from_args(args)
+    except BaseException:
+        if prepared is not None:  # a refused dataset or cfg: --model's files go too
+            prepared.remove_created()
+        raise
     if quiet:
         return 130 if setup.run(progress=False).interrupted else 0
     say = (lambda message: None) if args.quiet else _note
     for line in setup.describe():
         say(line)
+    # Said even with -q: the first checkpoint replaces an earlier run's files.
+    earlier = describe_earlier_checkpoint(setup.run_.path("last"),
+                                          None if args.clear else args.weights)
+    if earlier is not None:
+        _note(earlier)
+    for warning in setup.warnings():
+        _note(f"warning: {warning}")
+    if not args.quiet:  # a timed step: only when it is said
+        _note(setup.projection())
     result = setup.run(progress=not args.quiet)
     if result.interrupted:
         _note(f"interrupted at iteration {result.iteration}: wrote {setup.run_.path('last')}")
@@ -121,11 +139,13 @@ def _train(args: argparse.Namespace, quiet: bool = False) -> int:
 
 
 #: The options that only --model takes, by destination.
-_MODEL_OPTIONS = ("classes", "size", "batch", "subdivisions", "max_batches", "coco_weights")
+_MODEL_OPTIONS = ("classes", "size", "batch", "subdivisions", "max_batches", "burn_in",
+                  "coco_weights")
 
 
-def _from_model(args: argparse.Namespace, quiet: bool) -> None:
-    """With --model: derive the cfg and make the backbone, then train from them."""
+def _from_model(args: argparse.Namespace, quiet: bool) -> Prepared | None:
+    """With --model: derive the cfg and make the backbone, then train from them (what was
+    made; None without --model)."""
     from darknet_metal.errors import ArgumentError
 
     if args.model is None:
@@ -136,7 +156,7 @@ def _from_model(args: argparse.Namespace, quiet: bool) -> None:
             raise ArgumentError(f"--{given[0].replace('_', '-')} needs --model NAME")
         if args.cfg is None:
             raise ArgumentError("give CFG (and WEIGHTS) or --model NAME")
-        return
+        return None
     if args.cfg is not None:
         raise ArgumentError(f"give CFG or --model, not both (got {args.cfg} and --model "
                             f"{args.model})")
@@ -147,6 +167,7 @@ def _from_model(args: argparse.Namespace, quiet: bool) -> None:
     say = (lambda line: None) if quiet or args.quiet else (lambda line: _note(line))
     prepared = prepare(args, say)
     args.cfg, args.weights = prepared.cfg, prepared.backbone
+    return prepared
 
 
 def _note(message: str) -> None:

@@ -24,11 +24,25 @@ __all__ = ["Prepared", "prepare"]
 
 @dataclass(frozen=True)
 class Prepared:
-    """The files a run from a bundled model starts from, and what was derived (lines)."""
+    """The files a run from a bundled model starts from, and what was derived (lines);
+    ``created``: the files and folder that did not exist before (``remove_created``)."""
 
     cfg: Path
     backbone: Path
     lines: tuple[str, ...]
+    created: tuple[Path, ...] = ()
+
+    def remove_created(self) -> None:
+        """Removes what ``prepare`` created (a run that then fails to start leaves nothing
+        behind); a folder only when it is empty."""
+        for path in self.created:
+            if path.is_dir():
+                try:
+                    path.rmdir()
+                except OSError:
+                    pass  # something else is in it now
+            else:
+                path.unlink(missing_ok=True)
 
 
 def prepare(args: argparse.Namespace, say: Any) -> Prepared:
@@ -51,13 +65,17 @@ def prepare(args: argparse.Namespace, say: Any) -> Prepared:
     try:  # the whole file, as the model's: a cut or another network's file is refused
         full = dm.load(spec.cfg, coco)
     except WeightsError as e:
-        raise WeightsError(f"{e} (--model {args.model} makes its backbone from the model's "
-                           "whole COCO weights file)", layer=e.layer) from None
+        fix = (f"--model {args.model} makes its backbone from the model's whole COCO weights "
+               "file: give that file to --weights, or leave --weights out to use the model "
+               "cache")
+        raise WeightsError(e.reason, path=e.path, layer=e.layer, hint=fix) from None
     folder = Path(args.backup) if args.backup is not None else (dataset.backup
                                                                  or Path("backup"))
-    folder.mkdir(parents=True, exist_ok=True)
     cfg = folder / f"{args.model}-{Path(args.data).stem}.cfg"
     backbone = folder / f"{args.model}.conv.{spec.backbone_layers}"
+    # Files first, the folder last: removed in this order, the folder is empty by then.
+    created = tuple(p for p in (cfg, backbone, folder) if not p.exists())
+    folder.mkdir(parents=True, exist_ok=True)
     for v in derived.values:
         say(f"[{v.section}] {v.key}={v.value} ({v.source})")
     atomic_write(cfg, lambda f: f.write(derived.text.encode()))
@@ -67,7 +85,7 @@ def prepare(args: argparse.Namespace, say: Any) -> Prepared:
              f"{coco} ({where}), as Darknet's README makes {args.model}'s backbone")
     for line in lines:
         say(line)
-    return Prepared(cfg, backbone, lines)
+    return Prepared(cfg, backbone, lines, created)
 
 
 def _fitting(args: argparse.Namespace, derived: Any, say: Any) -> Any:

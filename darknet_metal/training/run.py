@@ -17,6 +17,7 @@ import numpy as np
 from darknet_metal.errors import ArgumentError, DatasetError
 from darknet_metal.training.checkpoint import Checkpoint, find_checkpoint
 from darknet_metal.training.distributed import Collective
+from darknet_metal.training.schedule import slow_start
 from darknet_metal.training.session import RunResult, Schedule, TrainingRun
 from darknet_metal.training.trainer import Trainer
 
@@ -86,7 +87,7 @@ class TrainingSetup:
             errors = report.errors
             raise DatasetError(
                 f"{len(errors)} error(s) in the dataset (`darknet-metal check-data {data}` "
-                f"lists every problem); the first: {errors[0]}")
+                f"lists every problem); the first: {errors[0]}", path=data)
         if not dataset.train:
             raise DatasetError(f"{dataset.path}: the training set is empty")
         checkpoint: Checkpoint | None = None
@@ -175,11 +176,70 @@ class TrainingSetup:
                 f"mAP every {s.map_every} iterations from {s.burn_in}"
                 if self.run_.evaluate else "no mAP evaluation (--map to evaluate)"]
 
+    def projection(self) -> str:
+        """How long the run will take, said before its first iteration: a training step of
+        PROJECTION_IMAGES images timed on a throwaway copy of the network (random weights,
+        the same cfg and device), scaled to the batch and to the iterations left. A model,
+        not a measurement: a GPU does a large batch in less than that scaling says."""
+        import time
+
+        import darknet_metal as dm
+
+        values = self.net.config.net.values
+        batch = int(values["batch"])
+        images = min(PROJECTION_IMAGES, batch)
+        width, height = int(values["width"]), int(values["height"])
+        probe = dm.load(self.net.config.path, device=self.net.device, batch=images,
+                        subdivisions=1, seed=0, input_size=(width, height))
+        x = np.full((images, 3, height, width), 0.5, np.float32)
+        truths = [np.array([[0, 0.5, 0.5, 0.25, 0.25]], np.float32)] * images
+        probe.train_step(x, truths)  # the first step builds and allocates: not timed
+        start = time.perf_counter()
+        probe.train_step(x, truths)
+        per_image = (time.perf_counter() - start) / images
+        probe.to("cpu")
+        s = self.run_.schedule
+        left = max(0, s.max_batches - self.net.iteration)
+        iteration = per_image * batch
+        said = (f"projected: about {_duration(iteration)} an iteration, "
+                f"{_duration(iteration * left)} for the {left} iterations left on "
+                f"{self.net.device} (a step of {images} "
+                f"image(s) at {width}x{height} timed, times {batch}/{images}; the log's time "
+                "remaining then follows the run)")
+        if self.net.device == "cpu" and iteration * left > 3600:
+            said += ("; on a Mac, --device metal runs the same training on its GPU, "
+                     "and a smaller --size, --batch or --max-batches shortens it")
+        return said
+
+    def warnings(self) -> list[str]:
+        """What the command should say before it starts: a learning rate that stays too low
+        for most of the run (``schedule.slow_start``)."""
+        slow = slow_start(self.net.config.net.values, self.net.iteration + 1,
+                          self.run_.schedule.max_batches)
+        return [] if slow is None else [slow]
+
     def run(self, progress: bool = True) -> RunResult:
         """Train to max_batches (or Ctrl-C); the loader is closed in every case."""
         self.run_.progress = progress
         with self.loader:
             return self.run_.run()
+
+
+#: Images of the training step ``TrainingSetup.projection`` times.
+PROJECTION_IMAGES = 2
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as a person reads it: 850 ms, 37 s, 12 minutes, 3.4 hours, 2.6 days."""
+    if seconds < 1:
+        return f"{1e3 * seconds:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:.1f} days"
 
 
 def default_workers(collective: Collective | None = None) -> int:

@@ -38,7 +38,7 @@ from darknet_metal.arguments import is_integer
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 from darknet_metal.model.cfg_schema import POLICIES
 
-__all__ = ["learning_rate"]
+__all__ = ["learning_rate", "slow_start"]
 
 _F32 = np.float32
 _INT32_MAX = 2**31 - 1
@@ -228,3 +228,47 @@ def _list(values: Mapping[str, Any], key: str) -> list[Any]:
     if isinstance(value, str | bytes) or not hasattr(value, "__len__"):
         raise ArgumentTypeError(f"net_values[{key!r}] must be a list, not {value!r}")
     return list(value)
+
+
+#: Most learning rates ``slow_start`` evaluates (a long run is sampled evenly).
+_SLOW_START_SAMPLES = 4000
+
+
+def slow_start(net_values: Mapping[str, Any], first: int, last: int, *,
+               floor: float = 0.1, share: float = 0.5) -> str | None:
+    """What to say when the learning rate of updates ``first``..``last`` (iterations, as
+    ``learning_rate`` counts them) stays below ``floor`` x the cfg's ``learning_rate`` for
+    more than ``share`` of them (a burn-in as long as the run: it learns next to nothing),
+    else None. ``policy=random`` draws its rates and is never judged."""
+    if last < first or _get(net_values, "policy") == "random":
+        return None
+    lr = float(_float(net_values, "learning_rate"))
+    if not lr > 0:
+        return None
+    count = last - first + 1
+    picks = np.unique(np.linspace(first, last, min(count, _SLOW_START_SAMPLES)).astype(int))
+    low = [b for b in picks if learning_rate(net_values, int(b)) < floor * lr]
+    if len(low) <= share * len(picks):
+        return None
+    slow = round(count * len(low) / len(picks))
+    burn_in = _int(net_values, "burn_in")
+    said = (f"the learning rate stays below {floor:g} x learning_rate={lr:g} for {slow} of "
+            f"the {count} iterations {first}..{last}")
+    if 2 * sum(b < burn_in for b in low) > len(low):
+        return (f"{said} (burn_in={burn_in} warms it up as (iteration/{burn_in})^"
+                f"{float(_float(net_values, 'power')):g}): the run will learn little; lower "
+                "burn_in (--burn-in N with --model, or burn_in= in the cfg) or raise "
+                "max_batches")
+    policy = _get(net_values, "policy")
+    keys = {"steps": ("steps", "scales"), "step": ("step", "scale"), "exp": ("gamma",),
+            "sigmoid": ("gamma", "step"), "poly": ("power",)}.get(policy, ())
+    shown = ", ".join(f"{k}={_shown(net_values.get(k))}" for k in keys if k in net_values)
+    return (f"{said} (policy={policy}{', ' + shown if shown else ''}): the run will learn "
+            "little; check the policy's keys in the cfg or raise max_batches")
+
+
+def _shown(value: Any) -> str:
+    """A cfg value as a cfg writes it (a list comma-separated)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -53,6 +53,30 @@ def test_80_classes_at_the_models_size_is_the_bundled_cfg_but_the_training_keys(
         assert (a.kind, a.values) == (b.kind, b.values), a.index
 
 
+@pytest.mark.parametrize(("max_batches", "burn_in", "fitted"), [
+    (6000, 1000, False),    # Darknet's recipe: its 1000 of 6000 iterations stays
+    (160000, 1000, False),
+    (600, 100, True),       # shorter runs warm up over a sixth of themselves
+    (40, 6, True),
+    (3, 1, True),           # at least one iteration
+])
+def test_a_short_run_warms_up_over_a_sixth_of_it(max_batches, burn_in, fitted):
+    derived = derive_cfg("yolov3-tiny", 3, max_batches=max_batches)
+    assert derived.config.net.values["burn_in"] == burn_in
+    said = {v.key: v.source for v in derived.values}["burn_in"]
+    assert said == ("a sixth of max_batches, as Darknet's 1000 of 6000: yolov3-tiny's 1000 "
+                    "would hold the learning rate near 0 for most of the run" if fitted
+                    else "yolov3-tiny's")
+
+
+def test_a_given_burn_in_is_kept_and_a_negative_one_refused():
+    derived = derive_cfg("yolov4-tiny", 2, max_batches=40, burn_in=0)
+    assert derived.config.net.values["burn_in"] == 0
+    assert {v.key: v.source for v in derived.values}["burn_in"] == "given"
+    with pytest.raises(ArgumentError, match="burn_in must be a non-negative integer"):
+        derive_cfg("yolov4-tiny", 2, burn_in=-1)
+
+
 def test_darknets_max_batches_rule():
     assert darknet_max_batches(1) == 6000
     assert darknet_max_batches(4) == 8000

@@ -17,6 +17,7 @@ from training_golden import TRAIN
 import darknet_metal as dm
 from darknet_metal.errors import CheckpointError
 from darknet_metal.training.checkpoint import (
+    describe_earlier_checkpoint,
     find_checkpoint,
     restore_training_state,
     save_checkpoint,
@@ -101,13 +102,20 @@ _CHILD = textwrap.dedent("""
     checkpoint.save_checkpoint(net, path, {})
     kill_at = int(kill_at)
     if kill_at:
-        real, calls = os.replace, [0]
-        def replace(src, dst):
+        # Counted: the renames, and the removals of files other than temporary ones.
+        real_replace, real_unlink, calls = os.replace, os.unlink, [0]
+        def step(path):
             calls[0] += 1
             if calls[0] == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
-            real(src, dst)
-        os.replace = replace
+        def replace(src, dst):
+            step(src)
+            real_replace(src, dst)
+        def unlink(path, *args, **kwargs):
+            if not str(path).endswith(".tmp"):
+                step(path)
+            real_unlink(path, *args, **kwargs)
+        os.replace, os.unlink = replace, unlink
     net.train_step(x, truths)
     checkpoint.save_checkpoint(net, path, {})
     print("saved", flush=True)
@@ -137,9 +145,10 @@ def _loads(path):
     return found
 
 
-# The renames of the second save: the old pair to .prev (weights, then state), the new
-# weights, the new state; 0: no kill.
-@pytest.mark.parametrize(("kill_at", "iteration"), [(1, 1), (2, 1), (3, 1), (4, 1), (0, 2)])
+# The steps of the second save: the old pair to .prev (weights, then state), the new
+# weights, the new state, then the removal of the .prev state and weights; 0: no kill.
+@pytest.mark.parametrize(("kill_at", "iteration"),
+                         [(1, 1), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2), (0, 2)])
 def test_a_kill_during_a_save_leaves_a_whole_pair(tmp_path, kill_at, iteration):
     path, child = _child(tmp_path, kill_at)
     out, err = child.communicate(timeout=120)
@@ -151,6 +160,8 @@ def test_a_kill_during_a_save_leaves_a_whole_pair(tmp_path, kill_at, iteration):
     restore_training_state(net, found)
     save_checkpoint(net, path, {})
     assert not list(tmp_path.glob(".*.tmp"))
+    assert sorted(p.name for p in tmp_path.glob("x_last*")) == ["x_last.state",
+                                                                "x_last.weights"]
     assert _loads(path).iteration == found.iteration
 
 
@@ -163,3 +174,134 @@ def test_kills_at_random_moments_leave_a_whole_pair(tmp_path):
         os.kill(child.pid, signal.SIGKILL)
         child.communicate(timeout=60)
         assert _loads(path).iteration >= 2
+
+
+def _names(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_a_save_keeps_one_pair_and_no_previous_one(tmp_path):
+    net = _net()
+    net.train_step(*_batch(net, 0))
+    path = tmp_path / "x_last.weights"
+    for iteration in (5, 6, 7):
+        net.iteration = iteration
+        save_checkpoint(net, path, {})
+        assert _names(tmp_path) == ["x_last.state", "x_last.weights"]
+    assert _loads(path).iteration == 7
+
+
+def _earlier_run(folder, net):
+    """A folder as the code before kept it after two runs: the earlier run's checkpoint
+    (iteration 50) under NAME, and the one before it (iteration 40) under NAME.prev."""
+    for iteration, name in ((40, "x_last.prev"), (50, "x_last")):
+        net.iteration = iteration
+        save_checkpoint(net, folder / "tmp.weights", {})
+        for suffix in (".weights", ".state"):
+            (folder / f"tmp{suffix}").rename(folder / f"{name}{suffix}")
+    assert _names(folder) == ["x_last.prev.state", "x_last.prev.weights", "x_last.state",
+                              "x_last.weights"]
+
+
+class _Killed(BaseException):
+    """A kill, simulated in process: raised before a step of a save."""
+
+
+def test_saves_killed_one_after_another_always_leave_the_pair_written_last(
+        tmp_path, monkeypatch):
+    """Three saves in a row, each killed before any of its steps (or not killed), from a
+    folder an earlier run left with higher iterations: after each, the pair written last
+    loads, and an unbroken save leaves that pair alone."""
+    net = _net()
+    net.train_step(*_batch(net, 0))
+    folder = tmp_path / "backup"
+    folder.mkdir()
+    path = folder / "x_last.weights"
+    state = state_path(path)
+    _earlier_run(folder, net)
+    # The folder's durability is not what is tested here: fsync would only slow it down.
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+    real_replace, real_unlink = os.replace, os.unlink
+    plan = {"kill_at": 0, "steps": 0, "state_in": False}
+
+    def step(path_, dst=None):
+        plan["steps"] += 1
+        if plan["steps"] == plan["kill_at"]:
+            raise _Killed
+        if dst is not None and os.fspath(dst) == os.fspath(state):
+            plan["state_in"] = True  # the new state is in place: the new pair is whole
+
+    def replace(src, dst):
+        step(src, dst)
+        real_replace(src, dst)
+
+    def unlink(path_, *args, **kwargs):
+        if not os.fspath(path_).endswith(".tmp"):  # the removals of temporaries: not counted
+            step(path_)
+        real_unlink(path_, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "unlink", unlink)
+
+    def snapshot():
+        return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def restore(files):
+        for p in folder.iterdir():
+            real_unlink(p)
+        for name, data in files.items():
+            (folder / name).write_bytes(data)
+
+    iterations = iter(range(1, 1000))
+    checked = []
+
+    def explore(depth, expected):
+        before = snapshot()
+        for kill_at in range(7):  # 0: the save is not killed
+            restore(before)
+            net.iteration = next(iterations)
+            plan.update(kill_at=kill_at, steps=0, state_in=False)
+            try:
+                save_checkpoint(net, path, {})
+            except _Killed:
+                assert kill_at
+            now = net.iteration if plan["state_in"] else expected
+            found = find_checkpoint(path)
+            assert found is not None and found.iteration == now, (checked, kill_at, found)
+            if plan["steps"] < kill_at or not kill_at:  # the save ran to its end
+                assert _names(folder) == ["x_last.state", "x_last.weights"]
+            checked.append(kill_at)
+            if depth > 1:
+                explore(depth - 1, now)
+
+    explore(3, 50)
+    assert len(checked) == 7 + 7 ** 2 + 7 ** 3
+    monkeypatch.undo()
+    # A pair found after such kills loads, with its training state.
+    assert _loads(path).iteration == find_checkpoint(path).iteration
+
+
+def test_the_line_about_an_earlier_runs_checkpoint(tmp_path):
+    path = tmp_path / "x_last.weights"
+    assert describe_earlier_checkpoint(path) is None  # nothing there
+    net = _net()
+    net.train_step(*_batch(net, 0))
+    net.iteration = 40
+    save_checkpoint(net, path, {})
+    # What a kill left: the pair under .prev, a temporary file of the next save.
+    path.rename(tmp_path / "x_last.prev.weights")
+    state_path(path).rename(tmp_path / "x_last.prev.state")
+    (tmp_path / ".x_last.weights.0123456789ab.tmp").write_bytes(b"\0" * 1000)
+    size = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert describe_earlier_checkpoint(path) == (
+        f"{tmp_path}/: x_last.prev.weights, x_last.prev.state, 1 temporary file of a killed "
+        f"save from an earlier run (a checkpoint at iteration 40, {size / 1e3:.1f} kB) are "
+        "replaced by this run's first checkpoint: the earlier one stays until that is "
+        "written (as x_last.prev.* during the save), then it is removed")
+    # A run that continues from the checkpoint (by either name) replaces no earlier run's.
+    assert describe_earlier_checkpoint(path, starting_from=path) is None
+    assert describe_earlier_checkpoint(path, tmp_path / "x_last.prev.weights") is None
+    assert describe_earlier_checkpoint(path, tmp_path / "other.weights") is not None
+    state_path(path).write_bytes(b"not a state")
+    (tmp_path / "x_last.prev.state").unlink()
+    assert "from an earlier run (no whole checkpoint, " in describe_earlier_checkpoint(path)

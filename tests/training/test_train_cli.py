@@ -13,6 +13,7 @@ from training_golden import TRAIN
 import darknet_metal as dm
 from darknet_metal.cli import main
 from darknet_metal.datasets import make_shapes
+from darknet_metal.training.checkpoint import find_checkpoint
 
 MICRO = TRAIN / "micro-v4-sgd" / "micro-v4-sgd.cfg"
 
@@ -54,6 +55,21 @@ def test_the_loss_falls_and_darknets_files_are_written(tmp_path, shapes, device)
     assert final.iteration == 30
 
 
+@pytest.mark.parametrize(("burn_in", "warned"), [(1000, True), (0, False)])
+def test_a_learning_rate_too_low_for_most_of_the_run_is_said_first(tmp_path, shapes, capsys,
+                                                                   burn_in, warned):
+    # Darknet's bundled burn_in=1000 on a 3-iteration run holds the rate at 1e-12 of the
+    # cfg's: said before the first iteration, even with -q.
+    cfg = _cfg(tmp_path, 3, burn_in=burn_in)
+    assert main(["train", str(shapes), str(cfg), "--backup", str(tmp_path / "b"), "-q",
+                 "--no-chart"]) == 0
+    err = capsys.readouterr().err
+    said = ("warning: the learning rate stays below 0.1 x learning_rate=0.001 for 3 of the 3 "
+            "iterations 1..3 (burn_in=1000 warms it up as (iteration/1000)^4): the run will "
+            "learn little; lower burn_in")
+    assert (said in err) == warned, err
+
+
 def test_seeded_runs_are_identical_whatever_the_loader_threads(tmp_path, shapes):
     cfg = _cfg(tmp_path, 6, jitter=0.2, mosaic=1, hue=0.1, saturation=1.5, exposure=1.5)
     finals = []
@@ -88,10 +104,81 @@ def test_ctrl_c_then_resuming_from_last_ends_where_an_unbroken_run_does(
     monkeypatch.setattr(session.TrainingRun, "_iteration", real)
     assert main(["train", str(shapes), str(cfg), str(broken / "micro_last.weights"),
                  "--backup", str(broken), "--seed", "3", "--no-chart"]) == 0
-    assert "continues exactly" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # Continuing the checkpoint is not replacing an earlier run's.
+    assert "continues exactly" in err and "from an earlier run" not in err
     assert (broken / "micro_final.weights").read_bytes() == \
         (whole / "micro_final.weights").read_bytes()
     assert [r["iteration"] for r in _records(broken)] == list(range(1, 11))
+
+
+def _checkpoint_bytes(backup):
+    """The checkpoint files in ``backup`` (``.prev`` and temporaries included): name -> size."""
+    return {p.name: p.stat().st_size for p in backup.iterdir()
+            if p.name.startswith(("micro_last", ".micro_last"))}
+
+
+def test_rerunning_into_the_same_folder_keeps_one_checkpoint_and_says_so(
+        tmp_path, shapes, capsys):
+    backup = tmp_path / "backup"
+
+    def train(iterations):
+        cfg = _cfg(tmp_path, iterations)
+        assert main(["train", str(shapes), str(cfg), "--backup", str(backup), "-q",
+                     "--no-chart"]) == 0
+        return capsys.readouterr().err
+
+    assert "from an earlier run" not in train(6)
+    first = _checkpoint_bytes(backup)
+    assert sorted(first) == ["micro_last.state", "micro_last.weights"]
+    # Reruns from scratch, shorter: their checkpoints have lower iterations than the first.
+    for earlier in (6, 3):
+        size = sum(_checkpoint_bytes(backup).values())
+        said = [line for line in train(3).splitlines() if "from an earlier run" in line]
+        assert said == [
+            f"darknet-metal: {backup}/: micro_last.weights, micro_last.state from an earlier "
+            f"run (a checkpoint at iteration {earlier}, {size / 1e3:.1f} kB) are replaced by "
+            "this run's first checkpoint: the earlier one stays until that is written (as "
+            "micro_last.prev.* during the save), then it is removed"]
+        # One checkpoint, the new one (not the earlier run's, of a higher iteration).
+        after = _checkpoint_bytes(backup)
+        assert sorted(after) == ["micro_last.state", "micro_last.weights"]
+        assert sum(after.values()) <= sum(first.values())
+        found = find_checkpoint(backup / "micro_last.weights")
+        assert found.weights == backup / "micro_last.weights" and found.iteration == 3
+    assert sorted(p.name for p in backup.iterdir()) == [
+        "micro.jsonl", "micro.log", "micro_final.weights", "micro_last.state",
+        "micro_last.weights"]
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_a_checkpoint_a_kill_left_midway_resumes(tmp_path, shapes, capsys, steps):
+    backup = tmp_path / "backup"
+    assert main(["train", str(shapes), str(_cfg(tmp_path, 4)), "--backup", str(backup),
+                 "-q", "--no-chart"]) == 0
+    capsys.readouterr()
+    # What a kill during the next save leaves after its second step: the pair moved to the
+    # .prev names and the new files' temporaries (half written); after its third, the new
+    # weights are under NAME, without their state.
+    last = backup / "micro_last.weights"
+    last.rename(backup / "micro_last.prev.weights")
+    (backup / "micro_last.state").rename(backup / "micro_last.prev.state")
+    data = (backup / "micro_last.prev.weights").read_bytes()
+    new_weights = data[:-4] + b"\x01\x02\x03\x04"
+    if steps == 3:
+        last.write_bytes(new_weights)
+    else:
+        (backup / ".micro_last.weights.0123456789ab.tmp").write_bytes(new_weights[:1000])
+    (backup / ".micro_last.state.0123456789ab.tmp").write_bytes(b"PK\x03\x04")
+    assert main(["train", str(shapes), str(_cfg(tmp_path, 6)), str(last),
+                 "--backup", str(backup), "--no-chart"]) == 0
+    err = capsys.readouterr().err
+    assert (f"training state of {backup / 'micro_last.prev.state'} (iteration 4): the run "
+            "continues exactly") in err
+    assert "from an earlier run" not in err
+    assert [r["iteration"] for r in _records(backup)] == list(range(1, 7))
+    assert sorted(_checkpoint_bytes(backup)) == ["micro_last.state", "micro_last.weights"]
+    assert find_checkpoint(last).iteration == 6
 
 
 def test_random_sizes_through_the_loader(tmp_path, shapes):
@@ -184,3 +271,30 @@ except KeyboardInterrupt:
         device_peak = max(device_peak[0], allocated), max(device_peak[1], misses)
     assert len(seen) >= 3, seen  # sizes did change
     assert returns >= 10, [r[1] for r in rows]  # and came back
+
+
+def test_the_runs_time_is_projected_before_the_first_iteration(tmp_path, shapes, capsys):
+    cfg = _cfg(tmp_path, 3)
+    assert main(["train", str(shapes), str(cfg), "--backup", str(tmp_path / "b"),
+                 "--no-chart"]) == 0
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if "projected:" in x]
+    assert re.search(r"projected: about \d+ (ms|s) an iteration, .* for the 3 iterations left "
+                     r"on cpu \(a step of 2 image\(s\) at 128x128 timed, times 4/2", line), line
+
+
+def test_darknets_recipe_on_a_cpu_is_projected_in_days_with_the_way_out(tmp_path, shapes):
+    # The one-command demo's defaults Darknet's README gives (yolov4-tiny at 416, batch 64,
+    # 6000 iterations) on this CPU: the projection says hours or days, and what shortens it.
+    from darknet_metal.model.derive import derive_cfg
+    from darknet_metal.training.run import TrainingSetup
+
+    derived = derive_cfg("yolov4-tiny", 3, max_batches=6000)
+    cfg = tmp_path / "recipe.cfg"
+    cfg.write_text(derived.text)
+    setup = TrainingSetup.create(shapes, cfg, backup=tmp_path / "b", chart=False, workers=0)
+    said = setup.projection()
+    setup.loader.close()
+    assert re.search(r"for the 6000 iterations left on cpu .*times 64/2", said), said
+    assert re.search(r"\d+(\.\d)? (hours|days) for", said), said
+    assert "--device metal" in said

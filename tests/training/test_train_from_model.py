@@ -43,8 +43,15 @@ def test_a_run_from_the_model_is_the_hand_made_run(cache, shapes, tmp_path, caps
     for said in ("[net] max_batches=2 (given)", "[yolo 16] classes=3 (given)",
                  "[convolutional 15] filters=24 ((classes + 5) x 3 masks)",
                  "[net] subdivisions=1 (the fewest that fit this machine's memory on cpu)",
+                 "[net] burn_in=1 (a sixth of max_batches, as Darknet's 1000 of 6000",
                  "the first 15 layers of"):
         assert err.count(said) == 1, said
+    # The derived burn-in fits the run: the warm-up is not what holds the rate down (a run of
+    # 2 iterations has its steps at 1 and 1: that is said).
+    assert "warms it up" not in err
+    assert ("the learning rate stays below 0.1 x learning_rate=0.001 for 2 of the 2 "
+            "iterations 1..2 (policy=steps, steps=1,1, scales=0.1,0.1): the run will learn "
+            "little; check the policy's keys in the cfg") in err
     hand = tmp_path / "hand"
     hand.mkdir()
     assert main(["cfg", "--model", "yolov3-tiny", "--classes", "3", "--size", "96x96",
@@ -90,6 +97,9 @@ def test_weights_of_another_network_are_refused(cache, shapes, tmp_path, capsys)
     err = capsys.readouterr().err
     assert "makes its backbone from the model's whole COCO weights file" in err
     assert err.count("\n") == 1  # one line
+    # Said once, with the file's name, and the fix in the command's terms.
+    assert err.count("layer 15") == 1 and err.count(str(cut)) == 1, err
+    assert "<weights>" not in err and "partial=True" not in err, err
     assert not (shapes.parent / "backup").exists() or not any(
         (shapes.parent / "backup").iterdir())
 
@@ -99,5 +109,27 @@ def test_model_options_need_the_model_and_exclude_a_cfg(shapes, capsys):
     assert "--size needs --model NAME" in capsys.readouterr().err
     assert main(["train", str(shapes)]) == 1
     assert "give CFG (and WEIGHTS) or --model NAME" in capsys.readouterr().err
+    assert main(["train", str(shapes), "x.cfg", "--burn-in", "5"]) == 1
+    assert "--burn-in needs --model NAME" in capsys.readouterr().err
     assert main(["train", str(shapes), "x.cfg", "--model", "yolov3-tiny"]) == 1
     assert "give CFG or --model, not both" in capsys.readouterr().err
+
+
+def test_partial_from_the_model_is_the_readmes_backbone(cache, tmp_path, capsys):
+    # `partial --model NAME OUT` takes the bundled cfg and the cached COCO weights, and N
+    # defaults to the backbone Darknet's README names: the same file as the hand-made cut.
+    assert main(["partial", "--model", "yolov3-tiny", str(tmp_path / "conv.15")]) == 0
+    assert main(["partial", str(get_spec("yolov3-tiny").cfg),
+                 str(cache / "yolov3-tiny" / "yolov3-tiny.weights"), str(tmp_path / "hand"),
+                 "15"]) == 0
+    assert (tmp_path / "conv.15").read_bytes() == (tmp_path / "hand").read_bytes()
+    assert main(["partial", "--model", "yolov3-tiny", str(tmp_path / "conv.9"), "9"]) == 0
+    assert "layers 0-8" in capsys.readouterr().err
+    for args, said in ((["a.cfg", "b.weights"], "partial takes CFG WEIGHTS OUT N"),
+                       (["--model", "yolov3-tiny", "a", "b", "c"], "with --model, partial "
+                        "takes OUT [N]"),
+                       (["--model", "yolov3-tiny", str(tmp_path / "x"), "0"],
+                        "N (how many layers to keep): must be at least 1")):
+        assert main(["partial", *args]) == 1
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

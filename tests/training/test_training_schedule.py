@@ -18,6 +18,7 @@ from training_golden import CASES, TRAIN, cfg_net_values, net_values
 from darknet_metal.errors import ArgumentError, ArgumentTypeError, CfgError
 from darknet_metal.model.cfg_schema import POLICIES
 from darknet_metal.training import learning_rate
+from darknet_metal.training.schedule import slow_start
 
 with open(TRAIN / "lr_schedule.json") as _f:
     SCHEDULES = json.load(_f)["schedules"]
@@ -204,3 +205,26 @@ def test_missing_keys_and_non_mappings_are_named():
         learning_rate(values, 3)
     with pytest.raises(ArgumentTypeError, match="net_values must be a mapping"):
         learning_rate([("policy", "constant")], 3)
+
+
+_RECIPE = dict(policy="steps", learning_rate=0.001, burn_in=1000, power=4.0,
+               steps=[4800, 5400], scales=[0.1, 0.1], max_batches=6000)
+
+
+@pytest.mark.parametrize(("values", "first", "last", "blamed"), [
+    (_RECIPE, 1, 6000, None),                        # Darknet's recipe: a sixth warming up
+    (_RECIPE, 1, 40, "burn_in=1000 warms it up"),    # its burn-in on a 40-iteration run
+    # (b/1000)^4 < 0.1 below b = 563: 562 of 1000 iterations are slow, 562 of 1200 are not
+    # most of the run.
+    (_RECIPE, 1, 1000, "562 of the 1000 iterations 1..1000 (burn_in=1000 warms it up"),
+    (_RECIPE, 1, 1200, None),
+    (dict(_RECIPE, burn_in=0, steps=[2, 3]), 1, 40, "policy=steps, steps=2,3, scales=0.1,0.1"),
+    (dict(_RECIPE, policy="random"), 1, 40, None),   # drawn rates are not judged
+    (dict(_RECIPE, learning_rate=0.0), 1, 40, None),
+])
+def test_slow_start_says_what_holds_the_rate_down(values, first, last, blamed):
+    said = slow_start(values, first, last)
+    if blamed is None:
+        assert said is None
+    else:
+        assert said is not None and blamed in said, said
