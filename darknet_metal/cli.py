@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except (DarknetMetalError, OSError) as exc:
-        _error(str(exc))
+        _error(exc.cli_message if isinstance(exc, WeightsError) else str(exc))
         return 1
     except KeyboardInterrupt:
         return 130
@@ -180,19 +180,26 @@ def _parser() -> argparse.ArgumentParser:
 
     partial = commands.add_parser(
         "partial",
+        usage="darknet-metal partial [-h] (CFG WEIGHTS OUT N | --model NAME OUT [N])",
         help="keep the first layers of a weights file (a backbone to train from)",
         description=(
             "Write the parameters of the first N layers of CFG, read from WEIGHTS, to OUT "
             "with seen = 0, as `darknet partial` does (yolov4-tiny.conv.29 is yolov4-tiny's "
-            "first 29). Training loads such a file and initialises the other layers."
+            "first 29). Training loads such a file and initialises the other layers. With "
+            "--model NAME, the bundled model's cfg and COCO weights (the model cache, "
+            "downloaded once) stand for CFG and WEIGHTS, and N defaults to the backbone "
+            "Darknet's README names (yolov3-tiny.conv.15, yolov4-tiny.conv.29, "
+            "yolov4.conv.137)."
         ),
     )
-    partial.add_argument("cfg", metavar="CFG", type=Path, help="network .cfg file")
-    partial.add_argument("weights", metavar="WEIGHTS", type=Path,
-                         help=".weights file holding at least the first N layers")
-    partial.add_argument("out", metavar="OUT", type=Path, help="the .weights file to write")
-    partial.add_argument("layers", metavar="N", type=positive_int,
-                         help="how many layers to keep, counted from the first")
+    partial.add_argument("files", metavar="FILE", nargs="+",
+                         help="CFG (network .cfg file), WEIGHTS (.weights file holding at "
+                         "least the first N layers), OUT (the .weights file to write) and N "
+                         "(how many layers to keep, counted from the first); with --model, "
+                         "OUT and N")
+    partial.add_argument("--model", metavar="NAME", choices=model_names(),
+                         help=f"bundled model instead of CFG and WEIGHTS: "
+                         f"{', '.join(model_names())}")
     partial.set_defaults(run=_run_partial)
     datasets_cli.add_commands(commands)
     evaluation_cli.add_commands(commands)
@@ -205,16 +212,36 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run_partial(args: argparse.Namespace) -> int:
     import darknet_metal
+    from darknet_metal.errors import ArgumentError
+    from darknet_metal.model.bundled import get_spec
     from darknet_metal.model.weights import WeightsHeader, read_weights_prefix, write_weights
 
-    _check_file(args.cfg, "cfg", lambda message: CfgError(message, path=args.cfg))
-    _check_file(args.weights, "weights", lambda message: WeightsError(message, path=args.weights))
-    net = darknet_metal.load(args.cfg)
-    _, params, coverage = read_weights_prefix(args.weights, net.layers, upto=args.layers)
-    kept = [i for i in coverage.loaded if i < args.layers]
-    write_weights(args.out, net.layers, params, WeightsHeader(seen=0), upto=args.layers)
-    _note(f"wrote {args.out}: the parameters of layers 0-{args.layers - 1} "
-          f"({len(kept)} with parameters) from {args.weights}")
+    files = args.files
+    if args.model is None:
+        if len(files) != 4:
+            raise ArgumentError(f"partial takes CFG WEIGHTS OUT N (or --model NAME OUT [N]); "
+                                f"got {len(files)} argument(s): {' '.join(files)}")
+        cfg, weights, out, n = Path(files[0]), Path(files[1]), Path(files[2]), files[3]
+        _check_file(cfg, "cfg", lambda message: CfgError(message, path=cfg))
+        _check_file(weights, "weights", lambda message: WeightsError(message, path=weights))
+    else:
+        if len(files) > 2:
+            raise ArgumentError(f"with --model, partial takes OUT [N] (the model's cfg and "
+                                f"weights stand for CFG and WEIGHTS); got {' '.join(files)}")
+        spec = get_spec(args.model)
+        cfg, weights = spec.cfg, model_files(args.model, download=True).weights
+        out = Path(files[0])
+        n = files[1] if len(files) == 2 else str(spec.backbone_layers)
+    try:
+        layers = positive_int(n)
+    except argparse.ArgumentTypeError as e:
+        raise ArgumentError(f"N (how many layers to keep): {e}") from None
+    net = darknet_metal.load(cfg)
+    _, params, coverage = read_weights_prefix(weights, net.layers, upto=layers)
+    kept = [i for i in coverage.loaded if i < layers]
+    write_weights(out, net.layers, params, WeightsHeader(seen=0), upto=layers)
+    _note(f"wrote {out}: the parameters of layers 0-{layers - 1} "
+          f"({len(kept)} with parameters) from {weights}")
     return 0
 
 
@@ -291,9 +318,12 @@ def _run_detect(args: argparse.Namespace) -> int:
     out_names = [_output_name(Path(image).stem, used) for image in args.images]
     failures = 0
     todo = []
+    from darknet_metal.inference.image import check_image_header
+
     for image, out_name in zip(args.images, out_names, strict=True):
         try:
             _check_file(image, "image", lambda message, i=image: ImageError(f"{i}: {message}"))
+            check_image_header(image)
         except ImageError as exc:
             _error(str(exc))
             failures += 1

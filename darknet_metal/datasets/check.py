@@ -19,6 +19,7 @@ import numpy as np
 from darknet_metal.datasets.dataset import Dataset, Sample
 from darknet_metal.datasets.labels import parse_labels
 from darknet_metal.datasets.problems import Problem, Problems, raise_first_error
+from darknet_metal.image_errors import decode_failure
 
 __all__ = ["Report", "SetSummary", "check_dataset", "check_image"]
 
@@ -137,7 +138,7 @@ def check_image(path: Path) -> tuple[tuple[int, int] | None, str | None]:
     except Image.DecompressionBombError as exc:
         return None, f"image too large to decode safely ({exc})"
     except Exception as exc:  # Pillow raises many types for corrupt data
-        return None, f"cannot decode image ({type(exc).__name__}: {exc})"
+        return None, f"cannot decode image ({decode_failure(exc)})"
     if orientation in _SWAPPING_ORIENTATIONS:
         width, height = height, width
     if width == 0 or height == 0:

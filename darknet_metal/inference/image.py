@@ -18,8 +18,10 @@ from PIL import Image, ImageOps
 
 from darknet_metal.cpu.image_resize import resize_bilinear
 from darknet_metal.errors import ArgumentError, ImageError, ImageTooLargeError
+from darknet_metal.image_errors import decode_failure
 
 __all__ = [
+    "check_image_header",
     "decode_image",
     "letterbox_geometry",
     "letterbox_image",
@@ -34,6 +36,24 @@ _INV_255 = np.float32(1.0 / 255.0)
 
 # Pillow modes holding more than 8 bits per sample: OpenCV keeps the high byte.
 _WIDE_MODES = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
+
+
+def check_image_header(path: str | os.PathLike[str]) -> None:
+    """Raises ImageError naming ``path`` when Pillow cannot tell what image format the file
+    is. Only the header is read (no pixels): cheap enough to run over every input before a
+    model is loaded, so that a file that is not an image is reported at once. A file whose
+    pixels are corrupt passes, and fails when it is decoded."""
+    name = os.fspath(path)
+    try:
+        with Image.open(name) as im:
+            _ = im.size
+    except OSError as exc:
+        if type(exc).__name__ != "UnidentifiedImageError" and isinstance(
+                exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
+            raise ImageError(f"{name}: cannot read ({exc.strerror or exc})") from None
+        raise ImageError(f"{name}: cannot decode image ({decode_failure(exc)})") from None
+    except Exception as exc:  # Pillow raises many types for a corrupt header
+        raise ImageError(f"{name}: cannot decode image ({decode_failure(exc)})") from None
 
 
 def load_image(source: str | os.PathLike[str] | np.ndarray) -> np.ndarray:
@@ -120,7 +140,7 @@ def _decode(source: str | io.BytesIO, name: str, max_pixels: int | None = None) 
     except Image.DecompressionBombError as exc:
         raise ImageError(f"{name}: image too large to decode safely ({exc})") from exc
     except Exception as exc:  # Pillow raises many types for corrupt data; all mean "unreadable"
-        raise ImageError(f"{name}: cannot decode image ({type(exc).__name__}: {exc})") from exc
+        raise ImageError(f"{name}: cannot decode image ({decode_failure(exc)})") from exc
     if rgb.shape[0] == 0 or rgb.shape[1] == 0:
         raise ImageError(f"{name}: the image is empty ({rgb.shape[1]}x{rgb.shape[0]})")
     return rgb

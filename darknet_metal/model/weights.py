@@ -164,10 +164,16 @@ def _read(path: str | os.PathLike[str], specs: list[StoredLayer], *, prefix: boo
     wanted = specs if upto is None else specs[:upto]
     needed = weights_file_size(wanted, header)
     hint = (f"({len(data)} bytes; the cfg needs {needed}: is this the cfg these weights were "
-            "trained with?")
-    hint += (" A backbone holding only the first layers loads with partial=True.)"
-             if not prefix else " `darknet-metal partial` keeps the first layers of a file "
-             "for the cfg it was trained with.)")
+            "trained with?)")
+    advice: dict[str, Any] = (
+        dict(hint="A backbone holding only the first layers loads with partial=True.",
+             cli_hint="A backbone holding only the first layers is for training: `darknet-metal "
+             "train DATA CFG BACKBONE`.") if not prefix else
+        # No one Python call cuts a file: the command is the way out from Python too.
+        dict(hint="`darknet-metal partial CFG WEIGHTS OUT N` keeps the first N layers of a "
+             "file for the cfg it was trained with.",
+             cli_hint="`darknet-metal partial CFG WEIGHTS OUT N` keeps the first N layers of "
+             "a file for the cfg it was trained with."))
     layout = [(spec, name, shape) for spec in wanted if not spec.values.get("dontload")
               for name, shape in stored_params(spec)]
     # Sizes first, so a file for another cfg is reported as such rather than by its values.
@@ -180,17 +186,17 @@ def _read(path: str | os.PathLike[str], specs: list[StoredLayer], *, prefix: boo
             if prefix and upto is None and offset - 4 * int(np.prod(shape)) == len(data):
                 break  # the file ends between arrays: a prefix, if between layers
             raise WeightsError(f"file ends inside {spec.kind} '{name}' {hint}", path=path,
-                               layer=spec.index)
+                               layer=spec.index, **advice)
         count += 1
     if end is not None and offset != end and count == len(layout):
         raise WeightsError(f"{len(data) - offset} bytes left after the last layer {hint}",
-                           path=path)
+                           path=path, **advice)
     if count < len(layout) and count and layout[count][0] is layout[count - 1][0]:
         spec, name, _ = layout[count]
         raise WeightsError(f"file ends inside {spec.kind} (before its '{name}') {hint}",
-                           path=path, layer=spec.index)
+                           path=path, layer=spec.index, **advice)
     if count == 0:
-        raise WeightsError(f"holds no layer's parameters {hint}", path=path)
+        raise WeightsError(f"holds no layer's parameters {hint}", path=path, **advice)
     offset = header.nbytes
     params: dict[int, Params] = {}
     for spec, name, shape in layout[:count]:

@@ -268,6 +268,9 @@ def test_truncated_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert rc == 1
     (line,) = _error_lines(err)
     assert str(weights) in line
+    # The fix in the command line's terms, not Python's; the file and layer named once.
+    assert "darknet-metal train DATA CFG BACKBONE" in line and "partial=True" not in line
+    assert line.count(str(weights)) == 1 and line.count("layer 8") == 1, line
     assert out == ""
     assert not (tmp_path / "dog_predictions.jpg").exists()
 
@@ -657,3 +660,18 @@ def test_every_commands_help_prints_its_percent_signs_once(capsys):
     for name in commands:
         assert "%%" not in help_of(name), name
     assert "steps at 80% and 90% of it" in " ".join(help_of("cfg").split())
+
+
+def test_a_file_that_is_not_an_image_is_reported_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    garbage = tmp_path / "notes.jpg"
+    garbage.write_bytes(b"hello, not an image")
+    rc = main(["detect", str(garbage), "--cfg", str(MODEL_DIR / "yolov3-tiny.cfg"),
+               "--weights", str(MODEL_DIR / "yolov3-tiny.weights"), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    (line,) = _error_lines(err)
+    assert line == (f"darknet-metal: error: {garbage}: cannot decode image (not in any image "
+                    "format Pillow reads)")
+    assert "warm-up" not in err  # no model was loaded for it

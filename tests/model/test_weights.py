@@ -281,7 +281,8 @@ def test_partial_errors(tmp_path, capsys):
     short.write_bytes(WEIGHTS.read_bytes()[:1000])
     assert main(["partial", str(CFG), str(short), str(out), "15"]) == 1
     assert "short.weights: layer 0: file ends inside" in capsys.readouterr().err
-    assert main(["partial", str(CFG), str(WEIGHTS), str(out), "0"]) == 2
+    assert main(["partial", str(CFG), str(WEIGHTS), str(out), "0"]) == 1
+    assert "N (how many layers to keep): must be at least 1" in capsys.readouterr().err
     header = tmp_path / "header.weights"
     header.write_bytes(WEIGHTS.read_bytes()[:20])
     with pytest.raises(dm.WeightsError, match="holds no layer's parameters"):
