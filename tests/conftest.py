@@ -1,6 +1,7 @@
 """Shared fixtures: the devices, paths into ../shared and the real yolov3-tiny."""
 
 import json
+import shutil
 import statistics
 
 import pytest
@@ -14,6 +15,17 @@ def device(request):
     skipped where that device is not available."""
     require(request.param)
     return request.param
+
+
+@pytest.fixture
+def model_cache(tmp_path, monkeypatch):
+    """A model cache (``DARKNET_METAL_HOME``) holding only yolov3-tiny's COCO weights, as a
+    first ``--model yolov3-tiny`` command leaves it (no download)."""
+    home = tmp_path / "home"
+    (home / "yolov3-tiny").mkdir(parents=True)
+    shutil.copy(YOLOV3_TINY / "yolov3-tiny.weights", home / "yolov3-tiny")
+    monkeypatch.setenv("DARKNET_METAL_HOME", str(home))
+    return home
 
 
 @pytest.fixture(params=GPU_DEVICES)

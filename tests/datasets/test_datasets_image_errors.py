@@ -5,12 +5,10 @@ Pillow's repetition of the file, nor a Python object's repr), by ``check-data``,
 from __future__ import annotations
 
 import io
-import shutil
 
 import numpy as np
 import pytest
 from PIL import Image
-from shared_paths import YOLOV3_TINY
 
 from darknet_metal.cli import main
 from darknet_metal.datasets import make_shapes
@@ -50,11 +48,7 @@ def broken(tmp_path):
     return data, image
 
 
-def test_check_data_and_train_name_the_image_once(broken, tmp_path, capsys, monkeypatch):
-    home = tmp_path / "home"
-    (home / "yolov3-tiny").mkdir(parents=True)
-    shutil.copy(YOLOV3_TINY / "yolov3-tiny.weights", home / "yolov3-tiny")
-    monkeypatch.setenv("DARKNET_METAL_HOME", str(home))
+def test_check_data_and_train_name_the_image_once(broken, tmp_path, capsys, model_cache):
     data, image = broken
     assert main(["check-data", str(data)]) == 1
     out = capsys.readouterr().out  # the report, on stdout

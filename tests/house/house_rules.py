@@ -201,7 +201,7 @@ FLOORS: dict[str, int] = {
     "darknet_metal.runtime": 2, "darknet_metal.metal": 2, "darknet_metal.cpu": 2,
     "darknet_metal.model": 1,
     "darknet_metal.errors": 0, "darknet_metal.files": 0, "darknet_metal.fp32": 0,
-    "darknet_metal.arguments": 0, "darknet_metal.cli_args": 0,
+    "darknet_metal.arguments": 0, "darknet_metal.cli_args": 0, "darknet_metal.image_errors": 0,
 }
 
 #: The imports allowed to run up a floor: the network's conveniences over training.

@@ -5,10 +5,7 @@ bit; each refused value is one clear line and leaves nothing behind."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from shared_paths import YOLOV3_TINY
 
 from darknet_metal.cli import main
 from darknet_metal.datasets import make_shapes
@@ -19,13 +16,9 @@ SMALL = ["--size", "96x96", "--batch", "4", "--max-batches", "2", "--seed", "1",
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
+def cache(model_cache):
     """A model cache holding only yolov3-tiny's COCO weights."""
-    home = tmp_path / "home"
-    (home / "yolov3-tiny").mkdir(parents=True)
-    shutil.copy(YOLOV3_TINY / "yolov3-tiny.weights", home / "yolov3-tiny")
-    monkeypatch.setenv("DARKNET_METAL_HOME", str(home))
-    return home
+    return model_cache
 
 
 @pytest.fixture
