@@ -47,11 +47,8 @@ def check_image_header(path: str | os.PathLike[str]) -> None:
     try:
         with Image.open(name) as im:
             _ = im.size
-    except OSError as exc:
-        if type(exc).__name__ != "UnidentifiedImageError" and isinstance(
-                exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
-            raise ImageError(f"{name}: cannot read ({exc.strerror or exc})") from None
-        raise ImageError(f"{name}: cannot decode image ({decode_failure(exc)})") from None
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise ImageError(f"{name}: cannot read ({exc.strerror or exc})") from None
     except Exception as exc:  # Pillow raises many types for a corrupt header
         raise ImageError(f"{name}: cannot decode image ({decode_failure(exc)})") from None
 

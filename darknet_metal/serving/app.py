@@ -18,7 +18,6 @@ import contextlib
 import functools
 import logging
 import math
-import re
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from darknet_metal.errors import ImageError, ImageTooLargeError, RequestError
+from darknet_metal.image_errors import decode_failure
 from darknet_metal.inference.detector import Detector
 from darknet_metal.inference.image import decode_image
 from darknet_metal.serving.metrics import ServingStats
@@ -343,11 +343,11 @@ def _not_an_image(body: bytes, exc: ImageError, model: str) -> str:
     send = "; send the bytes of a JPEG, PNG or other image file"
     cause = exc.__cause__
     if cause is None:  # decoded, then refused (an empty image, 32-bit float pixels)
-        reason = _scrub(str(exc)).removeprefix("the request's image: ")
+        reason = str(exc).removeprefix("the request's image: ")
         return f"{what} is an image this server cannot use: {reason}"
     if not isinstance(cause, UnidentifiedImageError):
         start = f"it starts as a {found} file, but " if found else ""
-        reason = f"{start}decoding fails ({type(cause).__name__}: {_scrub(str(cause))})"
+        reason = f"{start}decoding fails ({decode_failure(cause)})"
     elif found:
         reason = f"it starts as a {found} file, but its header is cut short or corrupt"
     elif body.lstrip()[:1] in (b"{", b"["):
@@ -356,16 +356,6 @@ def _not_an_image(body: bytes, exc: ImageError, model: str) -> str:
     else:
         reason = "its first bytes match no image format Pillow reads"
     return f"{what} is not an image Pillow can decode: {reason}{send}"
-
-
-#: A Python object's default repr, as some library messages include it.
-_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
-
-
-def _scrub(message: str) -> str:
-    """``message`` without Python object reprs (``<_io.BytesIO object at 0x...>``): they
-    name the server's memory, not anything the client sent."""
-    return _OBJECT_REPR.sub("the body", message)
 
 
 def _query_unit(request: Any, key: str, configured: str | None, default: float) -> float:
