@@ -4,7 +4,9 @@
 ``Network.forward`` and ``Network.detect`` run it on the CPU (``device="cpu"``), an Apple GPU
 (``"metal"``), the Metal emulator (``"emu"``) or, to verify the kernels, an NVIDIA GPU running
 them translated to CUDA (``"cuda"``); ``darknet_metal.metal`` reports on and manages the GPU
-devices. Every error raised on purpose is a ``DarknetMetalError``.
+devices. ``preprocess`` makes the input tensor ``detect`` makes, and ``postprocess`` turns an
+exported ONNX model's decoded outputs into ``detect``'s detections. Every error raised on
+purpose is a ``DarknetMetalError``.
 """
 
 from darknet_metal import metal
@@ -26,6 +28,8 @@ from darknet_metal.errors import (
     WeightsError,
 )
 from darknet_metal.inference.boxes import Detection
+from darknet_metal.inference.decoded import postprocess
+from darknet_metal.inference.image import preprocess
 from darknet_metal.network import Network, load, load_model
 
 __version__ = "0.1.0"
@@ -52,4 +56,6 @@ __all__ = [
     "load",
     "load_model",
     "metal",
+    "postprocess",
+    "preprocess",
 ]

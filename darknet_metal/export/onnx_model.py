@@ -2,7 +2,8 @@
 
 Each layer's op writes itself (``Op.emit_onnx``) into an ``OnnxGraph``; this module adds the
 outputs (the ``[yolo]`` layers' outputs as ``forward`` returns them, or the last layer's,
-and with ``outputs="boxes"`` the decoded boxes and per-class confidences of every head),
+and with ``outputs="boxes"`` the decoded boxes, per-class confidences and objectness of
+every head),
 the metadata a consumer needs to prepare the input and read the outputs, and writes the
 checked model atomically. The ``onnx`` package is an extra (``pip install
 darknet-metal[export]``).
@@ -45,8 +46,8 @@ class ExportableNetwork(Protocol):
 DEFAULT_OPSET = 13
 #: The oldest operator set the exporter writes (Split's sizes as an input, Resize's modes).
 MIN_OPSET = 13
-#: Names of the decoded outputs (those of Darknet V5's exporter).
-BOXES, CONFIDENCES = "boxes", "confs"
+#: Names of the decoded outputs (the first two are those of Darknet V5's exporter).
+BOXES, CONFIDENCES, OBJECTNESS = "boxes", "confs", "objectness"
 
 
 def _onnx() -> Any:
@@ -89,10 +90,11 @@ def _head_metadata(op: Op) -> dict[str, Any]:
 
 
 def _decode(g: OnnxGraph, heads: list[Op], input_shape: tuple[int, int, int]
-            ) -> tuple[str, str]:
+            ) -> tuple[str, str, str]:
     """Every head's boxes (N, K, 4: centre x, centre y, width, height relative to the
-    network input) and confidences (N, K, classes: objectness x class probability), K running
-    over heads, then anchors, rows and columns, as ``decode_yolo`` orders its candidates."""
+    network input), confidences (N, K, classes: objectness x class probability) and
+    objectness (N, K), K running over heads, then anchors, rows and columns, as
+    ``decode_yolo`` orders its candidates."""
     _, net_h, net_w = input_shape
     for op in heads[1:]:
         if op.values["classes"] != heads[0].values["classes"]:
@@ -100,7 +102,7 @@ def _decode(g: OnnxGraph, heads: list[Op], input_shape: tuple[int, int, int]
                               f"head to have layer {heads[0].index}'s classes="
                               f"{heads[0].values['classes']}, not {op.values['classes']}",
                               layer=op.index, kind=op.kind)
-    boxes, confidences = [], []
+    boxes, confidences, objectnesses = [], [], []
     for op in heads:
         g.layer, g.kind = op.index, op.kind
         head = op.detection_head
@@ -129,7 +131,9 @@ def _decode(g: OnnxGraph, heads: list[Op], input_shape: tuple[int, int, int]
         conf = g.node("Mul", [objectness, probability])
         conf = g.node("Transpose", [conf], perm=[0, 1, 3, 4, 2])
         confidences.append(g.node("Reshape", [conf, g.shape([0, -1, classes])]))
-    return g.concat(boxes, axis=1), g.concat(confidences, axis=1)
+        objectnesses.append(g.node("Reshape", [objectness, g.shape([0, -1])]))
+    return (g.concat(boxes, axis=1), g.concat(confidences, axis=1),
+            g.concat(objectnesses, axis=1))
 
 
 def build_model(net: ExportableNetwork, *, batch: int | str = 1, outputs: str = "raw",
@@ -160,11 +164,12 @@ def build_model(net: ExportableNetwork, *, batch: int | str = 1, outputs: str = 
         last = net.layers[-1]
         named.append(("output", g.source(last.index), [batch, *last.out_shape]))
     if outputs == "boxes":
-        boxes, confidences = _decode(g, heads, net.input_shape)
+        boxes, confidences, objectness = _decode(g, heads, net.input_shape)
         count = sum(len(op.detection_head.anchors) * op.out_shape[1] * op.out_shape[2]
                     for op in heads)
         named.append((BOXES, boxes, [batch, count, 4]))
         named.append((CONFIDENCES, confidences, [batch, count, heads[0].values["classes"]]))
+        named.append((OBJECTNESS, objectness, [batch, count]))
 
     # Each node is named after its first output, l<layer>_...: profilers and viewers show
     # the layer it belongs to.
@@ -220,9 +225,24 @@ def _metadata(net: ExportableNetwork, heads: list[Op], outputs: str, fp16: bool)
             **({BOXES: "(N, K, 4) centre x, centre y, width, height relative to the network "
                        "input (0..1); K = heads x anchors x rows x columns in that order",
                 CONFIDENCES: "(N, K, classes) objectness x class probability, unthresholded; "
-                             "NMS not applied"} if outputs == "boxes" else {}),
+                             "NMS not applied",
+                OBJECTNESS: "(N, K) each candidate's objectness"}
+               if outputs == "boxes" else {}),
         }),
+        **({"darknet_metal.postprocess": json.dumps(_postprocess_settings(net, heads))}
+           if outputs == "boxes" else {}),
     }
+
+
+def _postprocess_settings(net: ExportableNetwork, heads: list[Op]) -> dict[str, Any]:
+    """The keyword arguments of ``darknet_metal.postprocess`` that this network fixes: what
+    ``detect`` takes from its cfg (the last ``[yolo]`` layer chooses the NMS, as in
+    Darknet)."""
+    _, h, w = net.input_shape
+    last = heads[-1].values
+    return {"input_size": [w, h], "letterbox": bool(net.config.net.values.get("letter_box")),
+            "nms_kind": last["nms_kind"], "beta_nms": float(last["beta_nms"]),
+            "names": list(net.names) if net.names else None}
 
 
 def export_onnx(net: ExportableNetwork, path: str | os.PathLike[str], *, batch: int | str = 1,
@@ -233,10 +253,12 @@ def export_onnx(net: ExportableNetwork, path: str | os.PathLike[str], *, batch: 
     ``batch``: the batch the model takes, or ``"dynamic"`` (any). ``outputs``: ``"raw"``,
     one output per ``[yolo]`` layer (``yolo_<layer>``) holding exactly what ``forward``
     returns (a network without heads: its last layer's output, ``output``); ``"boxes"``
-    adds ``boxes`` (N, K, 4) and ``confs`` (N, K, classes), the decoded candidates before
-    NMS. ``fp16``: weights, input and outputs as float16. ``opset``: the ONNX operator set
-    (default ``DEFAULT_OPSET``). Batch norm is folded into the convolutions. The model's
-    metadata names the classes, each head's anchors and mask, and how the input is prepared.
+    adds ``boxes`` (N, K, 4), ``confs`` (N, K, classes) and ``objectness`` (N, K), the
+    decoded candidates before NMS, which ``darknet_metal.postprocess`` turns into
+    ``detect``'s detections. ``fp16``: weights, input and outputs as float16. ``opset``:
+    the ONNX operator set (default ``DEFAULT_OPSET``). Batch norm is folded into the
+    convolutions. The model's metadata names the classes, each head's anchors and mask, and
+    how the input is prepared.
 
     Raises ExportError naming the layer, its kind and why when ONNX cannot express it,
     ArgumentError for a bad option, DependencyError without the ``onnx`` package.

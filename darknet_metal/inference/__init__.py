@@ -1,5 +1,6 @@
 """Detection: images read and letterboxed as Darknet does (``image``), ``[yolo]`` outputs
-decoded into boxes with NMS (``boxes``), the ``Detector`` that joins them around a network
+decoded into boxes with NMS (``boxes``), an exported model's decoded outputs made into the
+same detections (``decoded``), the ``Detector`` that joins them around a network
 (``detector``), pipelined streams of frames (``stream``), video files (``video``), annotated
 images (``draw``) and Darknet's JSON output (``detection_json``).
 

@@ -34,8 +34,10 @@ __all__ = [
     "NMS_KINDS",
     "Detection",
     "YoloHead",
+    "correct_boxes",
     "decode_yolo",
     "detect_boxes",
+    "detections_from_candidates",
     "diou_nms",
     "nms_sort",
     "shown",
@@ -177,14 +179,16 @@ def decode_yolo(
 
     probs = objectness[:, None] * cell[:, 5:]
     probs[~(probs > t)] = 0
-    _correct_boxes(boxes, net_w, net_h, image_w, image_h, letterbox)
+    correct_boxes(boxes, net_w, net_h, image_w, image_h, letterbox)
     return boxes, objectness, np.ascontiguousarray(probs, dtype=np.float32)
 
 
-def _correct_boxes(
+def correct_boxes(
     boxes: np.ndarray, net_w: int, net_h: int, image_w: int, image_h: int, letterbox: bool
 ) -> None:
-    """Darknet's correct_yolo_boxes (relative=1), in place on (k, 4) float32 boxes."""
+    """Darknet's correct_yolo_boxes (relative=1), in place on (k, 4) float32 boxes: centre
+    and size relative to the network input become relative to a ``image_w`` x ``image_h``
+    image, undoing the letterbox placement when ``letterbox``."""
     if letterbox:
         new_w, new_h, _, _ = letterbox_geometry(image_w, image_h, net_w, net_h)
     else:
@@ -589,24 +593,56 @@ def detect_boxes(
             raise ArgumentError(
                 f"[yolo] heads disagree on the number of classes ({classes} and {head.classes})"
             )
+    _check_settings(nms, nms_kind, beta_nms, names, classes)
+    parts = [
+        decode_yolo(out, head, net_w, net_h, image_w, image_h, thresh, letterbox)
+        for out, head in zip(outputs, heads, strict=True)
+    ]
+    return detections_from_candidates(
+        np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+        np.concatenate([p[2] for p in parts]), image_w, image_h, thresh=thresh, nms=nms,
+        nms_kind=nms_kind, beta_nms=beta_nms, names=names)
+
+
+def _check_settings(nms: float, nms_kind: str, beta_nms: float,
+                    names: Sequence[str] | None, classes: int) -> None:
     if nms_kind not in NMS_KINDS:
         raise ArgumentError(
             f"unknown nms_kind {nms_kind!r}; expected one of {', '.join(NMS_KINDS)}"
         )
     _check_threshold("nms", nms)
     _check_threshold("beta_nms", beta_nms)
-    _check_positive_ints(image_w=image_w, image_h=image_h)
     if names is not None and len(names) < classes:
         raise ArgumentError(f"{len(names)} class names given for {classes} classes")
 
-    parts = [
-        decode_yolo(out, head, net_w, net_h, image_w, image_h, thresh, letterbox)
-        for out, head in zip(outputs, heads, strict=True)
-    ]
-    boxes = np.concatenate([p[0] for p in parts])
-    objectness = np.concatenate([p[1] for p in parts])
-    probs = np.concatenate([p[2] for p in parts])
 
+def detections_from_candidates(
+    boxes: np.ndarray,
+    objectness: np.ndarray,
+    probs: np.ndarray,
+    image_w: int,
+    image_h: int,
+    *,
+    thresh: float = 0.25,
+    nms: float = 0.45,
+    nms_kind: str = "default",
+    beta_nms: float = 0.6,
+    names: Sequence[str] | None = None,
+) -> list[Detection]:
+    """The end of :func:`detect_boxes`: NMS over one image's candidates, then one
+    :class:`Detection` per (box, class) with probability > ``thresh``.
+
+    ``boxes`` (k, 4) centre x, centre y, width, height relative to the image, as
+    :func:`correct_boxes` leaves them; ``objectness`` (k,); ``probs`` (k, classes),
+    objectness x class probability, 0 where not > ``thresh``: what :func:`decode_yolo`
+    returns, float32, concatenated over the heads in network order. The arrays are
+    reordered in place. ``nms``, ``nms_kind``, ``beta_nms`` and ``names`` as
+    :func:`detect_boxes` documents them.
+    """
+    _check_threshold("thresh", thresh)
+    _check_positive_ints(image_w=image_w, image_h=image_h)
+    _check_candidates(boxes, objectness, probs)
+    _check_settings(nms, nms_kind, beta_nms, names, probs.shape[1])
     if nms != 0:
         if nms_kind in ("default", "cornersnms"):
             nms_sort(boxes, objectness, probs, nms)
@@ -614,7 +650,6 @@ def detect_boxes(
             _greedy_diou_nms(boxes, objectness, probs, nms)
         else:
             diou_nms(boxes, objectness, probs, nms, beta_nms)
-
     return _to_detections(boxes, objectness, probs, image_w, image_h, thresh, names)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "letterbox_image",
     "load_image",
     "prepare_input",
+    "preprocess",
     "resize_image",
 ]
 
@@ -256,3 +257,26 @@ def prepare_input(img: np.ndarray, width: int, height: int, letterbox: bool) -> 
     if letterbox:
         return letterbox_image(img, width, height)
     return resize_image(img, width, height)
+
+
+def preprocess(source: str | os.PathLike[str] | np.ndarray, size: int | tuple[int, int], *,
+               letterbox: bool = False) -> np.ndarray:
+    """The input tensor ``detect`` builds for one image: (3, height, width) float32, planar
+    RGB in [0, 1], bit for bit.
+
+    ``source``: a path, or an (H, W, 3) uint8 RGB array (see :func:`load_image`). ``size``:
+    the network input, ``(width, height)`` in pixels or one int for a square. ``letterbox``:
+    keep the aspect on a grey canvas, as a cfg with ``letter_box=1`` does (an exported
+    model's ``darknet_metal.postprocess`` metadata says which); otherwise Darknet's bilinear
+    stretch. Stack the results along a new first axis for a batch.
+
+    Raises ``ImageError`` naming an unreadable image, ``ArgumentError`` for a bad size.
+    """
+    if isinstance(size, int | np.integer) and not isinstance(size, bool):
+        width = height = int(size)
+    elif isinstance(size, tuple | list) and len(size) == 2:
+        width, height = size
+    else:
+        raise ArgumentError(f"size must be an int or a (width, height) pair, not {size!r}")
+    _check_size(width, height, "preprocess")
+    return prepare_input(load_image(source), int(width), int(height), bool(letterbox))

@@ -135,6 +135,7 @@ def test_boxes_are_decode_yolos_candidates(bundled, tmp_path):
     # Every cell is a candidate at thresh 0 (no objectness underflows to 0 here).
     assert got["boxes"].shape == (1, len(want_boxes), 4)
     assert_close(got["boxes"][0], want_boxes, "boxes")
+    assert_close(got["objectness"][0], np.concatenate(objectness), "objectness")
     want_probs = np.concatenate(probs)
     confs = got["confs"][0]
     kept = want_probs > 0
@@ -157,7 +158,7 @@ def test_metadata_names_classes_heads_and_input(bundled, tmp_path):
     shown = json.loads(props["darknet_metal.input"])
     assert (shown["height"], shown["width"], shown["color"]) == (416, 416, "RGB")
     assert set(json.loads(props["darknet_metal.outputs"])) == {"yolo_16", "yolo_23", "boxes",
-                                                               "confs"}
+                                                               "confs", "objectness"}
 
 
 def test_opencv_runs_the_yolov4_tiny_export(bundled, tmp_path):
@@ -319,8 +320,8 @@ def test_the_command_writes_a_model_onnx_runtime_runs(tmp_path, capsys):
     model = onnx.load(str(out))
     assert model.opset_import[0].version == 17
     got = run_onnx(out, images((3, 416, 416), 2))
-    assert set(got) == {"yolo_16", "yolo_23", "boxes", "confs"}
-    assert got["confs"].shape == (2, 2535, 80)
+    assert set(got) == {"yolo_16", "yolo_23", "boxes", "confs", "objectness"}
+    assert got["confs"].shape == (2, 2535, 80) and got["objectness"].shape == (2, 2535)
 
 
 def test_the_command_refuses_missing_paths(tmp_path, capsys):
