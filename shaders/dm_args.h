@@ -72,7 +72,9 @@ DM_STATIC_ASSERT(sizeof(dm_normalize_channels_args) == 12, "dm_normalize_channel
 
 /* im2col_fwd_f32 and its adjoint col2im_bwd_f32: z = image*groups + group; channels is per group (C/groups); pad is the
  * layer's pad (the kernel pads pad*dilation pixels, as Darknet does). The column matrix of
- * slice z starts at z*channels*ksize*ksize*out_h*out_w, its input at z*channels*height*width. */
+ * slice z starts at z*channels*ksize*ksize*out_h*out_w, its input at z*channels*height*width.
+ * accumulate (col2im only): nonzero adds into the image, 0 writes it whole without reading
+ * it (the first writer of a delta, which then needs no clearing); im2col ignores it. */
 typedef struct dm_im2col_args {
     uint32_t channels;
     uint32_t height;
@@ -84,8 +86,9 @@ typedef struct dm_im2col_args {
     uint32_t dilation;
     uint32_t out_h;
     uint32_t out_w;
+    uint32_t accumulate;
 } dm_im2col_args;
-DM_STATIC_ASSERT(sizeof(dm_im2col_args) == 40, "dm_im2col_args size");
+DM_STATIC_ASSERT(sizeof(dm_im2col_args) == 44, "dm_im2col_args size");
 
 /* gemm_{nn,nt,tn}[_simd]_f32: C[M, N] = act(op(A)[M, K] @ op(B)[K, N] + bias + beta*C),
  * row-major with leading dimensions lda/ldb/ldc. Slice z of the grid is (zb, zg) =
@@ -129,7 +132,8 @@ typedef struct dm_gemm_splits_args {
 DM_STATIC_ASSERT(sizeof(dm_gemm_splits_args) == 24, "dm_gemm_splits_args size");
 
 /* maxpool_fwd_f32: planes = batch*channels; padding is Darknet's total
- * padding (cfg key, default size-1); windows start padding/2 before the image. */
+ * padding (cfg key, default size-1); windows start padding/2 before the image.
+ * accumulate (maxpool_bwd_f32 only): nonzero adds into x_grad, 0 sets it whole. */
 typedef struct dm_pool_args {
     uint32_t planes;
     uint32_t height;
@@ -140,8 +144,9 @@ typedef struct dm_pool_args {
     uint32_t stride_x;
     uint32_t stride_y;
     uint32_t padding;
+    uint32_t accumulate;
 } dm_pool_args;
-DM_STATIC_ASSERT(sizeof(dm_pool_args) == 36, "dm_pool_args size");
+DM_STATIC_ASSERT(sizeof(dm_pool_args) == 40, "dm_pool_args size");
 
 /* maxpool_depth_fwd_f32: output channel g = max over input channels g, g+out_channels, ... */
 typedef struct dm_maxpool_depth_args {
@@ -159,7 +164,8 @@ typedef struct dm_avgpool_args {
 } dm_avgpool_args;
 DM_STATIC_ASSERT(sizeof(dm_avgpool_args) == 8, "dm_avgpool_args size");
 
-/* route_fwd_f32: y[b, dst_offset + c] = x[b, src_offset + c] for c < channels (one source). */
+/* route_fwd_f32: y[b, dst_offset + c] = x[b, src_offset + c] for c < channels (one source).
+ * accumulate (route_bwd_f32 only): nonzero adds into x_grad, 0 sets the slice. */
 typedef struct dm_route_args {
     uint32_t batch;
     uint32_t spatial;
@@ -168,8 +174,9 @@ typedef struct dm_route_args {
     uint32_t src_offset;
     uint32_t dst_channels;
     uint32_t dst_offset;
+    uint32_t accumulate;
 } dm_route_args;
-DM_STATIC_ASSERT(sizeof(dm_route_args) == 28, "dm_route_args size");
+DM_STATIC_ASSERT(sizeof(dm_route_args) == 32, "dm_route_args size");
 
 /* shortcut_weights_fwd_f32: table[i, c] = normalised weight of input i (0 = x) at channel c.
  * per_channel: weights hold n_inputs*channels values (input-major), else n_inputs.

@@ -93,7 +93,8 @@ inline float col2im_taps3(constant dm_im2col_args& args, device const float* src
 }
 
 // col2im as a gather, the adjoint of im2col_fwd_f32 with the same arguments: each image
-// element adds the column entries that im2col copied from it, in (ky, kx) order. A tap
+// element adds the column entries that im2col copied from it, in (ky, kx) order, to its old
+// value (accumulate) or to 0 (every element is written: a delta's first writer). A tap
 // (ky, kx) reaches pixel (iy, ix) from at most one output position, so this is the order in
 // which the CPU's col2im adds them and the sums agree bit for bit.
 // Grid (height*width, channels, images*groups); channels is per group, as in im2col.
@@ -110,7 +111,7 @@ kernel void col2im_bwd_f32(constant dm_im2col_args& args [[buffer(0)]],
     const int ix = int(gid.x % args.width) + pad;
     device const float* src = col + (gid.z * args.channels + gid.y) * k2 * spatial;
     const uint at = (gid.z * args.channels + gid.y) * plane + gid.x;
-    float acc = image[at];
+    float acc = args.accumulate != 0u ? image[at] : 0.0f;
     if (args.ksize == 3u) {
         image[at] = col2im_taps3(args, src, spatial, iy, ix, acc);
         return;

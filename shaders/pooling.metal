@@ -142,7 +142,8 @@ kernel void maxpool_depth_fwd_train_f32(constant dm_maxpool_depth_args& args [[b
 // x_grad[e] += delta[o] for every output o whose recorded argmax is e. Overlapping windows
 // make that a scatter with collisions, so each input element gathers instead: it visits the
 // outputs whose window covers it in output order (rows, then columns), the order in which
-// the CPU's loop over the outputs adds into it. The index buffer is only compared with the
+// the CPU's loop over the outputs adds into it (or into 0, when not accumulate: every
+// element is written). The index buffer is only compared with the
 // element's own index, never used to address memory. Grid (width, height, planes).
 kernel void maxpool_bwd_f32(constant dm_pool_args& args [[buffer(0)]],
                             device const float* delta [[buffer(1)]],
@@ -162,7 +163,7 @@ kernel void maxpool_bwd_f32(constant dm_pool_args& args [[buffer(0)]],
     const int j_hi = min(rx / sx, int(args.out_w) - 1);
     const uint e = (gid.z * args.height + gid.y) * args.width + gid.x;
     const int self = int(e);
-    float total = x_grad[e];
+    float total = args.accumulate != 0u ? x_grad[e] : 0.0f;
     for (int i = i_lo; i <= i_hi; ++i) {
         for (int j = j_lo; j <= j_hi; ++j) {
             const uint o = (gid.z * args.out_h + uint(i)) * args.out_w + uint(j);

@@ -25,8 +25,8 @@ template [[host_name("route_fwd_f16")]] kernel route_fwd_f16_t route_fwd<half>;
 
 // ---- backward ------------------------------------------------------------------------------
 
-// x_grad[b, src_offset + c] += delta[b, dst_offset + c]: route_fwd_f32's arguments, one
-// dispatch per routed layer. Grid (spatial, channels, batch).
+// x_grad[b, src_offset + c] += delta[b, dst_offset + c] (or = when not accumulate):
+// route_fwd_f32's arguments, one dispatch per routed layer. Grid (spatial, channels, batch).
 kernel void route_bwd_f32(constant dm_route_args& args [[buffer(0)]],
                           device const float* delta [[buffer(1)]],
                           device float* x_grad [[buffer(2)]],
@@ -34,5 +34,5 @@ kernel void route_bwd_f32(constant dm_route_args& args [[buffer(0)]],
     if (gid.x >= args.spatial || gid.y >= args.channels || gid.z >= args.batch) return;
     const uint src = (gid.z * args.src_channels + args.src_offset + gid.y) * args.spatial + gid.x;
     const uint dst = (gid.z * args.dst_channels + args.dst_offset + gid.y) * args.spatial + gid.x;
-    x_grad[src] = x_grad[src] + delta[dst];
+    x_grad[src] = (args.accumulate != 0u ? x_grad[src] : 0.0f) + delta[dst];
 }

@@ -397,13 +397,13 @@ class ConvolutionalOp(_Gemm):
         v = self.values
         return v["size"] == 1 and v["stride_x"] == 1 and v["stride_y"] == 1 and v["padding"] == 0
 
-    def _im2col_args(self) -> dict[str, int]:
+    def _im2col_args(self, accumulate: bool = False) -> dict[str, int]:
         v = self.values
         c, h, w = self.in_shape
         _, oh, ow = self.out_shape
         return dict(channels=c // v["groups"], height=h, width=w, ksize=v["size"],
                     stride_x=v["stride_x"], stride_y=v["stride_y"], pad=v["padding"],
-                    dilation=v["dilation"], out_h=oh, out_w=ow)
+                    dilation=v["dilation"], out_h=oh, out_w=ow, accumulate=int(accumulate))
 
     def _sizes(self) -> tuple[int, int, int, int, int]:
         """(groups, filters per group, channels per group, rows K = channels per group x
@@ -504,16 +504,19 @@ class ConvolutionalOp(_Gemm):
         f = self.out_shape[0]
         groups, fg, cg, k, n = self._sizes()
         self._emit_weight_gradient(e, ts)
-        into = e.input_delta(0)
-        if into is None:
+        target = e.input_delta_target(0)
+        if target is None:
             return
+        # Both paths write every element of the input's delta, so the first of its writers
+        # sets it rather than adding to a cleared one.
+        into, accumulate = target
         # Input gradient: W^T * delta per image and group, straight into the input's delta
         # when the input was the columns, else into one image's columns folded back by col2im.
         if self.reads_input_as_columns:
             gemm_step(e, gemm_kernel("tn", e.simd),
                       {"a": ts.ref("weights"), "b": e.delta, "bias": None, "c": into},
                       M=k, N=n, K=fg, lda=k, ldb=n, ldc=n, groups=groups,
-                      slices=e.batch * groups, beta=1.0, a_group_stride=fg * k,
+                      slices=e.batch * groups, beta=float(accumulate), a_group_stride=fg * k,
                       b_batch_stride=f * n, b_group_stride=fg * n, c_batch_stride=c * h * w,
                       c_group_stride=cg * h * w, bias_mode=BIAS_NONE, act=LINEAR)
             return
@@ -531,7 +534,7 @@ class ConvolutionalOp(_Gemm):
                       c_group_stride=k * n, bias_mode=BIAS_NONE, act=LINEAR)
             e.kernel("col2im_bwd_f32", {"col": cols, "image": into},
                      {"spatial": h * w, "channels": cg, "slices": count * groups},
-                     offsets={"image": first * c * h * w}, **self._im2col_args())
+                     offsets={"image": first * c * h * w}, **self._im2col_args(accumulate))
 
     def _emit_weight_gradient(self, e: LayerEmitter, ts: LayerTrainState) -> None:
         """W_grad += the batch's delta * columns^T, per group. Ungrouped, several images a

@@ -108,7 +108,8 @@ class MaxpoolOp(Op):
                     dict(batch=batch, channels=c, spatial=h * w, out_channels=oc))
         return ("maxpool", {"out_w": ow, "out_h": oh, "planes": batch * c},
                 dict(planes=batch * c, height=h, width=w, out_h=oh, out_w=ow, size=v["size"],
-                     stride_x=v["stride_x"], stride_y=v["stride_y"], padding=v["padding"]))
+                     stride_x=v["stride_x"], stride_y=v["stride_y"], padding=v["padding"],
+                     accumulate=1))
 
     def emit_device_forward(self, e: LayerEmitter) -> None:
         prefix, sizes, args = self._kernel_args(e.batch)
@@ -124,11 +125,18 @@ class MaxpoolOp(Op):
         # The backward gathers over the input: its grid is the input's.
         prefix, _, args = self._kernel_args(e.batch)
         c, h, w = self.in_shape
-        sizes = ({"spatial": h * w, "channels": c, "batch": e.batch}
-                 if self.values["maxpool_depth"]
-                 else {"width": w, "height": h, "planes": e.batch * c})
-        emit_device_input_gradient(e, f"{prefix}_bwd_f32", sizes,
-                                   {"indexes": Tensor(self.index, "indexes")}, **args)
+        saved = {"indexes": Tensor(self.index, "indexes")}
+        if self.values["maxpool_depth"]:
+            emit_device_input_gradient(e, f"{prefix}_bwd_f32",
+                                       {"spatial": h * w, "channels": c, "batch": e.batch},
+                                       saved, **args)
+            return
+        # The gather writes every input element: the delta's first writer sets it.
+        target = e.input_delta_target(0)
+        if target is not None:
+            e.kernel("maxpool_bwd_f32", {"delta": e.delta, **saved, "x_grad": target[0]},
+                     {"width": w, "height": h, "planes": e.batch * c},
+                     **{**args, "accumulate": int(target[1])})
 
     def describe(self) -> str:
         v = self.values

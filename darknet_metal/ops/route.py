@@ -90,13 +90,22 @@ class RouteOp(Op):
         for k, source in enumerate(e.inputs):
             src_c = e.shape(source)[1]
             width = src_c // groups
-            buffers = ({"delta": e.delta, "x_grad": e.input_delta(k)} if backward
-                       else {"x": source, "y": e.output})
+            accumulate = True
+            if not backward:
+                buffers = {"x": source, "y": e.output}
+            elif groups == 1:
+                # The whole source's delta is written: its first writer sets it.
+                target = e.input_delta_target(k)
+                buffers = {"delta": e.delta, "x_grad": None if target is None else target[0]}
+                accumulate = target is None or target[1]
+            else:
+                buffers = {"delta": e.delta, "x_grad": e.input_delta(k)}
             if all(t is not None for t in buffers.values()):
                 e.kernel(kernel, buffers,
                          {"spatial": oh * ow, "channels": width, "batch": e.batch},
                          batch=e.batch, spatial=oh * ow, channels=width, src_channels=src_c,
-                         src_offset=group_id * width, dst_channels=oc, dst_offset=offset)
+                         src_offset=group_id * width, dst_channels=oc, dst_offset=offset,
+                         accumulate=int(accumulate))
             offset += width
 
     def emit_device_forward(self, e: LayerEmitter) -> None:

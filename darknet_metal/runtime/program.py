@@ -202,6 +202,14 @@ class LayerEmitter:
         the program's first trained layer."""
         return self._builder.input_delta(self.spec.inputs[k])
 
+    def input_delta_target(self, k: int) -> tuple[Tensor, bool] | None:
+        """The delta of input ``k`` for a backward whose steps write every element of it:
+        ``(delta, accumulate)``. When an earlier step has written the delta, ``accumulate``
+        is True and the steps add into it; when they are its first writer, it is False, the
+        delta is not cleared, and the steps must set every element (as adding to zero
+        would). None as for ``input_delta``."""
+        return self._builder.input_delta_target(self.spec.inputs[k])
+
     def shape(self, t: Tensor) -> tuple[int, ...]:
         """Full shape of a declared tensor."""
         return self._builder.tensors[t].shape
@@ -301,6 +309,16 @@ class _Builder:
             if self.owner[t] not in self.written:
                 raise BindingError(f"layer {layer}: clearing its delta wrote nothing")
         return t
+
+    def input_delta_target(self, layer: int) -> tuple[Tensor, bool] | None:
+        if layer < self.first_backward or layer < 0:
+            return None
+        t = self.declare_delta(layer) if not self.specs[layer].delta_is_input_delta else None
+        if t is not None and self.owner[t] == t and t not in self.written:
+            return t, False
+        # Written already, or an alias (dropout's in-place delta): add into it, cleared first.
+        delta = self.input_delta(layer)
+        return None if delta is None else (delta, True)
 
     def declare(self, t: Tensor, shape: tuple[int, ...], alias_of: Tensor | None = None,
                 dtype: str | None = None) -> Tensor:

@@ -25,12 +25,14 @@ from darknet_metal.diagnostics.kernel_parity import (
 )
 
 
-def pool_args(shape: NCHW, size: int, sx: int, sy: int, padding: int) -> dict[str, int]:
-    """dm_pool_args of a window pool of (N, C, H, W) ``shape``."""
+def pool_args(shape: NCHW, size: int, sx: int, sy: int, padding: int,
+              accumulate: int = 1) -> dict[str, int]:
+    """dm_pool_args of a window pool of (N, C, H, W) ``shape`` (``accumulate``: the backward
+    adds into the gradient, or sets it with 0)."""
     n, c, h, w = shape
     oh, ow = pooling.pool_output_hw(h, w, size, sx, sy, padding)
     return {"planes": n * c, "height": h, "width": w, "out_h": oh, "out_w": ow, "size": size,
-            "stride_x": sx, "stride_y": sy, "padding": padding}
+            "stride_x": sx, "stride_y": sy, "padding": padding, "accumulate": accumulate}
 
 
 def pool_input(rng: np.random.Generator, shape: NCHW, values: str) -> np.ndarray:
@@ -110,18 +112,19 @@ def _avgpool(shape: NCHW) -> KernelCase:
 
 
 def _argmax_make(shape: NCHW, out_shape: NCHW, values: str,
-                 forward_train: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
-                 ) -> Callable[[np.random.Generator], CaseData]:
+                 forward_train: Callable[[np.ndarray, np.ndarray, np.ndarray], None],
+                 accumulate: bool = True) -> Callable[[np.random.Generator], CaseData]:
     """The data of a training forward (outputs and argmax indexes, by ``forward_train`` on
     the CPU) followed by the backward through the indexes it wrote, adding into a random
-    gradient."""
+    gradient (or, not ``accumulate``, setting a gradient of NaN)."""
 
     def make(rng: np.random.Generator) -> CaseData:
         x = pool_input(rng, shape, values)
         want_y, want_idx = np.empty(out_shape, np.float32), np.empty(out_shape, np.int32)
         forward_train(x, want_y, want_idx)
-        delta, x_grad = normal(rng, out_shape, 3.0), normal(rng, shape, 3.0)
-        want_grad = x_grad.copy()
+        delta = normal(rng, out_shape, 3.0)
+        x_grad = normal(rng, shape, 3.0) if accumulate else nan_filled(shape)
+        want_grad = x_grad.copy() if accumulate else np.zeros(shape, np.float32)
         pooling.maxpool_backward(delta, want_idx, want_grad)
         arrays = {"x": x, "y": nan_filled(out_shape), "indexes": nan_filled(out_shape, np.int32),
                   "delta": delta, "x_grad": x_grad}
@@ -133,21 +136,22 @@ def _argmax_make(shape: NCHW, out_shape: NCHW, values: str,
 
 
 def _maxpool_train(shape: NCHW, size: int, sx: int, sy: int, padding: int,
-                   values: str) -> KernelCase:
+                   values: str, accumulate: int = 1) -> KernelCase:
     """The training forward (outputs and argmax indexes), then the backward through the
-    indexes it wrote, adding into a random gradient."""
+    indexes it wrote, adding into a random gradient (or, ``accumulate`` 0, setting one)."""
     n, c, h, w = shape
-    args = pool_args(shape, size, sx, sy, padding)
+    args = pool_args(shape, size, sx, sy, padding, accumulate)
     steps = (Step("maxpool_fwd_train_f32", args,
                   {"out_w": args["out_w"], "out_h": args["out_h"], "planes": n * c}),
              Step("maxpool_bwd_f32", args, {"width": w, "height": h, "planes": n * c}))
 
     make = _argmax_make(shape, (n, c, args["out_h"], args["out_w"]), values,
                         lambda x, y, idx: pooling.maxpool_forward_train(x, y, idx, size, sx, sy,
-                                                                        padding))
+                                                                        padding),
+                        accumulate=bool(accumulate))
 
     name = _window_name("maxpool_fwd_train_f32", shape, size, sx, sy, padding)
-    return KernelCase(f"{name}-{values}", steps, make)
+    return KernelCase(f"{name}-{values}" + ("" if accumulate else "-set"), steps, make)
 
 
 def _maxpool_overlapping_windows() -> KernelCase:
@@ -241,6 +245,9 @@ CASES: tuple[KernelCase, ...] = (
                                                         ((1, 5, 1, 1), 5))),
     *(_avgpool(shape) for shape in ((2, 7, 7, 7), (1, 65, 1, 1), (1, 3, 13, 13))),
     *(_maxpool_train(*window) for window in TRAIN_WINDOWS),
+    # Setting the gradient, as a delta's first writer does (index -1 windows included).
+    _maxpool_train((2, 4, 13, 13), 2, 2, 2, 1, "normal", accumulate=0),
+    _maxpool_train((1, 3, 4, 4), 2, 1, 1, 6, "normal", accumulate=0),
     _maxpool_overlapping_windows(),
     *(_maxpool_depth_train(shape, out_c, values) for shape, out_c, values in (
         ((2, 7, 5, 3), 3, "ties"),

@@ -23,12 +23,12 @@ SOURCES = (6, 10)
 
 
 def route_args(channels: int, src_channels: int, src_offset: int, dst_channels: int,
-               dst_offset: int) -> tuple[dict[str, int], dict[str, int]]:
+               dst_offset: int, accumulate: int = 1) -> tuple[dict[str, int], dict[str, int]]:
     """(dm_route_args, grid sizes) moving ``channels`` planes of each image."""
     spatial = HEIGHT * WIDTH
     return ({"batch": BATCH, "spatial": spatial, "channels": channels,
              "src_channels": src_channels, "src_offset": src_offset,
-             "dst_channels": dst_channels, "dst_offset": dst_offset},
+             "dst_channels": dst_channels, "dst_offset": dst_offset, "accumulate": accumulate},
             {"spatial": spatial, "channels": channels, "batch": BATCH})
 
 
@@ -61,24 +61,29 @@ def _forward(groups: int, group_id: int, *, half: bool = False) -> KernelCase:
     return KernelCase(f"{kernel}-groups{groups}-id{group_id}", steps, make)
 
 
-def _backward(groups: int, group_id: int) -> KernelCase:
+def _backward(groups: int, group_id: int, accumulate: int = 1) -> KernelCase:
+    """Adding into random gradients, or (``accumulate`` 0, whole sources) setting gradients
+    of NaN, as a delta's first writer does."""
     layout = _layout(groups)
     out_c = sum(wd for _, wd, _ in layout)
-    steps = tuple(Step("route_bwd_f32", *route_args(wd, c, group_id * wd, out_c, offset),
+    steps = tuple(Step("route_bwd_f32",
+                       *route_args(wd, c, group_id * wd, out_c, offset, accumulate),
                        {"delta": "delta", "x_grad": f"grad{i}"})
                   for i, (c, wd, offset) in enumerate(layout))
 
     def make(rng: np.random.Generator) -> CaseData:
-        grads = [normal(rng, (BATCH, c, HEIGHT, WIDTH), 3.0) for c in SOURCES]
+        grads = [normal(rng, (BATCH, c, HEIGHT, WIDTH), 3.0) if accumulate
+                 else nan_filled((BATCH, c, HEIGHT, WIDTH)) for c in SOURCES]
         delta = normal(rng, (BATCH, out_c, HEIGHT, WIDTH), 3.0)
         checks = []
         for i, (g, (_, wd, offset)) in enumerate(zip(grads, layout, strict=True)):
-            want = g.copy()
+            want = g.copy() if accumulate else np.zeros_like(g)
             route.route_backward(delta, want, group_id * wd, wd, offset)
             checks.append(Check(f"grad{i}", want, Exact()))
         return CaseData({"delta": delta, "grad0": grads[0], "grad1": grads[1]}, tuple(checks))
 
-    return KernelCase(f"route_bwd_f32-groups{groups}-id{group_id}", steps, make)
+    return KernelCase(f"route_bwd_f32-groups{groups}-id{group_id}"
+                      + ("" if accumulate else "-set"), steps, make)
 
 
 GROUPS = ((1, 0), (2, 1), (2, 0))
@@ -86,5 +91,6 @@ GROUPS = ((1, 0), (2, 1), (2, 0))
 CASES: tuple[KernelCase, ...] = (
     *(_forward(groups, group_id) for groups, group_id in GROUPS),
     *(_backward(groups, group_id) for groups, group_id in GROUPS),
+    _backward(1, 0, accumulate=0),
     *(_forward(groups, group_id, half=True) for groups, group_id in ((1, 0), (2, 1))),
 )

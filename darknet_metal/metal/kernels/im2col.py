@@ -3,8 +3,8 @@ gradient)."""
 
 from __future__ import annotations
 
-from darknet_metal.metal.kernel_spec import Grid, Kernel
-from darknet_metal.metal.kernels.shorthand import read, read_write, write
+from darknet_metal.metal.kernel_spec import Binding, Grid, Kernel
+from darknet_metal.metal.kernels.shorthand import read, write
 
 SOURCE = "im2col.metal"
 
@@ -25,8 +25,9 @@ KERNELS: tuple[Kernel, ...] = (
         "col2im_bwd_f32",
         SOURCE,
         "dm_im2col_args",
-        # Slice z reads (at most) the whole column matrix of slice z and adds into its input.
-        (read("col", _COLUMNS), read_write("image", _IMAGE)),
+        # Slice z reads (at most) the whole column matrix of slice z and adds into its input
+        # (accumulate) or writes it whole.
+        (read("col", _COLUMNS), Binding("inout", "image", _IMAGE, read_if="accumulate")),
         Grid(("spatial", "channels", "slices"), (64, 4, 1)),
     ),
 )

@@ -65,7 +65,7 @@ KERNELS: tuple[Kernel, ...] = (
         (
             read("delta", "planes*out_h*out_w"),
             _indexes("planes*out_h*out_w", "in"),
-            read_write("x_grad", "planes*height*width"),
+            Binding("inout", "x_grad", "planes*height*width", read_if="accumulate"),
         ),
         Grid(("width", "height", "planes"), (16, 16, 1)),
     ),

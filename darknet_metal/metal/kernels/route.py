@@ -3,8 +3,8 @@ backward."""
 
 from __future__ import annotations
 
-from darknet_metal.metal.kernel_spec import Kernel
-from darknet_metal.metal.kernels.shorthand import SPATIAL_3D, read, read_write, x_to_y
+from darknet_metal.metal.kernel_spec import Binding, Kernel
+from darknet_metal.metal.kernels.shorthand import SPATIAL_3D, read, x_to_y
 
 SOURCE = "route.metal"
 
@@ -20,7 +20,8 @@ KERNELS: tuple[Kernel, ...] = (
         "route_bwd_f32",
         SOURCE,
         "dm_route_args",
-        (read("delta", _OUTPUT_SLICE), read_write("x_grad", _SOURCE_SLICE)),
+        (read("delta", _OUTPUT_SLICE),
+         Binding("inout", "x_grad", _SOURCE_SLICE, read_if="accumulate")),
         SPATIAL_3D,
     ),
 )
