@@ -458,11 +458,12 @@ class Network:
             export_onnx(self, path, batch=batch, outputs=outputs, fp16=fp16, opset=opset)
 
     def train_step(self, x: np.ndarray, truths: Sequence[Any], *,
-                   reduce: Callable[[float], tuple[int, float]] | None = None) -> StepReport:
+                   reduce: Callable[[float], tuple[int, float]] | None = None,
+                   carry_momentum: bool = True) -> StepReport:
         """One Darknet training iteration: ``Trainer.of(self).step`` (see
-        ``darknet_metal.training.Trainer.step`` for ``x``, ``truths``, ``reduce`` and the
-        errors)."""
-        return Trainer.of(self).step(x, truths, reduce)
+        ``darknet_metal.training.Trainer.step`` for ``x``, ``truths``, ``reduce``,
+        ``carry_momentum`` and the errors)."""
+        return Trainer.of(self).step(x, truths, reduce, carry_momentum=carry_momentum)
 
     def accumulate(self, x: np.ndarray, truths: Sequence[Any]) -> float:
         """The forward and backward of ``train_step`` without the update
@@ -478,6 +479,11 @@ class Network:
         """The gradient accumulators per layer and parameter name
         (``Trainer.gradient_buffers``)."""
         return Trainer.of(self).gradient_buffers()
+
+    def gradient_block(self) -> np.ndarray | None:
+        """The gradient accumulators as one contiguous array, or None on the CPU
+        (``Trainer.gradient_block``)."""
+        return Trainer.of(self).gradient_block()
 
     def statistic_buffers(self) -> dict[int, Params]:
         """The running statistics training updates (``Trainer.statistic_buffers``)."""

@@ -256,6 +256,8 @@ class CpuBackend:
                 native.append(cpu_update.sgd_update_step(
                     value, grad, lr, o.decay, o.momentum, o.images, u.name == "weights",
                     u.lr_scale))
+            if u.clear and not u.held:
+                native.append(fill_step(grad))
         return HostUpdate(StepList(native))
 
     def close(self) -> None:

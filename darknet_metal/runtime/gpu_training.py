@@ -200,6 +200,8 @@ class GpuTraining:
                     steps.add(self, "sgd_upd_f32", refs, n=n, batch=o.images,
                               apply_decay=int(u.name == "weights"), decay=o.decay,
                               momentum=o.momentum, lr_scale=u.lr_scale)
+                if u.clear and not u.held:
+                    steps.add(self, "fill_buf_f32", {"x": refs["grad_acc"]}, n=n, value=0.0)
         except BaseException:
             steps.release()
             raise

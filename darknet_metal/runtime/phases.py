@@ -38,6 +38,8 @@ PHASES = (
           True),
     Phase("wait", "waits for the device (cuda: and the driver's downloads)", True),
     Phase("read back", "reads the loss, the statistics and the outputs asked for", True),
+    Phase("all-reduce", "sums the gradients over the processes of a run across processes "
+          "(MPI): the exchange, and on cuda their copies to the host and back", True),
     Phase("update", "the host's part of the update: the learning rate, the write-back, the "
           "report", True),
 )

@@ -93,12 +93,15 @@ class LayerTrainState:
 class ArrayUpdate:
     """What one iteration's update does to trainable array ``name`` of layer ``layer``:
     ``held`` (``dont_update``/``burnin_update``) drops the iteration's gradient instead;
-    ``lr_scale`` is the layer's ``learning_rate`` multiplier (SGD)."""
+    ``lr_scale`` is the layer's ``learning_rate`` multiplier (SGD); ``clear``: the
+    accumulator is zeroed after the update instead of carrying SGD's momentum term (a rank of
+    a run across processes whose term another rank carries)."""
 
     layer: int
     name: str
     held: bool
     lr_scale: float
+    clear: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ writes the weights, logs and chart into the dataset's ``backup`` folder (``--bac
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -105,6 +106,7 @@ def _train(args: argparse.Namespace, quiet: bool = False) -> int:
     from darknet_metal.training.checkpoint import describe_earlier_checkpoint
     from darknet_metal.training.run import TrainingSetup
 
+    collective = getattr(args, "collective", None)
     prepared = _from_model(args, quiet)
     try:
         setup = TrainingSetup.from_args(args)
@@ -112,6 +114,10 @@ def _train(args: argparse.Namespace, quiet: bool = False) -> int:
         if prepared is not None:  # a refused dataset or cfg: --model's files go too
             prepared.remove_created()
         raise
+    if collective is not None:
+        # Every rank names where it trains (its GPU, under mpirun on a machine with several).
+        _note(f"rank {collective.rank} of {collective.size} on {socket.gethostname()}: "
+              f"{setup.device_description()}")
     if quiet:
         return 130 if setup.run(progress=False).interrupted else 0
     say = (lambda message: None) if args.quiet else _note
@@ -164,9 +170,17 @@ def _from_model(args: argparse.Namespace, quiet: bool) -> Prepared | None:
 
     if args.batch is None:
         args.batch = 64
+    collective = getattr(args, "collective", None)
+    if collective is not None and not collective.writes:
+        # Rank 0 derives and writes the cfg and the backbone; the others train from them
+        # (on several machines the folder must be shared, as the dataset is).
+        args.cfg, args.weights = collective.from_rank_0(None)
+        return None
     say = (lambda line: None) if quiet or args.quiet else (lambda line: _note(line))
     prepared = prepare(args, say)
     args.cfg, args.weights = prepared.cfg, prepared.backbone
+    if collective is not None:
+        collective.from_rank_0((str(prepared.cfg), str(prepared.backbone)))
     return prepared
 
 

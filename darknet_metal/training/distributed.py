@@ -3,15 +3,18 @@
 Every iteration one seeded sampler, the same on every rank, draws the ``K x batch`` images of
 the iteration, their augmentation and the ``random=1`` size; rank ``r`` loads only rows
 ``[r*batch, (r+1)*batch)``. Each rank runs its passes, the gradient accumulators are summed
-with in-place ``Allreduce``s over the NumPy arrays the passes wrote (``gradient_buffers``),
-and every rank applies the identical update for ``K x batch`` images: an iteration adds 1
+with an in-place ``Allreduce`` (one over the contiguous block a GPU keeps them in,
+``gradient_block``: on ``cuda`` only that block goes to the host and back; else one per
+array, ``gradient_buffers``), and every rank applies the identical update for ``K x batch``
+images on its device: an iteration adds 1
 to the iteration count and ``K x batch`` to ``seen``, exactly as one process training with
 ``batch = K x batch`` and ``subdivisions = K x subdivisions`` (each rank loads the cfg so),
 up to the order of the gradient sums. The rolling batch-norm statistics are not gradients:
-each rank moves them over its own mini-batches, then they are averaged across ranks after
-each iteration, which is where a K-rank run differs from the one-process run beyond
-rounding. Dropout draws its masks by (layer, pass), so a rank's passes draw other masks
-than the same rows would in one process.
+each rank moves them over its own mini-batches, then they are averaged across ranks (after
+each iteration, or, as the trainer does, before each read of them: the moving average is
+linear, so both give the same values up to rounding), which is where a K-rank run differs
+from the one-process run beyond rounding. Dropout draws its masks by (layer, pass), so a
+rank's passes draw other masks than the same rows would in one process.
 
 Rank 0 starts every rank from its parameters (broadcast), and every ``check_every``
 iterations all ranks compare a checksum of their trainable parameters; a mismatch stops
@@ -26,8 +29,10 @@ import contextlib
 import hashlib
 import os
 import sys
+import time
 import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,7 +42,7 @@ from darknet_metal.errors import DarknetMetalError, DependencyError
 if TYPE_CHECKING:
     from darknet_metal.network import Network
 
-__all__ = ["Collective", "DivergenceError", "launched_size"]
+__all__ = ["Collective", "DivergenceError", "ReduceTiming", "launched_size"]
 
 _INSTALL = 'pip install "darknet-metal[mpi]"'
 #: What MPI launchers put in each process's environment: the number of processes.
@@ -46,6 +51,7 @@ _SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNR
 
 class DivergenceError(DarknetMetalError, RuntimeError):
     """The ranks of a run no longer hold the same trainable parameters."""
+
 
 
 def launched_size() -> int:
@@ -58,9 +64,19 @@ def launched_size() -> int:
     return 1
 
 
+@dataclass(frozen=True)
+class ReduceTiming:
+    """One iteration's gradient sum: ``nbytes`` each rank contributed, and the ``seconds`` it
+    took (on ``cuda`` the copies to the host and back included)."""
+
+    nbytes: int
+    seconds: float
+
+
 class Collective:
     """This process's place among the ``size`` ranks of a run, and the collective steps of
-    an iteration over ``comm`` (an mpi4py communicator)."""
+    an iteration over ``comm`` (an mpi4py communicator). ``last_reduce``: the last
+    iteration's ``ReduceTiming`` (None before the first)."""
 
     def __init__(self, comm: Any, check_every: int = 50) -> None:
         from mpi4py import MPI
@@ -76,6 +92,10 @@ class Collective:
         self.local_rank = int(local.Get_rank())
         self.local_size = int(local.Get_size())
         local.Free()
+        self.last_reduce: ReduceTiming | None = None
+        # Whether this rank's accumulators may still hold a momentum term (from a
+        # checkpoint) that rank 0's carry: cleared before its first step.
+        self._momentum_to_drop = self.rank != 0
 
     @classmethod
     def from_environment(cls, check_every: int = 50) -> Collective | None:
@@ -114,32 +134,49 @@ class Collective:
 
     # -- the collective steps --------------------------------------------------------------
 
-    def step(self, net: Network, x: np.ndarray, truths: Any) -> Any:
+    def step(self, net: Network, x: np.ndarray, truths: Any, *,
+             average_statistics: bool = True) -> Any:
         """One iteration on this rank's share ``x`` of the batch, with every other rank:
         ``Network.train_step`` whose accumulators are summed over the ranks before the
-        update, then ``after_step``. Returns the ``StepReport`` (its loss the ranks' mean).
+        update, then ``after_step`` (the statistics averaged unless ``average_statistics``
+        is False: then call ``average_statistics`` before reading them). Returns the
+        ``StepReport`` (its loss the ranks' mean).
 
         After an SGD update the accumulators keep ``momentum`` times the summed gradient,
         the same on every rank; it must enter the next sum once, so ranks other than 0
-        clear theirs before their passes."""
-        if self.rank != 0:
+        clear theirs: once on the host (what a checkpoint brought), then with each update
+        on the device."""
+        if self._momentum_to_drop:
             for layer in net.gradient_buffers().values():
                 for array in layer.values():
                     array.fill(0)
-        report = net.train_step(x, truths, reduce=lambda loss: self.reduce(net, loss))
-        self.after_step(net, report.iteration)
+            self._momentum_to_drop = False
+        report = net.train_step(x, truths, reduce=lambda loss: self.reduce(net, loss),
+                                carry_momentum=self.rank == 0)
+        self.after_step(net, report.iteration, average_statistics=average_statistics)
         return report
 
     def reduce(self, net: Network, loss: float) -> tuple[int, float]:
         """Sum every gradient accumulator over the ranks, in place; returns the images the
         sum covers (the batch ``net`` was loaded with: every rank's share) and the mean of the
-        ranks' losses (``Network.train_step``'s ``reduce``)."""
+        ranks' losses (``Network.train_step``'s ``reduce``). Sets ``last_reduce``."""
         MPI = self._mpi
-        for layer in net.gradient_buffers().values():
-            for array in layer.values():
-                self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+        start = time.perf_counter()
+        block = net.gradient_block()
+        arrays = [block] if block is not None else [
+            array for layer in net.gradient_buffers().values() for array in layer.values()]
+        for array in arrays:
+            self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
         total = self.comm.allreduce(float(loss), op=MPI.SUM)
+        self.last_reduce = ReduceTiming(sum(a.nbytes for a in arrays),
+                                        time.perf_counter() - start)
         return int(net.config.net.values["batch"]), total / self.size
+
+    def from_rank_0(self, value: Any) -> Any:
+        """Rank 0's ``value`` (any picklable object), on every rank: what rank 0 alone
+        decides or makes (whether it reads the statistics this iteration, the files
+        ``train --model`` derives)."""
+        return self.comm.bcast(value, root=0)
 
     def average_statistics(self, net: Network) -> None:
         """Average the rolling batch-norm statistics over the ranks, in place."""
@@ -169,10 +206,13 @@ class Collective:
                 f"{', '.join(map(str, differ))} differ from rank 0's (checksums "
                 f"{', '.join(f'{r}: {d[:12]}' for r, d in enumerate(digests))})")
 
-    def after_step(self, net: Network, iteration: int) -> None:
-        """What follows each iteration's update: the statistics averaged, and every
-        ``check_every`` iterations the parameters compared."""
-        self.average_statistics(net)
+    def after_step(self, net: Network, iteration: int, *,
+                   average_statistics: bool = True) -> None:
+        """What follows each iteration's update: the statistics averaged (unless not
+        ``average_statistics``), and every ``check_every`` iterations the parameters
+        compared."""
+        if average_statistics:
+            self.average_statistics(net)
         if self.check_every and iteration % self.check_every == 0:
             self.check_same_parameters(net, iteration)
 

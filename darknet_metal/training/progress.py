@@ -35,7 +35,9 @@ class IterationRecord:
     the estimate to ``max_batches``; ``width``, ``height``: the input size of the step;
     ``heads``: per ``[yolo]`` layer its statistics (``StepReport.heads``);
     ``images_per_second``: the batch over the iteration's wall time (from the end of the one
-    before: loading, the step, the logs, checkpoints and evaluations included)."""
+    before: loading, the step, the logs, checkpoints and evaluations included);
+    ``allreduce_bytes``, ``allreduce_seconds``: across processes, the gradient bytes each
+    rank sent into the sum and the time the sum took (None in one process)."""
 
     iteration: int
     max_batches: int
@@ -54,6 +56,8 @@ class IterationRecord:
     next_map: int | None = None
     heads: dict[int, dict[str, float]] = field(default_factory=dict)
     images_per_second: float | None = None
+    allreduce_bytes: int | None = None
+    allreduce_seconds: float | None = None
 
     def to_json(self) -> str:
         """One line of the JSON-lines log: every field, ``schema`` and ``time`` (Unix
@@ -74,7 +78,10 @@ class IterationRecord:
                 f"{format_duration(self.train_seconds)}, {self.images} images, "
                 f"time remaining={format_duration(self.remaining_seconds, trim=True)}"
                 + ("" if self.images_per_second is None
-                   else f", {self.images_per_second:.1f} img/s"))
+                   else f", {self.images_per_second:.1f} img/s")
+                + ("" if self.allreduce_bytes is None or self.allreduce_seconds is None
+                   else f", all-reduce {self.allreduce_bytes / 1e6:.1f} MB in "
+                        f"{format_duration(self.allreduce_seconds)}"))
 
 
 def _finite(value: Any) -> Any:

@@ -166,6 +166,16 @@ class TrainingSetup:
         run_.source = LoaderSource(loader)
         return cls(dataset, net, loader, run_, started_from)
 
+    def device_description(self) -> str:
+        """The device this process trains on, in words: the CPU, or the GPU's name (on
+        ``cuda`` with its number: under mpirun each rank of a machine takes the GPU of its
+        rank on that machine, unless DARKNET_METAL_CUDA_DEVICE says otherwise)."""
+        if self.net.device == "cpu":
+            return "device cpu"
+        from darknet_metal import metal
+
+        return f"device {self.net.device}, {metal.device_name(self.net.device)}"
+
     def describe(self) -> list[str]:
         """Lines saying what will run (for the command's stderr)."""
         s = self.run_.schedule

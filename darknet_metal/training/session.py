@@ -203,6 +203,10 @@ class TrainingRun:
         """Iterations until ``max_batches`` (or Ctrl-C, which writes ``_last`` first)."""
         if self.writes:
             self.backup.mkdir(parents=True, exist_ok=True)
+            # What a write killed midway (a rank ended by mpirun, a killed process) left
+            # beside its file: never a file of the run, so it goes.
+            for stale in self.backup.glob(f".{self.base}_*.tmp"):
+                stale.unlink(missing_ok=True)
         schedule, state = self.schedule, self.state
         start_iteration = self.net.iteration
         if start_iteration >= schedule.max_batches:
@@ -277,9 +281,10 @@ class TrainingRun:
         t1 = time.monotonic()
         collective = self.collective
         report = (net.train_step(x, truths) if collective is None
-                  else collective.step(net, x, truths))
+                  else collective.step(net, x, truths, average_statistics=False))
         t2 = time.monotonic()
         batch = int(x.shape[0]) * (1 if collective is None else collective.size)
+        reduced = None if collective is None else collective.last_reduce
         loss = float(report.loss)
         if state.avg_loss is None or not math.isfinite(state.avg_loss):
             state.avg_loss = loss
@@ -299,13 +304,35 @@ class TrainingRun:
             width=width, height=height, last_map=state.last_map, best_map=state.best_map,
             next_map=schedule.next_map(state.map_iteration) if self.evaluate else None,
             heads={h.layer: dict(h.values) for h in report.heads},
-            images_per_second=batch / max(t2 - self._last_end, 1e-9))
+            images_per_second=batch / max(t2 - self._last_end, 1e-9),
+            allreduce_bytes=None if reduced is None else reduced.nbytes,
+            allreduce_seconds=None if reduced is None else reduced.seconds)
+
+    def _evaluation_due(self, iteration: int) -> bool:
+        return self.evaluate is not None and (
+            iteration >= self.schedule.next_map(self.state.map_iteration)
+            or iteration == self.schedule.max_batches)
+
+    def _weights_due(self, iteration: int) -> bool:
+        return (iteration >= self.state.save_iteration + self.schedule.save_every
+                or iteration % self.schedule.save_every == 0)
+
+    def _last_due(self, iteration: int) -> bool:
+        return (iteration >= self.state.last_iteration + 100
+                or (iteration % 100 == 0 and iteration > 1))
 
     def _after(self, iteration: int) -> None:
-        """Darknet's end of an iteration: the evaluation, then the weights files."""
+        """Darknet's end of an iteration: the evaluation, then the weights files. Across
+        processes the rolling statistics are averaged over the ranks first when rank 0 is
+        about to read them (an evaluation, a file): averaging the ranks' moving averages only
+        then gives what averaging them every iteration gives, without taking the parameters
+        off the device every iteration."""
         schedule, state = self.schedule, self.state
-        if self.evaluate is not None and (iteration >= schedule.next_map(state.map_iteration)
-                                          or iteration == schedule.max_batches):
+        if self.collective is not None and self.collective.from_rank_0(
+                self._evaluation_due(iteration) or self._weights_due(iteration)
+                or self._last_due(iteration) or iteration >= schedule.max_batches):
+            self.collective.average_statistics(self.net)
+        if self._evaluation_due(iteration):
             size = self.current_size
             if size != self.init_size:
                 self.net.resize(*self.init_size)
@@ -319,11 +346,10 @@ class TrainingRun:
             if state.best_map is None or value >= state.best_map:
                 state.best_map, state.best_iteration = value, iteration
                 self.net.save_weights(self.path("best"))
-        if iteration >= state.save_iteration + schedule.save_every or \
-                iteration % schedule.save_every == 0:
+        if self._weights_due(iteration):
             state.save_iteration = iteration
             if self.writes:
                 self.net.save_weights(self.path(str(iteration)))
-        if iteration >= state.last_iteration + 100 or (iteration % 100 == 0 and iteration > 1):
+        if self._last_due(iteration):
             state.last_iteration = iteration
             self._save_last()

@@ -493,6 +493,17 @@ class Trainer:
         self.state.to_host(("grad",), write=True)
         return {i: layer.grads for i, layer in self.state.layers.items() if layer.grads}
 
+    def gradient_block(self) -> np.ndarray | None:
+        """Every gradient accumulator as one contiguous float array (with zeros between the
+        arrays), where the device keeps them so (``metal``, ``emu``, ``cuda``): current on
+        the host and writable in place as ``gradient_buffers``; None on the CPU, whose
+        accumulators are separate arrays."""
+        block = self.state.arenas.get("grad")
+        if block is None:
+            return None
+        self.state.to_host(("grad",), write=True)
+        return block
+
     def statistic_buffers(self) -> dict[int, Params]:
         """The running statistics training updates (batch norm's ``rolling_mean`` and
         ``rolling_variance``), per layer and name: the arrays the passes write, writable in
@@ -525,16 +536,17 @@ class Trainer:
             int(s.values.get("dont_update", 0)) >= iteration
             or int(s.values.get("burnin_update", 0)) * burn_in > iteration))
 
-    def _update_steps(self, images: int, held: tuple[int, ...]) -> Any:
-        steps = self._updates.get((images, held))
+    def _update_steps(self, images: int, held: tuple[int, ...], clear: bool = False) -> Any:
+        steps = self._updates.get((images, held, clear))
         if steps is None:
             updates = [ArrayUpdate(
                 spec.index, name, spec.index in held,
                 float(spec.values.get("learning_rate", 1.0)) if spec.learning_rate_scaled
-                else 1.0)
+                else 1.0, clear)
                 for spec in self.specs for name in self.state.layer(spec.index).grads]
-            steps = self._updates[(images, held)] = self._executor_in_use().update_program(
-                self.state, updates, Optimizer.of(self.values, images), self.lr, self.t)
+            steps = self._updates[(images, held, clear)] = \
+                self._executor_in_use().update_program(
+                    self.state, updates, Optimizer.of(self.values, images), self.lr, self.t)
         return steps
 
     @_one_at_a_time
@@ -561,7 +573,8 @@ class Trainer:
 
     @_one_at_a_time
     def step(self, x: np.ndarray, truths: Any,
-             reduce: Callable[[float], tuple[int, float]] | None = None) -> StepReport:
+             reduce: Callable[[float], tuple[int, float]] | None = None, *,
+             carry_momentum: bool = True) -> StepReport:
         """One Darknet training iteration on ``x`` (batch, C, H, W) float32 at the network's
         size, batch = the cfg's ``batch`` (split into ``subdivisions`` mini-batches).
 
@@ -571,7 +584,9 @@ class Trainer:
         (``gradient_buffers()``) over the processes in place and returns ``(images, mean
         loss)``: the update divides by the images of every process and ``seen`` advances by
         them. (The accumulators carry SGD's momentum term from the last update: it must be
-        in one process's accumulators only, as ``Collective.step`` arranges.)
+        in one process's accumulators only, as ``Collective.step`` arranges:
+        ``carry_momentum=False`` zeroes them after the update, with the update on the device,
+        on the other processes.)
 
         ``truths``: per image a (k, 5) array of boxes (class, cx, cy, w, h), normalised to
         [0, 1] (k may be 0), for networks with ``[yolo]`` heads; for networks ending in
@@ -600,8 +615,12 @@ class Trainer:
                 loss = self._run(staged, self.program, stats, then=update, guard=guard)
                 self.net.header.seen += self.batch
             else:
-                images, loss = reduce(self._run(staged, self.program, stats, guard=guard))
-                self._update_steps(images, self._held(iteration)).run(guard)
+                loss = self._run(staged, self.program, stats, guard=guard)
+                phases.mark("all-reduce")
+                images, loss = reduce(loss)
+                phases.mark("update")
+                self._update_steps(images, self._held(iteration),
+                                   clear=not carry_momentum).run(guard)
                 self.net.header.seen += images
             phases.mark("guard")
             gradients_finite, parameters_finite = guard.flags()

@@ -2,7 +2,10 @@
 in overlapping pieces stays one device copy, host writes and reads see the device's work,
 and what a Mac would refuse is refused here too."""
 
+import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -177,3 +180,35 @@ def test_apple_limits_are_reported_and_kept(cuda):
     with pytest.raises(DeviceError, match="threadgroup memory"):
         cuda.dispatch("selftest_group_sum_f32", struct.pack("<I", 64), [x, sums], 64, 64,
                       threadgroup_mem=(32768 + 16,))
+
+
+
+def _device_name(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """What a new process with ``env`` added (and no GPU choice of this one's) says of its
+    cuda device."""
+    clean = {k: v for k, v in os.environ.items() if k not in (
+        "DARKNET_METAL_CUDA_DEVICE", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+        "PMIX_LOCAL_RANK", "SLURM_LOCALID")}
+    code = "import darknet_metal.metal as m; print(m.device_name('cuda'))"
+    return subprocess.run([sys.executable, "-c", code], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_each_rank_of_a_machine_takes_the_gpu_of_its_local_rank(cuda):
+    """Under mpirun the GPU is the rank's place on its machine modulo the GPUs visible;
+    DARKNET_METAL_CUDA_DEVICE overrides it, and a number that is not a GPU is an error
+    naming the variable."""
+    torch = pytest.importorskip("torch", reason="counts the GPUs")
+    visible = torch.cuda.device_count()
+    plain = _device_name({})
+    assert plain.returncode == 0 and "CUDA device 0" in plain.stdout, plain.stderr
+    for rank in (1, 2, 3):
+        ranked = _device_name({"OMPI_COMM_WORLD_LOCAL_RANK": str(rank)})
+        assert ranked.returncode == 0, ranked.stderr
+        assert f"CUDA device {rank % visible}," in ranked.stdout, ranked.stdout
+    chosen = _device_name({"OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                           "DARKNET_METAL_CUDA_DEVICE": "0"})
+    assert "CUDA device 0," in chosen.stdout, chosen.stderr
+    wrong = _device_name({"DARKNET_METAL_CUDA_DEVICE": "99"})
+    assert wrong.returncode != 0
+    assert "DARKNET_METAL_CUDA_DEVICE=99 is not a GPU of this machine" in wrong.stderr

@@ -488,3 +488,27 @@ def test_a_device_keeps_parameters_gradients_and_moments_in_one_block_each(tmp_p
             assert a is state.layer(index).values[name]
     cpu = _net(tmp_path, name="cpu", device="cpu", adam=1)
     assert not Trainer.of(cpu).state.arenas  # the CPU trains NumPy arrays of its own
+
+
+def test_a_step_that_does_not_carry_momentum_leaves_the_accumulators_at_zero(tmp_path,
+                                                                              device):
+    """``carry_momentum=False`` (a rank other than 0 across processes): after the update the
+    accumulators are zero, on the device with the update; the parameters move exactly as
+    with the momentum carried (the term only enters the next update)."""
+    nets = [_net(tmp_path, burn_in=0, momentum=0.9, device=device, name=f"n{k}")
+            for k in range(2)]
+    x, truths = _batch(nets[0])
+    reduce = lambda loss: (int(nets[0].config.net.values["batch"]), loss)  # noqa: E731
+    nets[0].train_step(x, truths, reduce=reduce)
+    nets[1].train_step(x, truths, reduce=reduce, carry_momentum=False)
+    carried = [g for p in nets[0].gradient_buffers().values() for g in p.values()]
+    dropped = [g for p in nets[1].gradient_buffers().values() for g in p.values()]
+    assert any(np.any(g != 0) for g in carried)
+    assert all(not np.any(g) for g in dropped)
+    for a, b in zip(_state(nets[0]), _state(nets[1]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    block = nets[1].gradient_block()
+    if device == "cpu":
+        assert block is None
+    else:  # one contiguous block holding every accumulator
+        assert block.flags.c_contiguous and all(np.shares_memory(block, g) for g in dropped)

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import pytest
+from devices import require
 from shared_paths import YOLOV3_TINY
 
 from darknet_metal.datasets import make_shapes
@@ -122,6 +123,19 @@ def test_two_ranks_train_as_one_process_with_the_combined_batch(tmp_path, shapes
     # One log, by rank 0; each iteration counted once, with the 4 images of both ranks.
     assert [r["iteration"] for r in records] == [1, 2, 3]
     assert [r["images"] for r in records] == [4, 8, 12]
+    # Each iteration says what its gradient sum moved and took: at least every trainable
+    # value (a GPU's one block holds them with gaps for alignment, the CPU's exactly them).
+    trainable_bytes = 4 * sum(a.size for a in _trainable(one_cfg, tmp_path / "single" /
+                                                          "tiny_final.weights")[0].values())
+    for r in records:
+        assert trainable_bytes <= r["allreduce_bytes"] <= trainable_bytes + (1 << 20)
+        assert 0 < r["allreduce_seconds"] < 60
+    darknet_lines = (tmp_path / "two" / "tiny.log").read_text()
+    assert "all-reduce " in darknet_lines and " MB in " in darknet_lines
+    # Every rank names where it trains.
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank} of 2 on \S+: device {device}", two.stderr), \
+            two.stderr[-3000:]
     singles = [json.loads(line) for line in
                (tmp_path / "single" / "tiny.jsonl").read_text().splitlines()]
     for r, s in zip(records, singles, strict=True):
@@ -199,12 +213,14 @@ def _rank_pids(launcher_pid: int) -> dict[int, int]:
     return found
 
 
-def test_a_killed_rank_ends_the_others(tmp_path, shapes):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_killed_rank_ends_the_others(tmp_path, shapes, device):
+    require(device)
     cfg = tiny_cfg(tmp_path, batch=2, subdivisions=1, max_batches=100000)
     backup = tmp_path / "backup"
     process = subprocess.Popen(
         _mpirun(2, *_train_command(str(shapes), cfg, "--backup", str(backup), "-q",
-                                   "--no-chart", "--workers", "0")),
+                                   "--no-chart", "--workers", "0", "--device", device)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         log = backup / "tiny.jsonl"
@@ -226,6 +242,13 @@ def test_a_killed_rank_ends_the_others(tmp_path, shapes):
 
     assert not psutil.pid_exists(ranks[0]) or \
         psutil.Process(ranks[0]).status() == psutil.STATUS_ZOMBIE
+    # Nothing half written: no temporary file left, and every weights file whole.
+    assert not [p.name for p in backup.iterdir() if p.name.endswith(".tmp")]
+    import darknet_metal as dm
+
+    layers = dm.load(cfg).layers
+    for weights in backup.glob("*.weights"):
+        read_weights(weights, layers)
 
 
 def test_a_two_rank_run_resumes_from_last(tmp_path, shapes):
@@ -270,3 +293,77 @@ def test_ranks_started_from_different_weights_are_refused(tmp_path, shapes):
     assert done.returncode != 0
     assert "at iteration 0 the trainable parameters of rank(s) 1 differ from rank 0's" in \
         done.stdout + done.stderr, done.stderr[-3000:]
+
+
+STATISTICS_SCRIPT = textwrap.dedent('''
+    """Two networks trained side by side through the Python API on the same shares: one
+    averaging the statistics after every step, one only at the end; prints the largest
+    difference of their rolling statistics relative to their largest value."""
+    import sys
+
+    import numpy as np
+
+    import darknet_metal as dm
+    from darknet_metal.training.distributed import Collective
+
+    cfg, device = sys.argv[1:3]
+    collective = Collective.from_environment(check_every=0)
+    rows, batch, subdivisions = collective.share(2, 1)
+    nets = [dm.load(cfg, seed=4, batch=batch, subdivisions=subdivisions, device=device)
+            for _ in range(2)]
+    rng = np.random.default_rng(11)
+    with collective.guard():
+        for net in nets:
+            collective.broadcast_parameters(net)
+        for _ in range(3):
+            x = rng.random((batch, 3, 96, 96), dtype=np.float32)
+            truths = [np.array([[i % 3, 0.5, 0.5, 0.3, 0.4]], np.float32) for i in range(batch)]
+            collective.step(nets[0], x[rows], [truths[i] for i in rows])
+            collective.step(nets[1], x[rows], [truths[i] for i in rows],
+                            average_statistics=False)
+        collective.average_statistics(nets[1])
+        worst = 0.0
+        for layer, arrays in nets[0].statistic_buffers().items():
+            for name, a in arrays.items():
+                b = nets[1].statistic_buffers()[layer][name]
+                worst = max(worst, float(np.abs(a - b).max() / max(np.abs(a).max(), 1e-30)))
+        if collective.rank == 0:
+            print(f"worst {worst:.3e}")
+''')
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_statistics_averaged_before_a_read_equal_averaged_every_step(tmp_path, device):
+    """The trainer averages the ranks' rolling statistics only before rank 0 reads them: the
+    moving average is linear, so that is the per-step average up to rounding."""
+    require(device)
+    cfg = tiny_cfg(tmp_path, batch=2, subdivisions=1, max_batches=3)
+    script = tmp_path / "averaging.py"  # not statistics.py: that would hide the stdlib's
+    script.write_text(STATISTICS_SCRIPT)
+    done = _run(_mpirun(2, sys.executable, str(script), cfg, device))
+    assert done.returncode == 0, done.stderr[-3000:]
+    worst = float(re.search(r"worst (\S+)", done.stdout).group(1))
+    # Float32 rounding of three moving-average updates in another order.
+    assert worst <= 1e-5, worst
+    print(f"\n{device}: statistics averaged at the end vs every step: {worst:.2e}")
+
+
+def test_under_mpirun_rank_0_alone_derives_the_model_files(tmp_path, model_cache):
+    """``train --model`` across processes: rank 0 derives the cfg and cuts the backbone (one
+    set of derivation lines), every rank trains from those files, and the run's one log
+    counts both ranks' images."""
+    data = make_shapes(tmp_path / "shapes", train=12, valid=4, size=(SIZE, SIZE), seed=5)
+    done = _run(_mpirun(2, *_train_command(
+        str(data), "--model", "yolov3-tiny", "--size", f"{SIZE}x{SIZE}", "--batch", "2",
+        "--max-batches", "2", "--seed", "1", "--no-chart", "--workers", "0")))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("[yolo 16] classes=3 (given)") == 1, done.stderr[-3000:]
+    assert done.stderr.count("the first 15 layers of") == 1
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 on " in done.stderr
+    backup = data.parent / "backup"
+    assert sorted(p.name for p in backup.iterdir() if p.suffix in (".cfg", ".15")) == \
+        ["yolov3-tiny-shapes.cfg", "yolov3-tiny.conv.15"]
+    records = [json.loads(line) for line in
+               (backup / "yolov3-tiny-shapes.jsonl").read_text().splitlines()]
+    assert [r["images"] for r in records] == [4, 8]

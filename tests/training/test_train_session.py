@@ -153,3 +153,17 @@ def test_the_loader_has_a_thread_per_cpu_by_default_shared_among_local_ranks(mon
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert default_workers() == 2  # at least 2: one loads while the other augments
 
+
+
+def test_a_run_removes_what_a_killed_write_left(tmp_path):
+    """A process killed while writing a checkpoint leaves the hidden temporary of its
+    atomic write (never a half-written file under a checkpoint's name); the next run into
+    the folder removes it, and nothing of another run."""
+    left = tmp_path / ".m_last.weights.0123456789ab.tmp"
+    left.write_bytes(b"part of a checkpoint")
+    other = tmp_path / ".other_last.weights.0123456789ab.tmp"
+    other.write_bytes(b"another run's")
+    net = _net()
+    TrainingRun(net, FixedBatches(net), Schedule(1, 0, 100, 100), backup=tmp_path, base="m",
+                progress=False, chart=False).run()
+    assert not left.exists() and other.exists()
