@@ -16,11 +16,19 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]
     The temporary file is created with mode 0666 minus the process umask, as ``open`` would
     create ``path`` (``tempfile.mkstemp`` would give 0600, and the rename keeps it), and with
     O_EXCL, so nothing is written through a file or link that appeared under its name.
+    An OSError from creating it names ``path`` (and a missing folder as such), not the
+    temporary file.
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"cannot write {path}: the folder {directory} does not "
+                                "exist") from None
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"cannot write {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

@@ -171,6 +171,41 @@ void load_api() {
     api_status = DM_OK;
 }
 
+/* Which GPU this process uses: DARKNET_METAL_CUDA_DEVICE when set, else, in a process an MPI
+ * launcher started, its rank among the processes of this machine (Open MPI's, MPICH's and
+ * Slurm's variables) modulo the GPUs visible, so that the ranks of one machine spread over its
+ * GPUs; else 0. Sets *ordinal, or returns an error naming a value that is not a GPU. */
+int pick_ordinal(int *ordinal) {
+    const char *env = std::getenv("DARKNET_METAL_CUDA_DEVICE");
+    int count = 0;
+    if (api.DeviceGetCount(&count) != CUDA_SUCCESS || count < 1) count = 1;
+    if (env && *env) {
+        char *end = nullptr;
+        long value = std::strtol(env, &end, 10);
+        if (*end != '\0' || value < 0 || value >= count)
+            return dm_set_error(DM_ERR_INVALID,
+                                "DARKNET_METAL_CUDA_DEVICE=%s is not a GPU of this machine "
+                                "(%d visible: 0 to %d)", env, count, count - 1);
+        *ordinal = static_cast<int>(value);
+        return DM_OK;
+    }
+    static const char *const local_rank[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                             "PMIX_LOCAL_RANK", "SLURM_LOCALID"};
+    *ordinal = 0;
+    for (const char *name : local_rank) {
+        const char *value = std::getenv(name);
+        if (value && *value) {
+            char *end = nullptr;
+            long rank = std::strtol(value, &end, 10);
+            if (*end == '\0' && rank >= 0) {
+                *ordinal = static_cast<int>(rank % count);
+                break;
+            }
+        }
+    }
+    return DM_OK;
+}
+
 int api_ready() {
     std::call_once(api_once, load_api);
     if (api_status != DM_OK) return dm_set_error(DM_ERR_UNAVAILABLE, "%s", api_error);
@@ -366,8 +401,10 @@ int device_create(const dm_device_options *options, void **out, dm_driver_facts 
     CudaDevice *d = new (std::nothrow) CudaDevice();
     if (!d) return dm_set_error(DM_ERR_RESOURCE, "out of host memory");
     int ordinal = 0;
-    const char *env = std::getenv("DARKNET_METAL_CUDA_DEVICE");
-    if (env && *env) ordinal = std::atoi(env);
+    if ((rc = pick_ordinal(&ordinal)) != DM_OK) {
+        delete d;
+        return rc;
+    }
     const char *sync = std::getenv("DARKNET_METAL_CUDA_SYNC");
     d->sync_each = sync && *sync && std::strcmp(sync, "0") != 0;
     CUresult cr = api.DeviceGet(&d->device, ordinal);
@@ -415,7 +452,8 @@ int device_create(const dm_device_options *options, void **out, dm_driver_facts 
     std::memset(facts, 0, sizeof *facts);
     char name[100] = "NVIDIA GPU";
     api.DeviceGetName(name, sizeof name, d->device);
-    std::snprintf(facts->name, sizeof facts->name, "%s (CUDA, Apple limits)", name);
+    std::snprintf(facts->name, sizeof facts->name, "%s (CUDA device %d, Apple limits)", name,
+                  ordinal);
     size_t total = 0;
     api.DeviceTotalMem(&total, d->device);
     facts->unified_memory = 0;

@@ -675,3 +675,13 @@ def test_a_file_that_is_not_an_image_is_reported_before_the_model_loads(
     assert line == (f"darknet-metal: error: {garbage}: cannot decode image (not in any image "
                     "format Pillow reads)")
     assert "warm-up" not in err  # no model was loaded for it
+
+
+def test_an_output_in_a_missing_folder_is_named_not_its_temporary(tmp_path, capsys):
+    """Every file is written beside its name and renamed: a missing folder is reported with
+    the file the user named, not the hidden temporary."""
+    out = tmp_path / "missing" / "y.cfg"
+    assert main(["cfg", "--model", "yolov4-tiny", "--classes", "3", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write {out}: the folder {out.parent} does not exist" in err
+    assert ".tmp" not in err and not out.parent.exists()
