@@ -80,7 +80,8 @@ def add_commands(commands: Any) -> None:
                        help="where to write (default: the dataset's backup, else ./backup)")
     train.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
                        help="threads loading and augmenting images (default: one per CPU, "
-                       "shared among the ranks of one machine under mpirun; at least 2)")
+                       "shared among the ranks of one machine under mpirun; at least 2, at "
+                       "most 8)")
     train.add_argument("--no-chart", action="store_true", help="do not draw the chart")
     train.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     train.add_argument("--check-every", type=non_negative_int, default=50, metavar="N",

@@ -148,8 +148,11 @@ def test_the_loader_has_a_thread_per_cpu_by_default_shared_among_local_ranks(mon
     class Ranks:
         local_size = 3
 
-    assert default_workers() == 12
+    assert default_workers() == 8  # at most 8: more threads deliver less
     assert default_workers(Ranks()) == 4
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    Ranks.local_size = 2
+    assert default_workers(Ranks()) == 8
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert default_workers() == 2  # at least 2: one loads while the other augments
 
