@@ -1,25 +1,27 @@
-"""Build the Cython CPU reference extensions and the host shim.
+"""Build the Cython CPU extensions and the host shim.
 
 Every ``darknet_metal/cpu/*.pyx`` becomes an extension module; adding a module needs no
-change here. ``DARKNET_METAL_DEBUG=1`` turns Cython's bounds and wraparound checks on.
+change here. The Cython modules share one module of Cython's utility code
+(``darknet_metal._cyutility``) instead of compiling a copy each. ``DARKNET_METAL_DEBUG=1``
+turns Cython's bounds and wraparound checks on.
 
 ``darknet_metal.metal._shim`` links the shim's portable core (``shim/core``), the emulator
-driver and runtime (``shim/drivers/emu_driver.cpp``, ``shim/emu``) and every kernel in
-``shaders/*.metal`` and ``shim/kernels/*.metal``. Two build steps come before its link: each
-``.metal`` is translated by ``shim/emu/metal2cpp.py`` into a ``.cpp`` under the build
-directory (again only when the ``.metal`` or the translator changed), then the shim's C, C++
-and Objective-C sources and those ``.cpp`` files are compiled with their language's flags
-(again only when a source or a header changed). On macOS it also links the Objective-C Metal
-driver and, when ``xcrun metal`` exists, builds ``darknet_metal.metallib`` next to the
-extension. The CUDA driver (``shim/drivers/cuda_driver.cpp``) is always linked: it loads the
-NVIDIA driver library at run time. Where nvcc is found (PATH, ``CUDA_HOME`` or the
-``nvidia-cuda-nvcc`` wheel) and ``DARKNET_METAL_CUDA`` is not ``0``, ``shim/cuda/build.py``
-translates the kernels to CUDA and writes one fatbin per ``.metal`` file under ``cuda/`` next
-to the extension. The ``.metal`` sources and their headers are installed as package data
-(``darknet_metal/metal/shaders``) so the Metal driver can compile them at run time.
+driver and runtime (``shim/drivers/emu_driver.cpp``, ``shim/emu``) and the CUDA driver
+(``shim/drivers/cuda_driver.cpp``, which loads the NVIDIA driver library at run time); its C,
+C++ and Objective-C sources are compiled with their language's flags, again only when a
+source or a header changed. On macOS it also links the Objective-C Metal driver and, when
+``xcrun metal`` exists, builds ``darknet_metal.metallib`` next to the extension.
+
+No kernel is compiled here for the emulator or for CUDA: ``darknet_metal.metal.kernel_build``
+compiles them on the first use of their device (or ``darknet-metal build-kernels``), from the
+``.metal`` sources and translators installed as package data under
+``darknet_metal/metal/toolchain`` (laid out as in the source tree).
+
+Extensions compile in parallel, one job per core. An editable install whose extensions in
+the source tree are newer than their sources reuses them: adding an extra with
+``pip install -e ".[extra]"`` compiles nothing.
 """
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -38,10 +40,7 @@ DEBUG = os.environ.get("DARKNET_METAL_DEBUG", "") not in ("", "0")
 MACOS = sys.platform == "darwin"
 SHIM_MODULE = "darknet_metal.metal._shim"
 OPT = ["-O0", "-g"] if DEBUG else ["-O2"]
-METAL2CPP = os.path.join("shim", "emu", "metal2cpp.py")
-CUDA_BUILD = os.path.join("shim", "cuda", "build.py")
-#: DARKNET_METAL_CUDA: "auto" (default) builds the CUDA kernels when nvcc is found, "0" never.
-CUDA_SETTING = os.environ.get("DARKNET_METAL_CUDA", "auto").strip().lower()
+SHARED_UTILITY = "darknet_metal._cyutility"
 #: Flags of the shim's own sources by suffix (the Cython module is C++ too).
 LANGUAGE_FLAGS = {
     ".c": ["-std=c11", "-D_POSIX_C_SOURCE=200809L"],
@@ -51,7 +50,7 @@ LANGUAGE_FLAGS = {
 
 
 def _kernel_sources() -> list[str]:
-    """Every .metal file the shim is built with (relative paths, sorted)."""
+    """Every .metal file (relative paths, sorted)."""
     return sorted(glob(os.path.join("shaders", "*.metal"))) + sorted(
         glob(os.path.join("shim", "kernels", "*.metal"))
     )
@@ -59,6 +58,19 @@ def _kernel_sources() -> list[str]:
 
 def _shader_headers() -> list[str]:
     return sorted(glob(os.path.join("shaders", "*.h")))
+
+
+def _toolchain_files() -> list[str]:
+    """What run-time kernel builds read, relative to the source tree (kernel_build)."""
+    return sorted(
+        _kernel_sources() + _shader_headers()
+        + glob(os.path.join("shim", "*.h"))
+        + glob(os.path.join("shim", "emu", "*.h"))
+        + [os.path.join("shim", "emu", "metal2cpp.py"),
+           os.path.join("shim", "emu", "emu_library.cpp")]
+        + glob(os.path.join("shim", "cuda", "*.py"))
+        + glob(os.path.join("shim", "cuda", "*.h"))
+    )
 
 
 def _cpu_extensions() -> list[Extension]:
@@ -69,7 +81,13 @@ def _cpu_extensions() -> list[Extension]:
     # loops of kernels.h scalar; results are unchanged (only floating-point exception flags
     # may be raised by work whose result is discarded).
     opt = (["-O0", "-g"] if DEBUG else ["-O3"]) + ["-ffp-contract=off", "-fno-trapping-math"]
-    extensions = []
+    extensions = [
+        Extension(
+            SHARED_UTILITY,
+            [os.path.join(*SHARED_UTILITY.split(".")) + ".c"],
+            extra_compile_args=opt,
+        )
+    ]
     for pyx in sorted(glob(os.path.join("darknet_metal", "cpu", "*.pyx"))):
         module = pyx[: -len(".pyx")].replace(os.sep, ".")
         extensions.append(
@@ -102,15 +120,15 @@ def _shim_native_sources() -> list[str]:
 
 
 def _shim_headers() -> list[str]:
-    """Every header a shim source or a translated kernel may include."""
+    """Every header a shim source may include."""
     return sorted(
         glob(os.path.join("shim", "*.h")) + glob(os.path.join("shim", "*", "*.h"))
     ) + _shader_headers()
 
 
 def _shim_extension() -> Extension:
-    # Only the Cython module is an extension source: BuildExt compiles the native sources and
-    # the kernels itself, each language with its own flags, and links their objects in.
+    # Only the Cython module is an extension source: BuildExt compiles the native sources
+    # itself, each language with its own flags, and links their objects in.
     macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
     link_args = ["-lpthread", "-ldl"] if not MACOS else []
     if MACOS:
@@ -125,22 +143,8 @@ def _shim_extension() -> Extension:
         extra_compile_args=OPT + LANGUAGE_FLAGS[".cpp"],
         extra_link_args=link_args,
         # What the objects are built from: a change here relinks the extension.
-        depends=_shim_headers() + _shim_native_sources() + _kernel_sources() + [METAL2CPP]
-        + sorted(glob(os.path.join("shim", "cuda", "*.py"))),
+        depends=_shim_headers() + _shim_native_sources(),
     )
-
-
-def _load_script(relative: str, name: str):
-    path = os.path.join(HERE, relative)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _load_metal2cpp():
-    return _load_script(METAL2CPP, "metal2cpp")
 
 
 def _stale(target: str, inputs: list[str]) -> bool:
@@ -152,69 +156,34 @@ def _stale(target: str, inputs: list[str]) -> bool:
 
 
 class BuildExt(build_ext):
-    """The shim's build steps before its link (kernels translated from .metal, native sources
-    compiled per language) and the .metallib on macOS."""
+    """The shim's native sources compiled per language before its link, extensions in
+    parallel, editable installs reusing up-to-date extensions, and the .metallib on macOS."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:  # pip passes no -j: one job per core
+            self.parallel = os.cpu_count() or 1
 
     def build_extension(self, ext: Extension) -> None:
+        if self.editable_mode and self._reuse_in_place(ext):
+            return
         if ext.name == SHIM_MODULE:
-            sources = _shim_native_sources() + self._translate_kernels()
-            ext.extra_objects = self._compile_native(ext, sources)
+            ext.extra_objects = self._compile_native(ext, _shim_native_sources())
         super().build_extension(ext)
         if ext.name == SHIM_MODULE and MACOS:
             self._build_metallib(ext)
-        if ext.name == SHIM_MODULE:
-            self._build_cuda_modules(ext)
 
-    def _build_cuda_modules(self, ext: Extension) -> None:
-        """The kernels as CUDA fatbins under ``cuda/`` next to the extension, when nvcc is
-        found; without nvcc the 'cuda' device reports that its kernels are missing."""
-        if CUDA_SETTING in ("0", "no", "off", "false"):
-            return
-        cuda_build = _load_script(CUDA_BUILD, "dm_cuda_build")
-        nvcc = cuda_build.find_nvcc()
-        if nvcc is None:
-            if CUDA_SETTING not in ("", "auto"):
-                raise RuntimeError("DARKNET_METAL_CUDA is set but no nvcc was found")
-            print("darknet_metal: nvcc not found; the 'cuda' device will have no kernels")
-            return
-        target = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), "cuda")
-        work = os.path.join(self.build_temp, "dm_cuda")
-        print(f"darknet_metal: building the CUDA kernels with {nvcc}")
-        cuda_build.build_modules(target, work, nvcc, force=self.force)
-
-    def copy_extensions_to_source(self) -> None:
-        """In-place builds: the CUDA modules go beside the extension too."""
-        super().copy_extensions_to_source()
-        built = os.path.join(self.build_lib, *SHIM_MODULE.split(".")[:-1], "cuda")
-        if not os.path.isdir(built):
-            return
-        source = os.path.join(HERE, *SHIM_MODULE.split(".")[:-1], "cuda")
-        os.makedirs(source, exist_ok=True)
-        for name in sorted(os.listdir(built)):
-            shutil.copy2(os.path.join(built, name), os.path.join(source, name))
-
-    def _translate_kernels(self) -> list[str]:
-        """Every kernel source as C++ for the emulator, under the build directory; a .metal
-        is translated again only when it or the translator is newer than its .cpp."""
-        out_dir = os.path.join(self.build_temp, "dm_kernels")
-        os.makedirs(out_dir, exist_ok=True)
-        metal2cpp = None
-        generated = []
-        for metal in _kernel_sources():
-            stem = os.path.splitext(os.path.basename(metal))[0]
-            out = os.path.join(out_dir, f"{stem}.cpp")
-            if self.force or _stale(out, [metal, METAL2CPP]):
-                metal2cpp = metal2cpp or _load_metal2cpp()
-                with open(metal, encoding="utf-8") as f:
-                    result = metal2cpp.translate(
-                        f.read(), os.path.abspath(metal), output_name=os.path.abspath(out)
-                    )
-                tmp = f"{out}.tmp{os.getpid()}"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    f.write(result.cpp)
-                os.replace(tmp, out)
-            generated.append(out)
-        return generated
+    def _reuse_in_place(self, ext: Extension) -> bool:
+        """Copies the extension already built in the source tree to where this build puts
+        it, when it is newer than its sources and dependencies; False when it must be built."""
+        in_place = os.path.join(HERE, self.get_ext_filename(ext.name))
+        if self.force or _stale(in_place, [*ext.sources, *(ext.depends or [])]):
+            return False
+        target = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copy2(in_place, target)
+        print(f"darknet_metal: {ext.name} is up to date in the source tree; not rebuilt")
+        return True
 
     def _compile_native(self, ext: Extension, sources: list[str]) -> list[str]:
         """Objects of ``sources``, each compiled with ``OPT`` and its language's flags when
@@ -279,14 +248,15 @@ class BuildExt(build_ext):
 
 
 class BuildPy(build_py):
-    """Installs the .metal sources and shader headers under darknet_metal/metal/shaders."""
+    """Installs what run-time kernel builds read under darknet_metal/metal/toolchain, laid
+    out as in the source tree."""
 
     def run(self) -> None:
         super().run()
-        target = os.path.join(self.build_lib, "darknet_metal", "metal", "shaders")
-        os.makedirs(target, exist_ok=True)
-        for path in _kernel_sources() + _shader_headers():
-            shutil.copy2(path, os.path.join(target, os.path.basename(path)))
+        target = os.path.join(self.build_lib, "darknet_metal", "metal", "toolchain")
+        for path in _toolchain_files():
+            os.makedirs(os.path.join(target, os.path.dirname(path)), exist_ok=True)
+            shutil.copy2(path, os.path.join(target, path))
 
 
 def _extensions() -> list[Extension]:
@@ -294,6 +264,9 @@ def _extensions() -> list[Extension]:
         _cpu_extensions() + [_shim_extension()],
         language_level=3,
         quiet=True,
+        shared_utility_qualified_name=SHARED_UTILITY,
+        # Cython's own translation in parallel too (worker processes, forked only on Linux).
+        nthreads=(os.cpu_count() or 1) if sys.platform.startswith("linux") else 0,
         compiler_directives={
             "boundscheck": DEBUG,
             "wraparound": DEBUG,

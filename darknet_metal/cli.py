@@ -178,6 +178,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(run=_run_doctor)
 
+    build_kernels = commands.add_parser(
+        "build-kernels",
+        help="compile the emulator's kernels and the CUDA modules ahead of first use",
+        description=(
+            "Compile now what the first use of a device would compile: the emulator's kernel "
+            "library (device emu) and, where nvcc is found, the CUDA modules (device cuda), "
+            "into the per-user kernel cache ($DARKNET_METAL_KERNEL_CACHE, default "
+            "~/.cache/darknet_metal/kernels). A build already there is kept. For CI, images "
+            "and offline machines."
+        ),
+    )
+    build_kernels.add_argument(
+        "--device",
+        choices=("emu", "cuda", "all"),
+        default="emu",
+        help="what to compile: emu, cuda (needs nvcc) or all (cuda only where nvcc is found) "
+        "(default: %(default)s)",
+    )
+    build_kernels.set_defaults(run=_run_build_kernels)
+
     partial = commands.add_parser(
         "partial",
         usage="darknet-metal partial [-h] (CFG WEIGHTS OUT N | --model NAME OUT [N])",
@@ -278,6 +298,19 @@ def _run_doctor(args: argparse.Namespace) -> int:
     from darknet_metal.diagnostics.doctor import run_doctor
 
     return 0 if run_doctor(args.device, size=args.size) else 1
+
+
+def _run_build_kernels(args: argparse.Namespace) -> int:
+    from darknet_metal.metal import kernel_build
+
+    if args.device in ("emu", "all"):
+        print(f"emu: {os.path.dirname(kernel_build.emu_library())}")
+    if args.device == "cuda" or (args.device == "all" and kernel_build.nvcc_path()):
+        modules = kernel_build.cuda_modules()
+        print(f"cuda: {os.path.dirname(modules[0])} ({len(modules)} modules)")
+    elif args.device == "all":
+        print("cuda: skipped, no nvcc found")
+    return 0
 
 
 def _check_detect_args(args: argparse.Namespace) -> None:

@@ -50,15 +50,17 @@ typedef struct dm_buffer dm_buffer;
 typedef struct dm_pipeline dm_pipeline;
 typedef struct dm_dispatch_list dm_dispatch_list;
 
-/* Where a Metal device finds its kernels: a precompiled library, else sources compiled at
- * run time (each an MSL translation unit with its includes already inlined). Ignored by the
- * emulator, whose kernels are linked in. Any field may be NULL / 0. */
+/* Where a device finds its kernels. Metal: a precompiled library, else sources compiled at
+ * run time (each an MSL translation unit with its includes already inlined). The emulator:
+ * the kernel library built from the translated .metal files (emu_library.h), which the CUDA
+ * driver loads too, for the kernels' tables. Any field may be NULL / 0. */
 typedef struct dm_device_options {
     const char *metallib_path;
     const char *const *sources;
     const char *const *source_names; /* for messages */
     int n_sources;
     int emu_threads; /* emulator host threads; <= 0: number of cores */
+    const char *kernel_library; /* emulator and CUDA: path of the emulator kernel library */
     /* CUDA: the kernel modules (fatbins) translated from the .metal sources at build time. */
     const char *const *module_paths;
     int n_modules;

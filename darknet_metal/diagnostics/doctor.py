@@ -28,7 +28,7 @@ from darknet_metal.diagnostics.parity import (
     run_parity,
     run_training_parity,
 )
-from darknet_metal.metal import get_device, registry
+from darknet_metal.metal import get_device, kernel_build, registry
 from darknet_metal.model.activations import ACTIVATIONS, CHANNEL_ACTIVATIONS
 
 _NET = "[net]\nwidth={w}\nheight={h}\nchannels={c}\n"
@@ -188,6 +188,11 @@ def run_doctor(
         return False
     for key, value in dev.info.items():
         out(f"{key:>28}: {value}")
+    if device in ("emu", "cuda"):  # compiled on first use into the kernel cache
+        kernels = kernel_build.build_status()
+        out(f"{'emulator kernels':>28}: {kernels['emu']}")
+        if device == "cuda":
+            out(f"{'cuda modules':>28}: {kernels['cuda']}")
 
     out(_section("pipelines"))
     failed = []

@@ -38,6 +38,7 @@ cdef extern from "dm_shim.h" nogil:
         const char *const *source_names
         int n_sources
         int emu_threads
+        const char *kernel_library
         const char *const *module_paths
         int n_modules
 

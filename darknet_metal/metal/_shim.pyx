@@ -2,10 +2,11 @@
 """Python interface of the host shim: devices, buffers, kernel dispatch and prepared
 dispatch lists (``Device.dispatch_list``).
 
-``Device("emu")`` runs the kernels built into this extension on the CPU emulator of the Metal
-compute model (every OS); ``Device("metal")`` runs them on the Apple GPU (macOS builds only);
-``Device("cuda")`` runs the same kernels, translated to CUDA at build time, on an NVIDIA GPU
-(a verification device: builds made where nvcc was found, machines with the NVIDIA driver).
+``Device("emu")`` runs the kernels on the CPU emulator of the Metal compute model (every OS);
+``Device("metal")`` runs them on the Apple GPU (macOS builds only); ``Device("cuda")`` runs
+the same kernels, translated to CUDA, on an NVIDIA GPU (a verification device: machines with
+the NVIDIA driver where nvcc is found). The emulator's kernels and the CUDA modules are
+compiled on the first use of their device (``kernel_build``).
 Work is encoded into a command buffer and runs asynchronously; reading a buffer (or
 ``synchronize``) waits for the work that uses it. Every failure raises
 ``darknet_metal.errors.DeviceError`` with the shim's message; ``.code`` holds its code.
@@ -22,6 +23,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 from darknet_metal.errors import DeviceError
+from darknet_metal.metal.kernel_build import cuda_modules, emu_library
 from darknet_metal.metal.sources import shader_dirs
 
 _KINDS = {"emu": DM_DEVICE_EMU, "metal": DM_DEVICE_METAL, "cuda": DM_DEVICE_CUDA}
@@ -67,15 +69,6 @@ def unavailable_reason(kind: str) -> str:
     if available(kind):
         return ""
     return dm_last_error().decode("utf-8", "replace")
-
-
-def cuda_modules() -> list:
-    """The CUDA kernel modules (``cuda/*.fatbin`` next to this extension) built from the
-    .metal sources, sorted; empty when the build had no nvcc."""
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda")
-    if not os.path.isdir(folder):
-        return []
-    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".fatbin"))
 
 
 def size_class(nbytes: int) -> int:
@@ -159,7 +152,13 @@ cdef class Device:
         cdef const char **srcs = NULL
         cdef const char **names = NULL
         cdef const char **modules = NULL
-        if kind == "cuda":
+        if kind == "emu" or (kind == "cuda" and dm_device_available(DM_DEVICE_CUDA)):
+            # Compiled on first use (kernel_build); the CUDA driver takes the kernels' tables
+            # from the emulator's library.
+            library_bytes = os.fsencode(emu_library())
+            keep.append(library_bytes)
+            options.kernel_library = <const char *>library_bytes
+        if kind == "cuda" and dm_device_available(DM_DEVICE_CUDA):
             paths = [os.fsencode(p) for p in cuda_modules()]
             if paths:
                 modules = <const char **>malloc(len(paths) * sizeof(char *))

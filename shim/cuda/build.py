@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Build and check the CUDA form of the Metal kernels.
 
-``setup.py`` calls ``build_modules`` when nvcc is found (on PATH, or from the
-``nvidia-cuda-nvcc`` wheel): every ``.metal`` file, and the headers they include, is
-translated by ``metal2cuda.py`` and compiled into one fatbin per ``.metal`` file (machine
-code for sm_80 and sm_90, PTX for later GPUs), which the ``cuda`` driver loads at run time.
+``darknet_metal.metal.kernel_build`` calls ``build_modules`` on the first use of the
+``cuda`` device, when nvcc is found (on PATH, or from the ``nvidia-cuda-nvcc`` wheel): every
+``.metal`` file, and the headers they include, is translated by ``metal2cuda.py`` and compiled
+into one fatbin per ``.metal`` file (machine code for sm_80 and sm_90, PTX for later GPUs),
+which the ``cuda`` driver loads at run time.
 
 ``python shim/cuda/build.py check`` is the compile check CI runs where there is no GPU: it
 translates every kernel source, compiles it for sm_80 and sm_90, and fails on a source the
@@ -111,10 +112,11 @@ def _gencode(archs: tuple[str, ...], ptx: bool) -> list[str]:
 
 
 def build_modules(out_dir: str, work_dir: str, nvcc: str, *, jobs: int = 0,
-                  force: bool = False) -> list[str]:
+                  force: bool = False, progress=None) -> list[str]:
     """Fatbins of every kernel source in ``out_dir`` (translations in ``work_dir``); a module
-    is rebuilt only when its translation or the prelude is newer. Raises RuntimeError with
-    nvcc's message when one does not compile."""
+    is rebuilt only when its translation or the prelude is newer. ``progress``, if given, is
+    called with each fatbin's path when it is ready. Raises RuntimeError with nvcc's message
+    when one does not compile."""
     out_dir, work_dir = os.path.abspath(out_dir), os.path.abspath(work_dir)
     sources = translate_all(work_dir, force=force)
     os.makedirs(out_dir, exist_ok=True)
@@ -133,6 +135,8 @@ def build_modules(out_dir: str, work_dir: str, nvcc: str, *, jobs: int = 0,
                     os.unlink(tmp)
                 raise RuntimeError(f"nvcc failed on {cu}:\n{done.stderr}{done.stdout}")
             os.replace(tmp, target)
+        if progress is not None:
+            progress(target)
         return target
 
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:

@@ -395,9 +395,11 @@ int device_create(const dm_device_options *options, void **out, dm_driver_facts 
     if (rc != DM_OK) return rc;
     if (options == nullptr || options->n_modules <= 0 || options->module_paths == nullptr)
         return dm_set_error(DM_ERR_UNAVAILABLE,
-                            "no CUDA kernels in this build (nvcc was not found when the "
-                            "extension was built; rebuild where nvcc or the nvidia-cuda-nvcc "
-                            "wheel is installed)");
+                            "no CUDA kernel modules were given (they are compiled on first use "
+                            "where nvcc or the nvidia-cuda-nvcc wheel is installed)");
+    // The kernels' tables (buffers, flags, .metal lines) come with the emulator's kernels.
+    if (options->kernel_library != nullptr && emu_load_library(options->kernel_library) != EMU_OK)
+        return dm_set_error(DM_ERR_UNAVAILABLE, "%s", emu_last_error());
     CudaDevice *d = new (std::nothrow) CudaDevice();
     if (!d) return dm_set_error(DM_ERR_RESOURCE, "out of host memory");
     int ordinal = 0;

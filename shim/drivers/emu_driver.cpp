@@ -59,6 +59,8 @@ uint32_t page_size() {
 }
 
 int device_create(const dm_device_options *options, void **out, dm_driver_facts *facts) {
+    if (options && options->kernel_library && emu_load_library(options->kernel_library) != EMU_OK)
+        return dm_set_error(DM_ERR_UNAVAILABLE, "%s", emu_last_error());
     EmuDevice *device = new (std::nothrow) EmuDevice();
     if (!device) return dm_set_error(DM_ERR_RESOURCE, "out of host memory");
     int threads = options ? options->emu_threads : 0;
@@ -124,8 +126,8 @@ int pipeline_create(void *, const char *name, void **out, dm_driver_pipeline_fac
     const emu_kernel_info *kernel = emu_find_kernel(name);
     if (!kernel)
         return dm_set_error(DM_ERR_NOT_FOUND,
-                            "no kernel named '%s' (%d kernels are built into the emulator)", name,
-                            emu_kernel_count());
+                            "no kernel named '%s' (%d kernels are loaded into the emulator)",
+                            name, emu_kernel_count());
     facts->max_total_threads = EMU_MAX_GROUP_THREADS;
     if (kernel->max_threads > 0 && kernel->max_threads < EMU_MAX_GROUP_THREADS)
         facts->max_total_threads = static_cast<uint32_t>(kernel->max_threads);

@@ -49,7 +49,12 @@ int emu_device_threads(const emu_device *device);
  * have finished or the first error stopped the rest. */
 int emu_dispatch(emu_device *device, const emu_dispatch_desc *desc);
 
-/* Kernels registered by the generated files linked into the process. */
+/* Loads a kernel library built from the generated files (emu_library.h) and registers its
+ * kernels; loading the same library again does nothing. EMU_ERR_NOT_FOUND when it cannot be
+ * opened, EMU_ERR_INVALID when it is not a kernel library of this runtime. */
+int emu_load_library(const char *path);
+
+/* Kernels registered by the generated files loaded into (or linked into) the process. */
 const emu_kernel_info *emu_find_kernel(const char *name);
 int emu_kernel_count(void);
 const emu_kernel_info *emu_kernel_at(int index);

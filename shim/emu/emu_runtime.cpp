@@ -1,5 +1,6 @@
 // Emulator runtime: kernel registry, thread pool, and the per-group scheduler that runs the
 // threads of a threadgroup as fibers between barriers and simd collectives.
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "emu.h"
+#include "emu_library.h"
 #include "fiber.h"
 
 #ifdef EMU_ASAN
@@ -619,6 +621,49 @@ const emu_kernel_info *emu_kernel_at(int index) {
     std::lock_guard<std::mutex> lock(r.mutex);
     if (index < 0 || index >= (int)r.kernels.size()) return nullptr;
     return r.kernels[index];
+}
+
+int emu_load_library(const char *path) {
+    if (path == nullptr || *path == '\0') return fail(EMU_ERR_INVALID, "no kernel library named");
+    static std::mutex mutex;
+    static std::vector<void *> loaded;  // never closed: their kernels stay registered
+    std::lock_guard<std::mutex> lock(mutex);
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+        const char *why = dlerror();
+        return fail(EMU_ERR_NOT_FOUND,
+                    format("cannot load the emulator's kernels from %s: %s (delete that file "
+                           "to compile them again on next use)",
+                           path, why ? why : "unknown error"));
+    }
+    for (void *h : loaded)
+        if (h == handle) {
+            dlclose(handle);  // drops the reference this call added
+            return EMU_OK;
+        }
+    void *entry = dlsym(handle, EMU_LIBRARY_ENTRY);
+    if (entry == nullptr) {
+        dlclose(handle);
+        return fail(EMU_ERR_INVALID,
+                    format("%s is not an emulator kernel library (no %s)", path, EMU_LIBRARY_ENTRY));
+    }
+    static const emu_runtime_api api = {
+        EMU_LIBRARY_ABI,  (uint32_t)sizeof(emu_thread), (uint32_t)sizeof(emu_kernel_info),
+        emu_rt_current,   emu_rt_tg_alloc,              emu_rt_barrier,
+        emu_rt_simd_lane, emu_rt_simd_wait,             emu_rt_fail,
+    };
+    emu_library_attach_fn attach;
+    memcpy(&attach, &entry, sizeof attach);
+    int count = attach(&api, emu_register_kernels);
+    if (count < 0) {
+        dlclose(handle);
+        return fail(EMU_ERR_INVALID,
+                    format("%s was built for another emulator runtime (ABI %d expected); "
+                           "rebuild it with `darknet-metal build-kernels --device emu`",
+                           path, EMU_LIBRARY_ABI));
+    }
+    loaded.push_back(handle);
+    return EMU_OK;
 }
 
 const char *emu_last_error(void) { return t_last_error.c_str(); }
