@@ -29,6 +29,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from glob import glob
 
+import Cython
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -41,6 +42,9 @@ MACOS = sys.platform == "darwin"
 SHIM_MODULE = "darknet_metal.metal._shim"
 OPT = ["-O0", "-g"] if DEBUG else ["-O2"]
 SHARED_UTILITY = "darknet_metal._cyutility"
+#: Cython 3.1 added the shared utility module; an older one (a build without isolation) gives
+#: every module its own copy, as before.
+SHARES_UTILITY = tuple(int(p) for p in Cython.__version__.split(".")[:2]) >= (3, 1)
 #: Flags of the shim's own sources by suffix (the Cython module is C++ too).
 LANGUAGE_FLAGS = {
     ".c": ["-std=c11", "-D_POSIX_C_SOURCE=200809L"],
@@ -81,13 +85,10 @@ def _cpu_extensions() -> list[Extension]:
     # loops of kernels.h scalar; results are unchanged (only floating-point exception flags
     # may be raised by work whose result is discarded).
     opt = (["-O0", "-g"] if DEBUG else ["-O3"]) + ["-ffp-contract=off", "-fno-trapping-math"]
-    extensions = [
-        Extension(
-            SHARED_UTILITY,
-            [os.path.join(*SHARED_UTILITY.split(".")) + ".c"],
-            extra_compile_args=opt,
-        )
-    ]
+    extensions = []
+    if SHARES_UTILITY:
+        path = os.path.join(*SHARED_UTILITY.split(".")) + ".c"
+        extensions.append(Extension(SHARED_UTILITY, [path], extra_compile_args=opt))
     for pyx in sorted(glob(os.path.join("darknet_metal", "cpu", "*.pyx"))):
         module = pyx[: -len(".pyx")].replace(os.sep, ".")
         extensions.append(
@@ -264,7 +265,7 @@ def _extensions() -> list[Extension]:
         _cpu_extensions() + [_shim_extension()],
         language_level=3,
         quiet=True,
-        shared_utility_qualified_name=SHARED_UTILITY,
+        **({"shared_utility_qualified_name": SHARED_UTILITY} if SHARES_UTILITY else {}),
         # Cython's own translation in parallel too (worker processes, forked only on Linux).
         nthreads=(os.cpu_count() or 1) if sys.platform.startswith("linux") else 0,
         compiler_directives={
