@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from concurrent.futures import ThreadPoolExecutor
 from glob import glob
 
@@ -40,7 +41,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEBUG = os.environ.get("DARKNET_METAL_DEBUG", "") not in ("", "0")
 MACOS = sys.platform == "darwin"
 SHIM_MODULE = "darknet_metal.metal._shim"
-OPT = ["-O0", "-g"] if DEBUG else ["-O2"]
+# No debug information outside debug builds: less compile time, smaller modules.
+OPT = ["-O0", "-g"] if DEBUG else ["-O2", "-g0"]
 SHARED_UTILITY = "darknet_metal._cyutility"
 #: Cython 3.1 added the shared utility module; an older one (a build without isolation) gives
 #: every module its own copy, as before.
@@ -84,7 +86,7 @@ def _cpu_extensions() -> list[Extension]:
     # "x > 0 ? x : 0.1f * x" a branch (the multiply might trap) and leaves the activation
     # loops of kernels.h scalar; results are unchanged (only floating-point exception flags
     # may be raised by work whose result is discarded).
-    opt = (["-O0", "-g"] if DEBUG else ["-O3"]) + ["-ffp-contract=off", "-fno-trapping-math"]
+    opt = (["-O0", "-g"] if DEBUG else ["-O3", "-g0"]) + ["-ffp-contract=off", "-fno-trapping-math"]
     extensions = []
     if SHARES_UTILITY:
         path = os.path.join(*SHARED_UTILITY.split(".")) + ".c"
@@ -156,6 +158,29 @@ def _stale(target: str, inputs: list[str]) -> bool:
     return any(os.path.getmtime(path) > built for path in inputs)
 
 
+def _generated(ext: Extension) -> str:
+    """The C or C++ file Cython writes for ``ext`` (its source, for the utility module)."""
+    source = ext.sources[0]
+    if not source.endswith(".pyx"):
+        return source
+    return source[: -len(".pyx")] + (".cpp" if ext.language == "c++" else ".c")
+
+
+def _current_in_place(ext: Extension) -> bool:
+    """Whether the copy of ``ext`` built in the source tree is newer than the project's files
+    it is made from (its .pyx, every .pxd, its headers and native sources, the C Cython wrote).
+    Cython's own check would also weigh NumPy's and SciPy's .pxd files, which each isolated
+    build environment installs anew, and so would translate and compile everything again."""
+    built = os.path.join(HERE, *ext.name.split(".")) + sysconfig.get_config_var("EXT_SUFFIX")
+    pxds = glob(os.path.join("darknet_metal", "**", "*.pxd"), recursive=True)
+    if ext.name == SHARED_UTILITY:  # made from every module
+        inputs = glob(os.path.join("darknet_metal", "**", "*.pyx"), recursive=True) + pxds
+    else:
+        inputs = [s for s in ext.sources if s.endswith(".pyx")] + pxds + list(ext.depends)
+    generated = _generated(ext)
+    return os.path.exists(generated) and not _stale(built, [*inputs, generated])
+
+
 class BuildExt(build_ext):
     """The shim's native sources compiled per language before its link, extensions in
     parallel, editable installs reusing up-to-date extensions, and the .metallib on macOS."""
@@ -176,9 +201,9 @@ class BuildExt(build_ext):
 
     def _reuse_in_place(self, ext: Extension) -> bool:
         """Copies the extension already built in the source tree to where this build puts
-        it, when it is newer than its sources and dependencies; False when it must be built."""
+        it, when it is current (``_current_in_place``); False when it must be built."""
         in_place = os.path.join(HERE, self.get_ext_filename(ext.name))
-        if self.force or _stale(in_place, [*ext.sources, *(ext.depends or [])]):
+        if self.force or not _current_in_place(ext):
             return False
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -261,8 +286,20 @@ class BuildPy(build_py):
 
 
 def _extensions() -> list[Extension]:
+    """Every extension, with Cython run on those not current in the source tree."""
+    extensions = _cpu_extensions() + [_shim_extension()]
+    current = [ext for ext in extensions if _current_in_place(ext)]
+    for ext in current:
+        ext.sources = [_generated(ext)]
+    stale = [ext for ext in extensions if ext not in current]
+    extensions = (_cythonize(stale) if stale else []) + current
+    # Largest C first: the parallel build then ends with short compiles, not one long one.
+    return sorted(extensions, key=lambda ext: -os.path.getsize(ext.sources[0]))
+
+
+def _cythonize(extensions: list[Extension]) -> list[Extension]:
     return cythonize(
-        _cpu_extensions() + [_shim_extension()],
+        extensions,
         language_level=3,
         quiet=True,
         **({"shared_utility_qualified_name": SHARED_UTILITY} if SHARES_UTILITY else {}),
