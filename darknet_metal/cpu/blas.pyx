@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""Row-major GEMM for the CPU layers, over SciPy's BLAS (``scipy.linalg.cython_blas``).
+"""Row-major GEMM for the CPU layers, over SciPy's BLAS (``scipy.linalg.cython_blas``, bound
+at import through its Cython API capsules, so building needs no SciPy).
 
 The only place the CPU reference calls BLAS; other modules ``cimport`` from ``blas.pxd``.
 
@@ -21,10 +22,30 @@ smaller GEMMs are one call. Every output element is still the sum over the same 
 computed by the same single-threaded BLAS kernel, so the cut never changes a result.
 """
 
+from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
 from cython cimport floating
-from scipy.linalg.cython_blas cimport dgemm, sgemm
 
 from darknet_metal.cpu.kernels cimport dm_fma_level
+
+from scipy.linalg import cython_blas as _scipy_blas
+
+ctypedef void (*sgemm_fn)(char *transa, char *transb, int *m, int *n, int *k, float *alpha,
+                          float *a, int *lda, float *b, int *ldb, float *beta, float *c,
+                          int *ldc) noexcept nogil
+ctypedef void (*dgemm_fn)(char *transa, char *transb, int *m, int *n, int *k, double *alpha,
+                          double *a, int *lda, double *b, int *ldb, double *beta, double *c,
+                          int *ldc) noexcept nogil
+
+
+cdef void* _scipy_blas_function(str name) except NULL:
+    """SciPy's BLAS function ``name``, from the capsule of its Cython API: what a ``cimport``
+    of ``scipy.linalg.cython_blas`` would bind, without SciPy's .pxd files at build time."""
+    capsule = _scipy_blas.__pyx_capi__[name]
+    return PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule))
+
+
+cdef sgemm_fn sgemm = <sgemm_fn>_scipy_blas_function("sgemm")
+cdef dgemm_fn dgemm = <dgemm_fn>_scipy_blas_function("dgemm")
 
 
 cdef extern from "gemm_threads.h" nogil:
