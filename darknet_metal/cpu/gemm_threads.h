@@ -16,7 +16,7 @@
  * the short gap between two jobs of a pass came back after the caller had done the next few
  * jobs alone (it did 15% of the parts, against 47% on a quiet machine), and a caller that
  * yielded while a helper finished the last part lost its core the same way (yolov3-tiny
- * beside two busy loops 43 ms yielding at once, 31 ms after 0.5 ms; docs/performance.md).
+ * beside two busy loops 43 ms yielding at once, 31 ms after 0.5 ms; docs/performance-history.md).
  * The poll is bounded: it cannot starve other work the way BLAS's own spinning workers do.
  * A helper woken from its sleep onto the CPU its caller runs on moves itself to another one
  * (dm_leave_cpu) instead of sharing a core with the caller until the scheduler balances.
