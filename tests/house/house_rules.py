@@ -222,14 +222,14 @@ def floor_of(module: str, floors: Mapping[str, int] = FLOORS) -> int | None:
 def upward_imports(graph: Mapping[str, Iterable[str]], floors: Mapping[str, int] = FLOORS,
                    allowed: Iterable[tuple[str, str]] = UPWARD) -> list[str]:
     """``a -> b`` for each import from a lower floor to a higher one that ``allowed`` does
-    not list, and ``unplaced: m`` for each module on no floor (the package's face and the
-    old paths kept for one release import from every floor: they are left out)."""
+    not list, and ``unplaced: m`` for each module on no floor (the package's face imports
+    from every floor: it is left out)."""
     allowed = set(allowed)
     found = []
     for module, deps in sorted(graph.items()):
         own = floor_of(module, floors)
         if own is None:
-            if module != "darknet_metal" and not _old_path(graph, module):
+            if module != "darknet_metal":
                 found.append(f"unplaced: {module}")
             continue
         for dep in sorted(deps):
@@ -237,8 +237,3 @@ def upward_imports(graph: Mapping[str, Iterable[str]], floors: Mapping[str, int]
             if theirs is not None and theirs > own and (module, dep) not in allowed:
                 found.append(f"{module} -> {dep}")
     return found
-
-
-def _old_path(graph: Mapping[str, Iterable[str]], module: str) -> bool:
-    # A module of one line of re-exports at the package's top: ``darknet_metal.cfg``.
-    return module.count(".") == 1 and len(list(graph[module])) == 1
