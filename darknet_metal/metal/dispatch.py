@@ -19,10 +19,9 @@ from darknet_metal.metal.registry import (
     GEMM_TILE,
     gemm_kernel,
 )
-from darknet_metal.runtime.program import LayerEmitter, Param, Tensor
 
 __all__ = ["BIAS_COLS", "BIAS_NONE", "BIAS_ROWS", "GEMM_TILE", "Dispatch", "gemm_args",
-           "gemm_kernel", "gemm_step", "pack"]
+           "gemm_kernel", "pack"]
 
 Dispatch = tuple[str, bytes, tuple[Any, ...], tuple[int, int, int], tuple[int, int, int]]
 
@@ -65,13 +64,3 @@ def gemm_args(
     )
     args.update({n: strides.get(n, 0) for n in _GEMM_STRIDES})
     return args, {"N": N, "M": M, "slices": slices}
-
-
-def gemm_step(
-    e: LayerEmitter, name: str, buffers: Mapping[str, Tensor | Param | None],
-    offsets: Mapping[str, int] | None = None, **fields: int | float,
-) -> None:
-    """Emits a GEMM kernel step (``buffers``: a, b, bias, c; ``offsets``: elements into
-    them where the operands start) with ``gemm_args(**fields)``."""
-    args, sizes = gemm_args(**fields)
-    e.kernel(name, buffers, sizes, offsets=offsets, **args)

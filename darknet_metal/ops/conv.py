@@ -15,6 +15,7 @@ with too few output tiles to fill a GPU split along K, its epilogue a pass of it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,8 +29,8 @@ from darknet_metal.metal.dispatch import (
     BIAS_NONE,
     BIAS_ROWS,
     GEMM_TILE,
+    gemm_args,
     gemm_kernel,
-    gemm_step,
 )
 from darknet_metal.model.cfg import Section
 from darknet_metal.ops.activation import (
@@ -91,6 +92,16 @@ GEMM_K_STEP = 16
 #: The most im2col columns one GEMM's images may take (one image's always fit): a late layer's
 #: images then share a dispatch.
 IMAGES_WORKSPACE_BYTES = 256 << 20
+
+
+def _gemm_step(
+    e: LayerEmitter, name: str, buffers: Mapping[str, Tensor | Param | None],
+    offsets: Mapping[str, int] | None = None, **fields: int | float,
+) -> None:
+    """Emits a GEMM kernel step (``buffers``: a, b, bias, c; ``offsets``: elements into
+    them where the operands start) with ``gemm_args(**fields)``."""
+    args, sizes = gemm_args(**fields)
+    e.kernel(name, buffers, sizes, offsets=offsets, **args)
 
 
 def weight_gradient_splits(filters: int, rows: int, pixels: int, copies: int) -> tuple[int, int]:
@@ -459,7 +470,7 @@ class ConvolutionalOp(_Gemm):
         for first in range(0, e.batch, chunk):
             count = min(chunk, e.batch - first)
             operand, offset, b_group, b_image = self._chunk_columns(e, cols, first, count)
-            gemm_step(
+            _gemm_step(
                 e, gemm_kernel("nn", e.simd),
                 {"a": weights, "b": operand, "bias": bias, "c": out},
                 offsets={"b": offset, "c": first * f * n},
@@ -486,7 +497,7 @@ class ConvolutionalOp(_Gemm):
             for at, runs, length in ((0, whole, run), (whole, int(rest > 0), rest)):
                 if runs == 0:
                     continue
-                gemm_step(e, gemm_kernel("nn", e.simd),
+                _gemm_step(e, gemm_kernel("nn", e.simd),
                           {"a": weights, "b": operand, "bias": None, "c": partials},
                           offsets={"a": at * run, "b": offset + at * run * n,
                                    "c": at * f * n},
@@ -513,7 +524,7 @@ class ConvolutionalOp(_Gemm):
         # Input gradient: W^T * delta per image and group, straight into the input's delta
         # when the input was the columns, else into one image's columns folded back by col2im.
         if self.reads_input_as_columns:
-            gemm_step(e, gemm_kernel("tn", e.simd),
+            _gemm_step(e, gemm_kernel("tn", e.simd),
                       {"a": ts.ref("weights"), "b": e.delta, "bias": None, "c": into},
                       M=k, N=n, K=fg, lda=k, ldb=n, ldc=n, groups=groups,
                       slices=e.batch * groups, beta=float(accumulate), a_group_stride=fg * k,
@@ -525,7 +536,7 @@ class ConvolutionalOp(_Gemm):
         cols = self._workspace(e, "input_grad_workspace", chunk)
         for first in range(0, e.batch, chunk):
             count = min(chunk, e.batch - first)
-            gemm_step(e, gemm_kernel("tn", e.simd),
+            _gemm_step(e, gemm_kernel("tn", e.simd),
                       {"a": ts.ref("weights"), "b": e.delta, "bias": None, "c": cols},
                       offsets={"b": first * f * n},
                       M=k, N=n, K=fg, lda=k, ldb=n, ldc=n, groups=groups,
@@ -574,7 +585,7 @@ class ConvolutionalOp(_Gemm):
                                    a_group_stride=fg * n, b_batch_stride=run,
                                    b_group_stride=b_group, c_batch_stride=size,
                                    c_group_stride=fg * k)
-                gemm_step(e, gemm_kernel("nt", e.simd),
+                _gemm_step(e, gemm_kernel("nt", e.simd),
                           {"a": e.delta, "b": operand, "bias": None, "c": target},
                           offsets={"a": first * f * n + at * run, "b": offset + at * run,
                                    "c": at * size},
@@ -663,7 +674,7 @@ class ConnectedOp(_Gemm):
         """out = act(x * W^T (+ bias)): one row per image."""
         c, h, w = self.in_shape
         k, oc = c * h * w, self.out_shape[0]
-        gemm_step(e, gemm_kernel("nt", e.simd),
+        _gemm_step(e, gemm_kernel("nt", e.simd),
                   {"a": e.inputs[0], "b": weights, "bias": bias, "c": out},
                   M=e.batch, N=oc, K=k, lda=k, ldb=k, ldc=oc,
                   bias_mode=BIAS_NONE if bias is None else BIAS_COLS, act=act)
@@ -672,14 +683,14 @@ class ConnectedOp(_Gemm):
         c, h, w = self.in_shape
         k, oc = c * h * w, self.out_shape[0]
         # W_grad += delta^T * x; the input's delta += delta * W.
-        gemm_step(e, gemm_kernel("tn", e.simd),
+        _gemm_step(e, gemm_kernel("tn", e.simd),
                   {"a": e.delta, "b": e.inputs[0], "bias": None,
                    "c": ts.ref("weights", "grad")},
                   M=oc, N=k, K=e.batch, lda=oc, ldb=k, ldc=k, beta=1.0,
                   bias_mode=BIAS_NONE, act=LINEAR)
         into = e.input_delta(0)
         if into is not None:
-            gemm_step(e, gemm_kernel("nn", e.simd),
+            _gemm_step(e, gemm_kernel("nn", e.simd),
                       {"a": e.delta, "b": ts.ref("weights"), "bias": None, "c": into},
                       M=e.batch, N=k, K=oc, lda=oc, ldb=k, ldc=k, beta=1.0,
                       bias_mode=BIAS_NONE, act=LINEAR)
