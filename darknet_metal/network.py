@@ -315,7 +315,7 @@ class Network:
             self.forward(x)
             with self.exclusive():
                 executor = self.inference_executor()
-                device = executor.device  # type: ignore[attr-defined]
+                device = executor.device
                 dispatches, copies, wall = profile_passes(
                     device, lambda: executor.forward(x, outputs=[]), repeats, kinds,
                     progress=say)
@@ -330,7 +330,7 @@ class Network:
                 say("a warm-up step (programs, buffers, pipelines)")
                 twin.train_step(x, truths)
                 with twin.exclusive():
-                    device = twin.executor.device  # type: ignore[attr-defined]
+                    device = twin.executor.device
                     dispatches, copies, wall = profile_passes(
                         device, lambda: twin.train_step(x, truths), repeats, kinds,
                         progress=say)

@@ -91,6 +91,9 @@ class Backend(Protocol):
 
     name: str
     dtype: np.dtype
+    #: The shim device the backend dispatches to (``darknet_metal.metal._shim.Device``), or
+    #: None on the CPU.
+    device: Any
     #: Where the host's time of a call goes, phase by phase (``runtime.phases``).
     phases: PhaseClock
     #: The training state's allocator (page-aligned arrays a device uses in place), or None

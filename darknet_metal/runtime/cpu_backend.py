@@ -118,6 +118,8 @@ class CpuBackend:
     """Executes a network's layers on the CPU in ``dtype`` (float32 or float64)."""
 
     name = "cpu"
+    #: No shim device: the layers run here.
+    device = None
     #: The training state's allocator: NumPy's (nothing shares the arrays).
     training_zeros = None
     #: The batch is copied as it is (``Trainer``'s own copy).

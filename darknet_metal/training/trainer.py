@@ -31,7 +31,7 @@ from darknet_metal.model.weights import Params, WeightsHeader
 from darknet_metal.ops import Op
 from darknet_metal.runtime.backend import Backend, BoundProgram, StepGuard, UpdateSteps
 from darknet_metal.runtime.memory import format_bytes, physical_memory, plan_memory
-from darknet_metal.runtime.program import INPUT, Tensor
+from darknet_metal.runtime.program import INPUT, Program, Tensor
 from darknet_metal.runtime.train_state import ArrayUpdate, Optimizer, TrainState
 from darknet_metal.training.keys import check_training_keys
 from darknet_metal.training.schedule import learning_rate
@@ -220,7 +220,7 @@ class Trainer:
                                                  first_backward=self.first_backward)
         return self._bytes(program, mini_batch)
 
-    def _bytes(self, program: Any, mini_batch: int) -> int:
+    def _bytes(self, program: Program, mini_batch: int) -> int:
         planned = sum(plan_memory(program, external={INPUT}).slot_bytes)
         # A device's step guard keeps a copy of every arena.
         state = sum(a.nbytes for a in self.state.arrays()) + sum(
@@ -228,7 +228,7 @@ class Trainer:
         c, h, w = self.net.input_shape
         return planned + state + mini_batch * c * h * w * self.state.dtype.itemsize
 
-    def _check_memory(self, program: Any) -> None:
+    def _check_memory(self, program: Program) -> None:
         """MemoryLimitError unless a pass of ``program`` (one mini-batch at the network's
         size) fits in this machine's memory; the advice names subdivisions that would."""
         available = physical_memory()
@@ -536,7 +536,8 @@ class Trainer:
             int(s.values.get("dont_update", 0)) >= iteration
             or int(s.values.get("burnin_update", 0)) * burn_in > iteration))
 
-    def _update_steps(self, images: int, held: tuple[int, ...], clear: bool = False) -> Any:
+    def _update_steps(self, images: int, held: tuple[int, ...],
+                      clear: bool = False) -> UpdateSteps:
         steps = self._updates.get((images, held, clear))
         if steps is None:
             updates = [ArrayUpdate(
