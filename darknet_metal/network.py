@@ -43,16 +43,9 @@ from darknet_metal.model.weights import (
 from darknet_metal.ops import Op, build_layers, init_params
 from darknet_metal.runtime.backend import Backend
 from darknet_metal.runtime.memory import format_bytes, pass_bytes, physical_memory
+from darknet_metal.runtime.network_profile import profile_network
 from darknet_metal.runtime.pass_ring import PassRing
-from darknet_metal.runtime.profile import (
-    CLOCKS,
-    DevicePeaks,
-    Profile,
-    cpu_profile,
-    device_peaks,
-    profile_passes,
-    split_host,
-)
+from darknet_metal.runtime.profile import DevicePeaks, Profile
 from darknet_metal.runtime.program import STORAGE, stored_itemsize
 from darknet_metal.training.schedule import learning_rate
 from darknet_metal.training.trainer import Gradients, StepReport, Trainer
@@ -289,91 +282,8 @@ class Network:
         on a copy of this network: its own weights are left as they were. Raises
         ArgumentError for a training profile on ``cpu`` (whose steps are not timed one by
         one) or a bad input."""
-        repeats = arguments.positive_int("repeats", repeats)
-        say = progress or (lambda line: None)
-        c, h, w = self.input_shape
-        rng = np.random.default_rng(0)
-        if train:
-            if self.device == "cpu":
-                raise ArgumentError("profile(train=True) needs a Metal device (metal, emu or "
-                                    "cuda): the CPU path's training steps are not timed one "
-                                    "by one")
-            batch = int(self.config.net.values["batch"])
-        else:
-            batch = self.batch
-        if x is None:
-            x = rng.random((batch, c, h, w), dtype=np.float32)
-        x = np.ascontiguousarray(x, np.float32)
-        kinds = {op.index: op.kind for op in self.layers}
-        size = f"{w}x{h} batch {x.shape[0]}"
-        if self.device == "cpu":
-            ms = self._layer_milliseconds(x, repeats)
-            return cpu_profile(f"inference {size}", ms, list(kinds.values()),
-                               [x.shape[0] * op.flops for op in self.layers], repeats)
-        if not train:
-            say("a warm-up pass (programs, buffers, pipelines)")
-            self.forward(x)
-            with self.exclusive():
-                executor = self.inference_executor()
-                device = executor.device
-                dispatches, copies, wall = profile_passes(
-                    device, lambda: executor.forward(x, outputs=[]), repeats, kinds,
-                    progress=say)
-                host = split_host(device, executor.phases, lambda: self.forward(x),
-                                  max(repeats, 5), progress=say)
-            what = f"inference {size}"
-        else:
-            if truths is None:
-                truths = self._synthetic_truths(x.shape[0], rng)
-            twin = self._twin()
-            try:
-                say("a warm-up step (programs, buffers, pipelines)")
-                twin.train_step(x, truths)
-                with twin.exclusive():
-                    device = twin.executor.device
-                    dispatches, copies, wall = profile_passes(
-                        device, lambda: twin.train_step(x, truths), repeats, kinds,
-                        progress=say)
-                    host = split_host(device, twin.executor.phases,
-                                      lambda: twin.train_step(x, truths), max(repeats, 5),
-                                      progress=say)
-            finally:
-                twin.to("cpu")
-            subdivisions = int(self.config.net.values["subdivisions"])
-            what = f"training step {size} (subdivisions {subdivisions})"
-        with self.exclusive():
-            if peaks is True:
-                say("the device's copy bandwidth and GEMM rate (once per device)")
-                peaks = device_peaks(device)
-        return Profile(what=what, device=self.device, device_name=str(device.name),
-                       clock=CLOCKS[self.device], dispatches=dispatches, host_copies=copies,
-                       wall_seconds=wall, peaks=peaks or None, repeats=repeats, host=host)
-
-    def _layer_milliseconds(self, x: np.ndarray, repeats: int) -> list[float]:
-        """Median wall time in milliseconds of each layer over ``repeats`` forward passes."""
-        self.forward(x)  # warm up buffers and caches
-        runs: list[list[float]] = []
-        with self.exclusive():
-            for _ in range(max(1, repeats)):
-                times: list[float] = []
-                self.inference_executor().forward(np.asarray(x), timings=times)
-                runs.append(times)
-        return [1e3 * float(t) for t in np.median(np.array(runs), axis=0)]
-
-    def _synthetic_truths(self, batch: int, rng: np.random.Generator) -> list[Any]:
-        """Three boxes per image for a detector, a class id per image for a classifier."""
-        if not self.yolo_layers:
-            classes = int(np.prod(self.layers[-1].out_shape))
-            return [int(rng.integers(classes)) for _ in range(batch)]
-        classes = self.yolo_heads()[0].classes
-        out = []
-        for _ in range(batch):
-            boxes = np.empty((3, 5), np.float32)
-            boxes[:, 0] = rng.integers(classes, size=3)
-            boxes[:, 1:3] = rng.uniform(0.2, 0.8, (3, 2))
-            boxes[:, 3:5] = rng.uniform(0.05, 0.4, (3, 2))
-            out.append(boxes)
-        return out
+        return profile_network(self, self._twin, x, train=train, truths=truths,
+                               repeats=repeats, peaks=peaks, progress=progress)
 
     def _twin(self) -> Network:
         """A network with this one's cfg, layers and a copy of its parameters, on its
