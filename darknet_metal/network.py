@@ -42,7 +42,12 @@ from darknet_metal.model.weights import (
 )
 from darknet_metal.ops import Op, build_layers, init_params
 from darknet_metal.runtime.backend import Backend
-from darknet_metal.runtime.memory import format_bytes, pass_bytes, physical_memory
+from darknet_metal.runtime.memory import (
+    PassMemory,
+    format_bytes,
+    physical_memory,
+    plan_pass_memory,
+)
 from darknet_metal.runtime.network_profile import profile_network
 from darknet_metal.runtime.pass_ring import PassRing
 from darknet_metal.runtime.profile import DevicePeaks, Profile
@@ -78,7 +83,8 @@ class Network:
 
     def __init__(self, config: NetConfig, layers: list[Op], params: dict[int, Params], *,
                  header: WeightsHeader, names: list[str] | None, device: str, batch: int,
-                 dtype: np.dtype | type = np.float32, precision: str = "fp32") -> None:
+                 dtype: np.dtype | type = np.float32, precision: str = "fp32",
+                 pass_memory: PassMemory | None = None) -> None:
         self.config = config
         self.layers = layers
         self._head_indices = _head_indices(layers)
@@ -103,9 +109,9 @@ class Network:
         self._params_stale = False
         # A network's executor reuses its memory from pass to pass: one pass at a time.
         self._lock = threading.RLock()
-        # Bytes a pass plans at batch 1 and 2: memory grows by their difference per image.
-        itemsize = stored_itemsize(self.precision, self.dtype)
-        self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
+        # What a pass plans (load's memory check has planned it already).
+        self._pass_memory = pass_memory or plan_pass_memory(
+            layers, stored_itemsize(self.precision, self.dtype))
         self.check_memory(batch)
         # Batch sizes already found to fit: forward checks each new one once.
         self._fitting_batches = {batch}
@@ -167,10 +173,9 @@ class Network:
     def memory_bytes(self, batch: int) -> int:
         """About how many bytes a forward pass at ``batch`` needs: the layer outputs and
         workspaces the executor plans (with reuse), the input and the parameters."""
-        one, two = self._pass_bytes
         c, h, w = self.input_shape
-        activations = one + (two - one) * (batch - 1)
-        return activations + batch * c * h * w * self.dtype.itemsize + self.parameter_bytes
+        return (self._pass_memory.at(batch) + batch * c * h * w * self.dtype.itemsize
+                + self.parameter_bytes)
 
     def check_memory(self, batch: int) -> None:
         """Raise ``MemoryLimitError`` if a pass at ``batch`` needs more memory than the
@@ -292,7 +297,7 @@ class Network:
         twin = Network(self.config, self.layers, params,
                        header=dataclasses.replace(self.header), names=self.names,
                        device=self.device, batch=self.batch, dtype=self.dtype,
-                       precision=self.precision)
+                       precision=self.precision, pass_memory=self._pass_memory)
         twin.training_seed = self.training_seed
         return twin
 
@@ -455,8 +460,7 @@ class Network:
         of the sizes seen before."""
         self.layers = layers
         self._head_indices = _head_indices(layers)
-        itemsize = stored_itemsize(self.precision, self.dtype)
-        self._pass_bytes = (pass_bytes(layers, 1, itemsize), pass_bytes(layers, 2, itemsize))
+        self._pass_memory = plan_pass_memory(layers, stored_itemsize(self.precision, self.dtype))
         self._fitting_batches = set()
         if self._executor is not None:
             self._executor.resize(layers, self._params)
@@ -557,17 +561,17 @@ def _check_pass_memory(config: NetConfig, batch: int, needed: int,
 
 
 def _check_load_memory(config: NetConfig, layers: Sequence[Op], batch: int,
-                       itemsize: int) -> None:
+                       itemsize: int) -> PassMemory | None:
     """Before any parameter is allocated: MemoryLimitError when the float32 parameters alone
     (a cfg asking for billions of filters; naming the layer holding the most), or they with
     a pass at ``batch`` (``Network.memory_bytes``' estimate), need more memory than this
-    machine has."""
+    machine has. Returns the pass's planned memory (None where the machine's is unknown)."""
     sizes = [(spec, 4 * sum(int(np.prod(shape, dtype=object)) for shape in
                             spec.param_shapes.values())) for spec in layers]
     parameters = sum(size for _, size in sizes)
     available = physical_memory()
     if available is None:
-        return
+        return None
     if parameters > available:
         largest, most = max(sizes, key=lambda pair: pair[1])
         raise MemoryLimitError(
@@ -577,8 +581,10 @@ def _check_load_memory(config: NetConfig, layers: Sequence[Op], batch: int,
             needed=parameters, available=available,
         )
     c, h, w = input_shape(config)
-    needed = pass_bytes(layers, batch, itemsize) + batch * c * h * w * itemsize + parameters
+    planned = plan_pass_memory(layers, itemsize)
+    needed = planned.at(batch) + batch * c * h * w * itemsize + parameters
     _check_pass_memory(config, batch, needed, parameters)
+    return planned
 
 
 def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None, *,
@@ -629,7 +635,8 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     if subdivisions is not None:
         config.net.values["subdivisions"] = subdivisions
     layers = build_layers(config)
-    _check_load_memory(config, layers, batch or 1, stored_itemsize(precision, np.dtype(dtype)))
+    planned = _check_load_memory(config, layers, batch or 1,
+                                 stored_itemsize(precision, np.dtype(dtype)))
     params = init_params(layers, seed)
     header = WeightsHeader()
     coverage = None
@@ -641,7 +648,8 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
         for index, layer in loaded.items():
             params[index].update(layer)
     net = Network(config, layers, params, header=header, names=_read_names(names),
-                  device=device, batch=batch or 1, dtype=dtype, precision=precision)
+                  device=device, batch=batch or 1, dtype=dtype, precision=precision,
+                  pass_memory=planned)
     if coverage is not None and coverage.initialised:
         net.weights_coverage = coverage
     net.training_seed = seed or 0

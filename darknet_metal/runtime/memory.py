@@ -90,16 +90,33 @@ def plan_memory(program: Program, external: Collection[Tensor] = ()) -> MemoryPl
     return MemoryPlan(tuple(sizes), slot_of, owner)
 
 
-def pass_bytes(specs: Sequence[Layer], batch: int, itemsize: int = 4) -> int:
-    """Bytes the CPU executor plans for one inference pass at ``batch`` that keeps only the
-    detection outputs (layer outputs and workspaces, the input excluded): what running the
-    network costs beyond its parameters. Builds the program; allocates nothing."""
+@dataclass(frozen=True)
+class PassMemory:
+    """Bytes the CPU executor plans for one inference pass that keeps only the detection
+    outputs (layer outputs and workspaces, the input excluded): what running the network
+    costs beyond its parameters, at batch 1 and 2; it grows by their difference per image."""
+
+    one: int
+    two: int
+
+    def at(self, batch: int) -> int:
+        """About the bytes of a pass at ``batch`` images."""
+        return self.one + (self.two - self.one) * (batch - 1)
+
+
+def plan_pass_memory(specs: Sequence[Layer], itemsize: int = 4) -> PassMemory:
+    """The ``PassMemory`` of ``specs`` with ``itemsize``-byte activations: plans the programs
+    of batch 1 and 2; allocates nothing."""
     from darknet_metal.runtime.program import INPUT, build_program
 
     keep = [s.index for s in specs if s.detection_head is not None] or [specs[-1].index]
-    program = build_program(specs, lambda s, e: s.emit_cpu_forward(e, None), batch=batch,
-                            keep=keep, itemsize=itemsize)
-    return plan_memory(program, external={INPUT}).total_bytes
+
+    def planned(batch: int) -> int:
+        program = build_program(specs, lambda s, e: s.emit_cpu_forward(e, None), batch=batch,
+                                keep=keep, itemsize=itemsize)
+        return plan_memory(program, external={INPUT}).total_bytes
+
+    return PassMemory(planned(1), planned(2))
 
 
 def physical_memory() -> int | None:
