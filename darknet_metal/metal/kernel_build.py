@@ -239,7 +239,11 @@ def _building(folder: Path) -> Iterator[None]:
         folder.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DeviceError(f"cannot create the kernel cache {folder.parent}: {e}") from None
-    with _builds, open(folder.with_name(folder.name + ".lock"), "a") as lock:
+    try:
+        lock = open(folder.with_name(folder.name + ".lock"), "a")  # closed by the with below
+    except OSError as e:
+        raise DeviceError(f"cannot write to the kernel cache {folder.parent}: {e}") from None
+    with _builds, lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

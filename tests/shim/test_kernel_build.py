@@ -97,6 +97,14 @@ def test_a_failed_build_leaves_nothing_and_names_the_command(tmp_path, monkeypat
     assert [e for e in _cache_entries(cache) if not e.endswith(".lock")] == []
 
 
+def test_a_cache_that_cannot_be_made_is_a_device_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("DARKNET_METAL_KERNEL_CACHE", str(blocker / "cache"))
+    with pytest.raises(DeviceError, match="cannot create the kernel cache"):
+        kernel_build.emu_library(progress=False)
+
+
 def test_a_damaged_library_is_refused_with_its_path(tmp_path, monkeypatch):
     from darknet_metal.metal import _shim
 
