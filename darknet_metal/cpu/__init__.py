@@ -20,7 +20,7 @@ and generic over float32/float64 through Cython's ``floating`` fused type:
 
 - ``blas.pxd``: ``gemm_rowmajor``, the only way into SciPy's BLAS.
 - ``im2col.pxd``: ``im2col``, the unfolding of convolution windows.
-- ``activations.pxd``: the ``ACT_*`` ids and the in-place activation/gradient kernels.
+- ``activation.pxd``: the ``ACT_*`` ids and the in-place activation/gradient kernels.
 - ``kernels.pxd``: declarations of ``kernels.h``, the float32 loops written in C.
 - ``fmath.pxd``: precision-matched libm wrappers and the logistic, defined inline.
 """

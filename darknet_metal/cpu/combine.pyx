@@ -4,7 +4,7 @@ forward and backward.
 
 The arithmetic is Darknet's (``shortcut_multilayer_cpu`` in ``blas.cpp``,
 ``forward_scale_channels_layer``, ``forward_sam_layer``). None of these apply the layer's
-activation: the caller does, with ``darknet_metal.cpu.activations.activate_step``; and the
+activation: the caller does, with ``darknet_metal.cpu.activation.activate_step``; and the
 ``*_backward_step`` kernels take the delta already multiplied by its derivative
 (``activation_gradient_step``). Backward kernels add into every delta and weight gradient
 they write (a layer's output may feed several consumers).

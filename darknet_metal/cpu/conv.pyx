@@ -19,7 +19,7 @@ From 32 channels the inference path's packed product (``packed_conv``) is faster
 
 from cython cimport floating
 
-from darknet_metal.cpu.activations cimport ACT_COUNT, activate_array
+from darknet_metal.cpu.activation cimport ACT_COUNT, activate_array
 from darknet_metal.cpu.blas cimport cpu_threads, gemm_rowmajor, run_parts
 from darknet_metal.cpu.im2col cimport col2im, im2col
 from darknet_metal.cpu.kernels cimport (

@@ -28,7 +28,7 @@
  * instruction set (a call would reach one baseline copy). */
 #define DM_INLINE static inline __attribute__((always_inline))
 
-/* Activation ids: the positions in darknet_metal.model.activations.ACTIVATIONS (activations.pyx
+/* Activation ids: the positions in darknet_metal.model.activations.ACTIVATIONS (activation.pyx
  * refuses to load if they disagree). */
 enum {
     DM_ACT_LINEAR = 0, DM_ACT_LEAKY = 1, DM_ACT_RELU = 2, DM_ACT_RELU6 = 3,
@@ -82,7 +82,7 @@ DM_INLINE float dm_expf(float x)
 }
 
 /* The float32 activations fused into the convolution epilogues, each Darknet's formula with
- * libm's exp replaced by dm_expf (so they agree with activations.pyx's scalar functions to
+ * libm's exp replaced by dm_expf (so they agree with activation.pyx's scalar functions to
  * within the exp's few ulps; the exp-free ones are the same arithmetic, bit for bit):
  * - logistic 1/(1 + e^-x), swish x*logistic(x), loggy 2/(1 + e^-x) - 1, and Darknet's
  *   tanh 2/(1 + e^-2x) - 1: e^-x = +inf for very negative x gives 0 (or -1), never NaN;

@@ -4,7 +4,7 @@
 
 cdef extern from "kernels.h" nogil:
     int dm_fma_level()
-    # Activation ids, checked against activations.pxd's ACT_* when activations loads.
+    # Activation ids, checked against activation.pxd's ACT_* when activation loads.
     enum:
         DM_ACT_LINEAR
         DM_ACT_LEAKY

@@ -22,7 +22,7 @@ Contract: the package's (``darknet_metal.cpu``), float32 only; ``conv_step`` che
 arguments and returns the ``NativeStep`` that runs a layer without the GIL.
 """
 
-from darknet_metal.cpu.activations cimport ACT_COUNT
+from darknet_metal.cpu.activation cimport ACT_COUNT
 from darknet_metal.cpu.blas cimport cpu_threads, run_parts
 from darknet_metal.cpu.im2col cimport im2col
 from darknet_metal.cpu.kernels cimport (

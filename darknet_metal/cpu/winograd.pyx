@@ -19,7 +19,7 @@ that runs a whole layer without the GIL.
 
 from cython cimport floating
 
-from darknet_metal.cpu.activations cimport ACT_COUNT, activate_array
+from darknet_metal.cpu.activation cimport ACT_COUNT, activate_array
 from darknet_metal.cpu.blas cimport cpu_threads, gemm_rowmajor_batch, part_fn, run_parts
 from darknet_metal.cpu.kernels cimport (
     DM_ACT_LINEAR,

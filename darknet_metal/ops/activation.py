@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from darknet_metal.cpu import activations as cpu_activations
+from darknet_metal.cpu import activation as cpu_activation
 from darknet_metal.cpu import fill as cpu_fill
 from darknet_metal.cpu.step import NativeStep
 from darknet_metal.model.activations import ACTIVATION_ID, ACTIVATIONS, CHANNEL_ACTIVATIONS
@@ -33,7 +33,7 @@ def activation_steps_after(out: np.ndarray, act: int, fused: bool) -> list[Nativ
     """The CPU step applying ``act`` to ``out`` in place, unless the layer's own kernel did
     (``fused`` and elementwise) or it is linear."""
     if act != LINEAR and (not fused or is_channel_activation(act)):
-        return [cpu_activations.activate_step(out, act)]
+        return [cpu_activation.activate_step(out, act)]
     return []
 
 
@@ -77,9 +77,9 @@ def emit_cpu_activation_train(e: LayerEmitter, act: int, pre: Tensor) -> None:
     ``activation_input``)."""
     if pre != e.output:
         e.host([pre], [e.output], lambda r, w: [cpu_fill.copy_step(r[0], w[0]),
-                                                cpu_activations.activate_step(w[0], act)])
+                                                cpu_activation.activate_step(w[0], act)])
     elif act != LINEAR:
-        e.host([e.output], [e.output], lambda r, w: [cpu_activations.activate_step(w[0], act)])
+        e.host([e.output], [e.output], lambda r, w: [cpu_activation.activate_step(w[0], act)])
 
 
 def emit_cpu_activation_gradient(e: LayerEmitter, act: int, pre: Tensor) -> None:
@@ -88,7 +88,7 @@ def emit_cpu_activation_gradient(e: LayerEmitter, act: int, pre: Tensor) -> None
         return
     source = pre if act in INPUT_GRADIENT else e.output
     e.host([source, e.delta], [e.delta],
-           lambda r, w: [cpu_activations.activation_gradient_step(r[0], w[0], act)])
+           lambda r, w: [cpu_activation.activation_gradient_step(r[0], w[0], act)])
 
 
 def emit_device_activation_train(e: LayerEmitter, act: int, pre: Tensor) -> None:

@@ -1,4 +1,4 @@
-"""Tests of the Cython activations (darknet_metal.cpu.activations).
+"""Tests of the Cython activations (darknet_metal.cpu.activation).
 
 References, all written independently of the code under test:
 - the mathematical definitions in NumPy float64 (tolerance-based; in reference.py);
@@ -19,7 +19,7 @@ import pytest
 from opencv_ref import opencv_layer_outputs, write_darknet_weights
 from reference import NP_ACTIVATIONS, np_normalize_channels
 
-from darknet_metal.cpu import activations as act
+from darknet_metal.cpu import activation as act
 from darknet_metal.model.activations import ACTIVATIONS
 
 f32 = np.float32

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from grad_check import assert_raises_naming, numeric_grad, rel_err
 
-from darknet_metal.cpu import activations, dropout, executor, heads
+from darknet_metal.cpu import activation as cpu_activation
+from darknet_metal.cpu import dropout, executor, heads
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 
 DTYPES = [np.float32, np.float64]
@@ -249,14 +250,14 @@ def test_activation_gradient_step_matches_finite_differences(act):
 
     def loss():
         y = x.copy()
-        activations.activate(y, act)
+        cpu_activation.activate(y, act)
         return float((y * r).sum())
 
     y = x.copy()
-    activations.activate(y, act)
+    cpu_activation.activate(y, act)
     delta = r.copy()
     by_input = act in ("mish", "swish")
-    step = activations.activation_gradient_step(x if by_input else y, delta, act)
+    step = cpu_activation.activation_gradient_step(x if by_input else y, delta, act)
     assert step.kind == f"activation_gradient_{act}"
     step.run()
     assert rel_err(delta, numeric_grad(loss, x)) < 1e-6
@@ -269,17 +270,17 @@ def test_activation_gradient_step_channel_rule(dtype):
     delta = _rand(y.shape, 17, dtype)
     want = delta * (y * delta).sum(axis=1, keepdims=True)
     steps = executor.StepList(
-        [activations.activation_gradient_step(y, delta, "normalize_channels_softmax")], None)
+        [cpu_activation.activation_gradient_step(y, delta, "normalize_channels_softmax")], None)
     steps.run()
     np.testing.assert_allclose(delta, want, rtol=1e-5 if dtype == np.float32 else 1e-13)
 
 
 def test_activation_gradient_step_bad_arguments():
     with pytest.raises(ArgumentError, match="delta must have the shape and dtype of y_or_x"):
-        activations.activation_gradient_step(np.ones((2, 3)), np.ones((2, 4)), "relu")
+        cpu_activation.activation_gradient_step(np.ones((2, 3)), np.ones((2, 4)), "relu")
     with pytest.raises(ArgumentError, match="unknown activation 'nope'"):
-        activations.activation_gradient_step(np.ones((2, 3)), np.ones((2, 3)), "nope")
+        cpu_activation.activation_gradient_step(np.ones((2, 3)), np.ones((2, 3)), "nope")
     frozen = np.ones((2, 3))
     frozen.flags.writeable = False
     with pytest.raises(ArgumentError, match="delta must be writable"):
-        activations.activation_gradient_step(np.ones((2, 3)), frozen, "relu")
+        cpu_activation.activation_gradient_step(np.ones((2, 3)), frozen, "relu")

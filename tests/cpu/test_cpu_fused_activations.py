@@ -24,7 +24,7 @@ import pytest
 from reference import NP_ACTIVATIONS
 from shared_paths import ROOT
 
-from darknet_metal.cpu import activations as act
+from darknet_metal.cpu import activation as act
 from darknet_metal.cpu import conv, winograd
 from darknet_metal.model.activations import ACTIVATIONS
 

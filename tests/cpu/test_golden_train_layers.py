@@ -21,8 +21,9 @@ import pytest
 from grad_check import rel_l2
 from shared_paths import SHARED
 
-from darknet_metal.cpu import activations, conv
+from darknet_metal.cpu import activation as cpu_activation
 from darknet_metal.cpu import batchnorm as bn
+from darknet_metal.cpu import conv
 
 TRAIN = SHARED / "golden" / "darknet-v5-train"
 pytestmark = pytest.mark.skipif(not (TRAIN / "read_golden.py").is_file(),
@@ -110,14 +111,14 @@ class Layer:
         else:
             pre = raw + self.bias.reshape((1, f) + (1,) * (raw.ndim - 2))
         post = pre.copy()
-        activations.activate(post, self.info["activation"])
+        cpu_activation.activate(post, self.info["activation"])
         return pre, post, saved
 
     def backward_through(self, delta, pre, post, saved):
         """delta (with respect to the output) -> with respect to the raw output, in place;
         the bias (and scale) gradients accumulated."""
         act = self.info["activation"]
-        activations.gradient(pre if act in FROM_INPUT else post, act, delta)
+        cpu_activation.gradient(pre if act in FROM_INPUT else post, act, delta)
         if saved is None:
             conv.bias_grad(delta, self.bias_grad)
         else:
@@ -186,7 +187,7 @@ def replay_conv(case, index, step):
                                                  out_h, out_w), np.float32)
         raw = np.empty((x.shape[0], f, out_h, out_w), np.float32)
         conv.conv2d_forward(x, layer.weights, np.zeros(f, np.float32), raw, workspace,
-                            *geometry, activations.activation_id("linear"))
+                            *geometry, cpu_activation.activation_id("linear"))
         pre, post, saved = layer.normalize_activate(sub, raw, bn.MOMENTUM_CONV)
         layer.check("conv_output", post, layer.dumped(sub, index, "output"))
         delta = layer.dumped(sub, index, "delta_in").copy()
@@ -238,14 +239,14 @@ def test_micro_classifier_connected_layers(step):
     x = bn_layer.input(sub).reshape(bn_layer.batch, -1)
     raw = np.empty((x.shape[0], bn_layer.weights.shape[0]), np.float32)
     conv.connected_forward(x, bn_layer.weights, np.zeros(raw.shape[1], np.float32), raw,
-                           activations.activation_id("linear"))
+                           cpu_activation.activation_id("linear"))
     pre, post, saved = bn_layer.normalize_activate(sub, raw, bn.MOMENTUM_CONNECTED)
     # The dumped output is after the dropout (which works in place on it).
     bn_layer.check("conn_output", post * keep, bn_layer.dumped(sub, 6, "output"))
 
     x8 = np.ascontiguousarray(last.dumped(sub, 6, "output").reshape(raw.shape))
     out = np.empty((x8.shape[0], last.weights.shape[0]), np.float32)
-    conv.connected_forward(x8, last.weights, last.bias, out, activations.activation_id("linear"))
+    conv.connected_forward(x8, last.weights, last.bias, out, cpu_activation.activation_id("linear"))
     last.check("conn_output", out, last.dumped(sub, 8, "output"))
     # Linear without batch norm: its delta is the same before and after its backward.
     delta8 = last.dumped(sub, 8, "delta").reshape(out.shape).copy()

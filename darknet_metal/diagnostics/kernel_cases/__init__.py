@@ -3,7 +3,7 @@
 ``shaders/<family>.metal`` are declared in ``kernel_cases.<family>``, those of the half-storage
 twins beside those of their float kernels (``kernel_cases.half``: what the twins are held
 to); cases composing whole convolutional and connected layers from several shaders in
-``kernel_cases.convolution``. ``darknet-metal doctor`` runs every case on the user's device;
+``kernel_cases.conv``. ``darknet-metal doctor`` runs every case on the user's device;
 tests/metal run every case on the emulator under each thread order.
 
 Sizes are odd on purpose (partial threadgroups, 1x1 maps, channel counts no group divides),
@@ -22,7 +22,7 @@ from darknet_metal.diagnostics.kernel_cases import (
     batchnorm,
     buffers,
     combine,
-    convolution,
+    conv,
     dropout,
     gemm,
     heads,
@@ -39,7 +39,7 @@ __all__ = ["CASES", "FAMILIES", "case"]
 
 #: The modules declaring the cases.
 FAMILIES = (activation, im2col, gemm, batchnorm, pooling, resample, route, combine, heads,
-            yolo, buffers, dropout, update, convolution)
+            yolo, buffers, dropout, update, conv)
 
 
 def _table() -> tuple[KernelCase, ...]:

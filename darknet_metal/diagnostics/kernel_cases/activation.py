@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from darknet_metal.cpu import activations as cpu_act
+from darknet_metal.cpu import activation as cpu_act
 from darknet_metal.diagnostics.kernel_cases.half import Reference, half_twin, near_half
 from darknet_metal.diagnostics.kernel_parity import (
     CaseData,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from darknet_metal.cpu import activations, batchnorm, conv
+from darknet_metal.cpu import activation as cpu_activation
+from darknet_metal.cpu import batchnorm, conv
 from darknet_metal.diagnostics.kernel_parity import (
     CaseData,
     Check,
@@ -181,7 +182,7 @@ def _normalisation(shape: tuple[int, ...], act: str = "linear") -> KernelCase:
         arrays = {"y": x.copy(), "mean": cpu["mean"], "variance": cpu["variance"],
                   "scale": scale, "bias": bias}
         want = cpu["out"].copy()
-        activations.activate(want, ACTIVATION_ID[act])
+        cpu_activation.activate(want, ACTIVATION_ID[act])
         # exp and log round otherwise on a GPU than in the C library (as activation_fwd_f32's
         # cases allow); the normalisation itself is exact.
         same = Exact() if act in ("linear", "leaky") else Close(2e-6, 1e-6)

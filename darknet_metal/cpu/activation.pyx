@@ -35,7 +35,7 @@ branch-free polynomial exp, within a few ulps of the functions here (the exp-fre
 the same arithmetic, bit for bit). ``activate_fused`` applies those loops on their own.
 float64 always takes the functions here.
 
-Contract: the array kernels declared in ``activations.pxd`` (``activate_array``,
+Contract: the array kernels declared in ``activation.pxd`` (``activate_array``,
 ``gradient_array``, ``activate_channels``, ``gradient_channels``) work in place on float32 or
 float64 (the ``floating`` fused type) and are ``noexcept nogil``, so the convolution modules
 call them inside their own GIL-free loops; the activation ids are the ``ACT_*`` enum there.
@@ -71,7 +71,7 @@ _ENUM = {
 # The ids are shared with the Metal kernels through darknet_metal.model.activations: a silent
 # mismatch would apply the wrong function, so refuse to load instead.
 if len(ACTIVATIONS) != ACT_COUNT or any(ACTIVATION_ID[k] != v for k, v in _ENUM.items()):
-    raise ImportError("darknet_metal.cpu.activations ids disagree with "
+    raise ImportError("darknet_metal.cpu.activation ids disagree with "
                       "darknet_metal.model.activations.ACTIVATIONS")
 # kernels.h numbers them itself for its fused loops.
 _KERNEL_IDS = (
@@ -269,7 +269,7 @@ cdef inline floating _gradient(floating v, int act) noexcept nogil:
 
 
 # ----------------------------------------------------------------------------------------
-# Array kernels (the cdef API in activations.pxd).
+# Array kernels (the cdef API in activation.pxd).
 
 cdef void activate_array(floating* x, Py_ssize_t n, int act) noexcept nogil:
     """Apply elementwise activation ``act`` to x[0:n] in place.

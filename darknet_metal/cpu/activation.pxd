@@ -29,7 +29,7 @@ cdef enum:
 
 
 # Array kernels (float32 or float64 through ``floating``), applied in place; see
-# activations.pyx for which of input or output the gradients take.
+# activation.pyx for which of input or output the gradients take.
 cdef void activate_array(floating* x, Py_ssize_t n, int act) noexcept nogil
 cdef void gradient_array(const floating* y, Py_ssize_t n, int act,
                          floating* delta) noexcept nogil
