@@ -82,10 +82,7 @@ def cache_root() -> Path:
 def emu_library_path() -> Path:
     """Where the emulator's kernel library for the current sources and compiler is (or would
     be) in the cache. Compiles nothing."""
-    root = _root()
-    key = _key("emu", _compiler_identity(tuple(_cxx())), " ".join(_EMU_FLAGS), root,
-               _emu_inputs(root))
-    return cache_root() / f"emu-{key}" / EMU_LIBRARY
+    return cache_root() / f"emu-{_emu_key(_root(), tuple(_cxx()))}" / EMU_LIBRARY
 
 
 def emu_library(*, progress: bool = True) -> str:
@@ -152,11 +149,21 @@ def build_status() -> dict[str, str]:
 
 
 def _cuda_folder(nvcc: str) -> Path:
-    root = _root()
+    return cache_root() / f"cuda-{_cuda_key(_root(), nvcc)}"
+
+
+# A process hashes the sources of a root once: the emulator's runtime could not load a second
+# library of the same kernels anyway, and device creation stays cheap.
+@functools.cache
+def _emu_key(root: str, cxx: tuple[str, ...]) -> str:
+    return _key("emu", _compiler_identity(cxx), " ".join(_EMU_FLAGS), root, _emu_inputs(root))
+
+
+@functools.cache
+def _cuda_key(root: str, nvcc: str) -> str:
     build = _cuda_build_script(root)
     flags = " ".join([*build.BASE_FLAGS[:-1], *build.ARCHS])  # the last is an -I of a path
-    key = _key("cuda", _compiler_identity((nvcc,)), flags, root, _cuda_inputs(root))
-    return cache_root() / f"cuda-{key}"
+    return _key("cuda", _compiler_identity((nvcc,)), flags, root, _cuda_inputs(root))
 
 
 # ---- what a build is made from ----
