@@ -5,8 +5,22 @@ from __future__ import annotations
 import os
 
 
+def _restore(cls: type[BaseException], args: tuple[object, ...],
+             state: dict[str, object]) -> BaseException:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
 class DarknetMetalError(Exception):
-    """Base class of every error this package raises on purpose."""
+    """Base class of every error this package raises on purpose. Errors pickle whole
+    (message and attributes), so one raised in a loader process or another rank reads the
+    same in the process that reports it."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Exception's own pickling calls cls(*args): wrong for keyword-only attributes.
+        return (_restore, (type(self), self.args, dict(self.__dict__)))
 
 
 class ArgumentError(DarknetMetalError, ValueError):

@@ -64,6 +64,17 @@ class Colours:
         return self.nearest == class_id + 1
 
 
+def scene_samples(folder: str | os.PathLike[str],
+                  count: int = 5) -> list[tuple[str, np.ndarray]]:
+    """``count`` (png path, boxes) training samples of two rectangles each, in ``folder``."""
+    out = []
+    for i in range(count):
+        rects = [(10 + 8 * i, 12, 60 + 8 * i, 70), (90, 60 - 4 * i, 150, 110)]
+        rgb, boxes = scene(160, 120, rects, first_id=(2 * i) % 12)
+        out.append((write_png(os.path.join(folder, f"img{i}.png"), rgb), boxes))
+    return out
+
+
 def colour_mask(rgb: np.ndarray, class_id: int, *, pure: bool = False) -> np.ndarray:
     """``Colours(rgb).mask(class_id, pure=pure)``."""
     return Colours(rgb).mask(class_id, pure=pure)

@@ -79,9 +79,10 @@ def add_commands(commands: Any) -> None:
     train.add_argument("--backup", type=Path, metavar="DIR",
                        help="where to write (default: the dataset's backup, else ./backup)")
     train.add_argument("--workers", type=non_negative_int, default=None, metavar="N",
-                       help="threads loading and augmenting images (default: one per CPU, "
-                       "shared among the ranks of one machine under mpirun; at least 2, at "
-                       "most 8)")
+                       help="workers loading and augmenting images: processes on cuda and "
+                       "metal, threads on cpu and emu (default: from the CPUs, shared among "
+                       "the ranks of one machine under mpirun: processes one per CPU but "
+                       "one, threads one per CPU up to 8; at least 2)")
     train.add_argument("--no-chart", action="store_true", help="do not draw the chart")
     train.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     train.add_argument("--check-every", type=non_negative_int, default=50, metavar="N",

@@ -72,8 +72,9 @@ class TrainingSetup:
         """Read and check the dataset (``DatasetError`` with ``check-data``'s first message
         when it has errors), load the network, make the loader and the run.
 
-        ``workers``: the loader's threads (None: ``default_workers()``, one per CPU, at
-        most 8).
+        ``workers``: the loader's workers (None: ``default_workers(device)``): processes
+        on a GPU device (``cuda``, ``metal``), threads on ``cpu`` and ``emu``, whose steps
+        use the host's cores.
         ``collective``: this process's rank among the processes training together
         (``training.distributed``): the network is loaded with ``K x`` the cfg's batch and
         subdivisions, the loader loads this rank's rows of each batch, every rank starts
@@ -160,10 +161,11 @@ class TrainingSetup:
                 f"(batch {net.config.net.values['batch']}, subdivisions "
                 f"{net.config.net.values['subdivisions']} in all)")
         # The workers write each batch where the trainer's device reads it.
-        workers = default_workers(collective) if workers is None else workers
+        processes = loader_processes(net.device)
+        workers = default_workers(collective, processes) if workers is None else workers
         loader = Loader(dataset.train, settings, boxes=dataset.read_boxes, seed=seed,
-                        workers=workers, start_iteration=start, slots=rows,
-                        allocate=Trainer.of(net).batch_array)
+                        workers=workers, processes=processes, start_iteration=start,
+                        slots=rows, allocate=Trainer.of(net).batch_array)
         run_.source = LoaderSource(loader)
         return cls(dataset, net, loader, run_, started_from)
 
@@ -255,20 +257,27 @@ def _duration(seconds: float) -> str:
 
 #: The most loader threads by default: they share one interpreter, and past 8 they deliver
 #: less, not more (a 16-core H200 machine: 623 images/s with 8 threads, 512 with 16).
-MAX_DEFAULT_WORKERS = 8
+MAX_DEFAULT_THREADS = 8
 
 
-def default_workers(collective: Collective | None = None) -> int:
-    """The loader's threads by default: one per CPU this process may use (shared among the
-    ranks of one machine when training across processes), at least 2 and at most
-    MAX_DEFAULT_WORKERS. A GPU step is over before one thread has augmented a batch, so the
-    loader needs the CPUs; a CPU step runs without the GIL while they wait."""
+def loader_processes(device: str) -> bool:
+    """Whether the loader's workers are processes on ``device``: on a GPU, whose step leaves
+    the host's cores to the loader; not on ``cpu`` and ``emu``, whose steps use them (and
+    run without the GIL while threads wait)."""
+    return device in ("cuda", "metal")
+
+
+def default_workers(collective: Collective | None = None, processes: bool = False) -> int:
+    """The loader's workers by default, from the CPUs this process may use (shared among the
+    ranks of one machine when training across processes): processes, one per CPU but one
+    (the trainer's own); threads, one per CPU up to MAX_DEFAULT_THREADS. At least 2."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 2
     ranks = 1 if collective is None else max(1, collective.local_size)
-    return max(2, min(MAX_DEFAULT_WORKERS, cpus // ranks))
+    share = cpus // ranks
+    return max(2, share - 1 if processes else min(MAX_DEFAULT_THREADS, share))
 
 
 def _evaluation(dataset: Any) -> Callable[[Any], float]:

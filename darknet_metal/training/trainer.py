@@ -408,14 +408,32 @@ class Trainer:
             return float(array[0])
         return float(array.sum(dtype=np.float64))
 
-    def batch_array(self, shape: tuple[int, ...]) -> np.ndarray:
+    def batch_array(self, shape: tuple[int, ...],
+                    memory: np.ndarray | None = None) -> np.ndarray:
         """A zeroed array for a batch of ``shape`` that ``step`` stages in place: a device
         reads it where it is (on ``cuda``, from page-locked memory), no copy is made. A
         loader's workers write their batches into such arrays (``Loader(allocate=...)``):
         images scaled to [0, 1], so ``step`` takes them as finite without reading them
-        again (fill one yourself and a NaN is yours to keep out)."""
-        zeros = self._executor_in_use().training_zeros or np.zeros
-        array = zeros(tuple(shape), self.state.dtype)
+        again (fill one yourself and a NaN is yours to keep out). ``memory``: a float32,
+        C-contiguous array of ``shape`` starting at ``training_alignment`` (a page on a
+        GPU) to use instead of new memory (shared memory that loader processes write
+        into); it is returned as is."""
+        executor = self._executor_in_use()
+        if memory is None:
+            array = (executor.training_zeros or np.zeros)(tuple(shape), self.state.dtype)
+        else:
+            if not isinstance(memory, np.ndarray) or memory.shape != tuple(shape) or \
+                    memory.dtype != self.state.dtype or not memory.flags.c_contiguous or \
+                    not memory.flags.writeable:
+                raise ArgumentError(
+                    f"memory must be a writable C-contiguous {self.state.dtype} array of shape "
+                    f"{tuple(shape)}, not {getattr(memory, 'dtype', type(memory).__name__)} "
+                    f"{getattr(memory, 'shape', '')}")
+            alignment = executor.training_alignment
+            if memory.ctypes.data % alignment:
+                raise ArgumentError(f"memory must start on a multiple of {alignment} bytes "
+                                    "(a page on a GPU: the device reads it in place)")
+            array = memory
         self._batch_arrays = {key: ref for key, ref in self._batch_arrays.items()
                               if ref() is not None}
         self._batch_arrays[id(array)] = weakref.ref(array)

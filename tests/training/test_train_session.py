@@ -11,7 +11,7 @@ from training_golden import TRAIN
 
 import darknet_metal as dm
 from darknet_metal.training.checkpoint import find_checkpoint
-from darknet_metal.training.run import default_workers
+from darknet_metal.training.run import default_workers, loader_processes
 from darknet_metal.training.session import Schedule, TrainingRun
 
 CASE = TRAIN / "micro-v4-sgd"
@@ -140,7 +140,7 @@ def test_a_finished_run_says_how_to_continue(tmp_path):
                     base="m", progress=False, chart=False).run()
 
 
-def test_the_loader_has_a_thread_per_cpu_by_default_shared_among_local_ranks(monkeypatch):
+def test_the_loader_has_a_worker_per_cpu_by_default_shared_among_local_ranks(monkeypatch):
     import os
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
@@ -153,8 +153,14 @@ def test_the_loader_has_a_thread_per_cpu_by_default_shared_among_local_ranks(mon
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
     Ranks.local_size = 2
     assert default_workers(Ranks()) == 8
+    assert default_workers(Ranks(), processes=True) == 15  # the trainer keeps one CPU
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)), raising=False)
+    assert default_workers(processes=True) == 11  # processes: no cap, they do not share a GIL
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert default_workers() == 2  # at least 2: one loads while the other augments
+    assert default_workers(processes=True) == 2
+    assert loader_processes("cuda") and loader_processes("metal")
+    assert not loader_processes("cpu") and not loader_processes("emu")
 
 
 

@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from loading_scenes import scene, write_png
+from loading_scenes import scene_samples, write_png
 
 from darknet_metal.errors import ArgumentError, CfgError, ImageError
 from darknet_metal.model.cfg import parse_cfg_text
@@ -89,12 +89,7 @@ def test_gray_images_get_only_the_exposure():
 
 
 def _samples(tmp_path, count=5):
-    out = []
-    for i in range(count):
-        rects = [(10 + 8 * i, 12, 60 + 8 * i, 70), (90, 60 - 4 * i, 150, 110)]
-        rgb, boxes = scene(160, 120, rects, first_id=(2 * i) % 12)
-        out.append((write_png(tmp_path / f"img{i}.png", rgb), boxes))
-    return out
+    return scene_samples(tmp_path, count)
 
 
 FULL = dict(width=96, height=64, batch=4, jitter=0.3, resize=1.2, hue=0.1, saturation=1.5,
