@@ -41,7 +41,8 @@ BASE_FLAGS = ["-std=c++17", "-fmad=false", "-lineinfo", "-Wno-deprecated-gpu-tar
               f"-I{HERE}"]
 #: What every translated file includes (found through -I, never copied).
 PRELUDE_FILES = (os.path.join(HERE, "metal_cuda.h"), os.path.join(HERE, "dmc_launch.h"),
-                 os.path.join(ROOT, "shim", "msl_glue.h"))
+                 *(os.path.join(ROOT, "shim", name)
+                   for name in ("msl_glue.h", "msl_types.h", "msl_sync.h")))
 
 
 def find_nvcc() -> str | None:

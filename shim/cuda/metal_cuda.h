@@ -3,8 +3,9 @@
  * the top of every translated .metal file.
  *
  * What it keeps from MSL, and why:
- * - vector types with MSL's sizes and alignment (float3 is 16 bytes, half4 8); CUDA's own
- *   float4/uint2... are plain structs of other sizes, so the MSL names are macros for ours;
+ * - vector types with MSL's sizes and alignment (float3 is 16 bytes, half4 8): the
+ *   emulator's (../msl_types.h, without swizzles); CUDA's own float4/uint2... are plain
+ *   structs of other sizes, so the MSL names are macros for ours;
  * - half as 16-bit storage whose arithmetic rounds every result to half, as MSL's does;
  * - math: `using namespace metal` is removed by the translator, so scalar calls bind to CUDA's
  *   precise functions (the build uses neither -use_fast_math nor contraction); what only MSL
@@ -124,200 +125,15 @@ DMC_FN msl_half operator-(msl_half a) { return msl_half(-float(a)); }
 
 namespace msl {
 
-template <class S>
-inline constexpr bool is_num = std::is_arithmetic_v<S> || std::is_same_v<std::remove_cv_t<S>, msl_half>;
-
-/* ---- vectors ---- */
-
-template <class T, int N>
-struct vstore;
-template <class T>
-struct vstore<T, 2> {
-    union {
-        T v[2];
-        struct {
-            T x, y;
-        };
-    };
-};
-template <class T>
-struct vstore<T, 3> {
-    union {
-        T v[4];
-        struct {
-            T x, y, z;
-        };
-    };
-};
-template <class T>
-struct vstore<T, 4> {
-    union {
-        T v[4];
-        struct {
-            T x, y, z, w;
-        };
-    };
-};
-
-template <class T, int N>
-struct vec;
-
-template <class X>
-struct vtraits {
-    static constexpr bool is_vec = false;
-    static constexpr int n = 1;
-    using elem = X;
-};
-template <class T, int N>
-struct vtraits<vec<T, N>> {
-    static constexpr bool is_vec = true;
-    static constexpr int n = N;
-    using elem = T;
-};
-template <class X>
-inline constexpr bool is_vec = vtraits<std::remove_cv_t<std::remove_reference_t<X>>>::is_vec;
-template <class X>
-inline constexpr int ncomp = vtraits<std::remove_cv_t<X>>::n;
-
-template <class T, int N>
-struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : vstore<T, N> {
-    using vstore<T, N>::v;
-    vec() = default;
-    template <class S, std::enable_if_t<is_num<S>, int> = 0>
-    DMC_FN vec(S s) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) v[i] = T(s);
-    }
-    template <class U>
-    DMC_FN explicit vec(const vec<U, N> &o) {
-#pragma unroll
-        for (int i = 0; i < N; ++i) v[i] = T(o.v[i]);
-    }
-    template <class A, class B, class... R,
-              std::enable_if_t<ncomp<A> + ncomp<B> + (0 + ... + ncomp<R>) == N, int> = 0>
-    DMC_FN vec(const A &a, const B &b, const R &...r) {
-        int k = 0;
-        put(k, a);
-        put(k, b);
-        (put(k, r), ...);
-    }
-    DMC_FN T &operator[](int i) { return v[i]; }
-    DMC_FN const T &operator[](int i) const { return v[i]; }
-    template <class B>
-    DMC_FN vec &operator+=(const B &b) { return *this = *this + b; }
-    template <class B>
-    DMC_FN vec &operator-=(const B &b) { return *this = *this - b; }
-    template <class B>
-    DMC_FN vec &operator*=(const B &b) { return *this = *this * b; }
-    template <class B>
-    DMC_FN vec &operator/=(const B &b) { return *this = *this / b; }
-    DMC_FN vec operator-() const {
-        vec r;
-#pragma unroll
-        for (int i = 0; i < N; ++i) r.v[i] = T(-v[i]);
-        return r;
-    }
-
-  private:
-    template <class X>
-    DMC_FN void put(int &k, const X &x) {
-        if constexpr (is_vec<X>) {
-#pragma unroll
-            for (int i = 0; i < vtraits<X>::n; ++i) v[k++] = T(x.v[i]);
-        } else {
-            v[k++] = T(x);
-        }
-    }
-};
-
-template <class X>
-DMC_FN auto get(const X &x, int i) {
-    if constexpr (is_vec<X>) {
-        return x.v[i];
-    } else {
-        return x;
-    }
-}
-
-template <class A, class B>
-inline constexpr bool bin_ok = (is_vec<A> && (is_vec<B> || is_num<B>)) || (is_num<A> && is_vec<B>);
-
-template <class A, class B>
-struct bin_info {
-    using VA = vtraits<A>;
-    using VB = vtraits<B>;
-    static constexpr int n = VA::is_vec ? VA::n : VB::n;
-    using elem = std::conditional_t<VA::is_vec, typename VA::elem, typename VB::elem>;
-};
-
-#define DMC_VEC_BINOP(OP)                                                              \
-    template <class A, class B, std::enable_if_t<bin_ok<A, B>, int> = 0>               \
-    DMC_FN auto operator OP(const A &a, const B &b) {                                  \
-        using I = bin_info<A, B>;                                                      \
-        using T = typename I::elem;                                                    \
-        vec<T, I::n> r;                                                                \
-        _Pragma("unroll") for (int i = 0; i < I::n; ++i) r.v[i] = T(get(a, i) OP get(b, i)); \
-        return r;                                                                      \
-    }
-DMC_VEC_BINOP(+)
-DMC_VEC_BINOP(-)
-DMC_VEC_BINOP(*)
-DMC_VEC_BINOP(/)
-DMC_VEC_BINOP(%)
-DMC_VEC_BINOP(&)
-DMC_VEC_BINOP(|)
-DMC_VEC_BINOP(^)
-DMC_VEC_BINOP(<<)
-DMC_VEC_BINOP(>>)
-#undef DMC_VEC_BINOP
-
-#define DMC_VEC_CMPOP(OP)                                                              \
-    template <class A, class B, std::enable_if_t<bin_ok<A, B>, int> = 0>               \
-    DMC_FN auto operator OP(const A &a, const B &b) {                                  \
-        using I = bin_info<A, B>;                                                      \
-        vec<bool, I::n> r;                                                             \
-        _Pragma("unroll") for (int i = 0; i < I::n; ++i) r.v[i] = get(a, i) OP get(b, i); \
-        return r;                                                                      \
-    }
-DMC_VEC_CMPOP(==)
-DMC_VEC_CMPOP(!=)
-DMC_VEC_CMPOP(<)
-DMC_VEC_CMPOP(<=)
-DMC_VEC_CMPOP(>)
-DMC_VEC_CMPOP(>=)
-#undef DMC_VEC_CMPOP
-
-template <class A, class F>
-DMC_FN auto map1(const A &a, F f) {
-    constexpr int N = vtraits<A>::n;
-    using T = typename vtraits<A>::elem;
-    vec<decltype(f(T())), N> r;
-#pragma unroll
-    for (int i = 0; i < N; ++i) r.v[i] = f(a.v[i]);
-    return r;
-}
-template <class A, class B, class F>
-DMC_FN auto map2(const A &a, const B &b, F f) {
-    using I = bin_info<A, B>;
-    using T = typename I::elem;
-    vec<decltype(f(T(), T())), I::n> r;
-#pragma unroll
-    for (int i = 0; i < I::n; ++i) r.v[i] = f(T(get(a, i)), T(get(b, i)));
-    return r;
-}
-template <class A, class B, class C, class F>
-DMC_FN auto map3(const A &a, const B &b, const C &c, F f) {
-    constexpr int N = is_vec<A> ? vtraits<A>::n : (is_vec<B> ? vtraits<B>::n : vtraits<C>::n);
-    using T = std::conditional_t<is_vec<A>, typename vtraits<A>::elem,
-                                 std::conditional_t<is_vec<B>, typename vtraits<B>::elem,
-                                                    typename vtraits<C>::elem>>;
-    vec<decltype(f(T(), T(), T())), N> r;
-#pragma unroll
-    for (int i = 0; i < N; ++i) r.v[i] = f(T(get(a, i)), T(get(b, i)), T(get(c, i)));
-    return r;
-}
-template <class A, class B, class C>
-inline constexpr bool any_vec3 = is_vec<A> || is_vec<B> || is_vec<C>;
+/* The vector types (../msl_types.h), without swizzles (the kernels use none). */
+#define MSL_VEC_FN DMC_FN
+#define MSL_UNROLL _Pragma("unroll")
+#define MSL_HALF msl_half
+#define MSL_HAS_SWIZZLES 0
+#define MSL_SWIZZLES_2(T)
+#define MSL_SWIZZLES_3(T)
+#define MSL_SWIZZLES_4(T)
+#include "../msl_types.h"
 
 }  // namespace msl
 
@@ -325,24 +141,8 @@ inline constexpr bool any_vec3 = is_vec<A> || is_vec<B> || is_vec<C>;
     typedef msl::vec<T, 2> msl_##NAME##2;                                              \
     typedef msl::vec<T, 3> msl_##NAME##3;                                              \
     typedef msl::vec<T, 4> msl_##NAME##4;
-DMC_VEC_TYPES(float, float)
-DMC_VEC_TYPES(msl_half, half)
-DMC_VEC_TYPES(int, int)
-DMC_VEC_TYPES(uint, uint)
-DMC_VEC_TYPES(short, short)
-DMC_VEC_TYPES(ushort, ushort)
-DMC_VEC_TYPES(char, char)
-DMC_VEC_TYPES(uchar, uchar)
-DMC_VEC_TYPES(long, long)
-DMC_VEC_TYPES(ulong, ulong)
-DMC_VEC_TYPES(bool, bool)
+MSL_VECTOR_TYPES(DMC_VEC_TYPES, msl_half)
 #undef DMC_VEC_TYPES
-
-static_assert(sizeof(float2) == 8 && alignof(float2) == 8, "float2 layout");
-static_assert(sizeof(float3) == 16 && alignof(float3) == 16, "float3 layout");
-static_assert(sizeof(float4) == 16 && alignof(float4) == 16, "float4 layout");
-static_assert(sizeof(half) == 2 && sizeof(half3) == 8 && sizeof(half4) == 8, "half layout");
-static_assert(sizeof(int3) == 16 && sizeof(uint2) == 8, "int vector layout");
 
 #undef FLT_MAX
 #undef FLT_MIN
@@ -371,10 +171,7 @@ namespace msl {
 
 template <class To, class From>
 DMC_FN To as_type(const From &f) {
-    static_assert(sizeof(To) == sizeof(From), "as_type needs types of the same size");
-    To t;
-    memcpy((void *)&t, (const void *)&f, sizeof(To));
-    return t;
+    return bit_cast<To>(f);
 }
 
 DMC_FN float fract(float x) { return x - floorf(x); }
@@ -465,27 +262,12 @@ DMC_FN auto mix(const A &a, const B &b, const C &c) {
 
 /* ---- synchronisation ---- */
 
-enum class mem_flags : uint32_t {
-    mem_none = 0,
-    mem_device = 1,
-    mem_threadgroup = 2,
-    mem_texture = 4,
-};
-DMC_FN constexpr mem_flags operator|(mem_flags a, mem_flags b) {
-    return mem_flags(uint32_t(a) | uint32_t(b));
-}
+#define MSL_SYNC_FN DMC_FN
+#include "../msl_sync.h"
+
 __device__ __forceinline__ void threadgroup_barrier(mem_flags) { __syncthreads(); }
 
 /* ---- atomics (relaxed) on int, uint and float ---- */
-
-enum memory_order { memory_order_relaxed = 0 };
-template <class T>
-struct atomic {
-    T value_;
-};
-typedef atomic<int> atomic_int;
-typedef atomic<uint> atomic_uint;
-typedef atomic<float> atomic_float;
 
 template <class T>
 __device__ __forceinline__ T atomic_load_explicit(const volatile atomic<T> *a, memory_order) {

@@ -3,14 +3,15 @@
  * it at the top of every rewritten .metal file.
  *
  * Sizes and alignment follow MSL: float3 is 16 bytes (same as float4), half is _Float16,
- * packed_float3 is 12 bytes. Functions that need other threads (barriers, simd collectives)
- * call into the runtime (emu_abi.h), which runs the threads of a group as fibers. */
+ * packed_float3 is 12 bytes; the vector types are shared with CUDA's prelude
+ * (../msl_types.h), with the swizzles (.xy, .zyx) added here. Functions that need other
+ * threads (barriers, simd collectives) call into the runtime (emu_abi.h), which runs the
+ * threads of a group as fibers. */
 #ifndef DM_METAL_EMU_H
 #define DM_METAL_EMU_H
 
-#include <stddef.h>
-#include <stdint.h>
-
+#include <cstddef>
+#include <cstdint>
 #include <tuple>
 #include <type_traits>
 
@@ -23,10 +24,6 @@ typedef unsigned char uchar;
 typedef unsigned long ulong;
 
 namespace emu {
-
-template <class S>
-inline constexpr bool is_num =
-    std::is_arithmetic_v<S> || std::is_same_v<std::remove_cv_t<S>, _Float16>;
 
 template <class T, int N>
 struct vec;
@@ -59,299 +56,56 @@ struct swz {
     swz &operator/=(const B &b) { return *this = V(*this) / b; }
 };
 
-template <class T, int N>
-struct vstore;
+/* The vector types (../msl_types.h), their storage holding the swizzles as views. */
+#define MSL_VEC_FN inline
+#define MSL_UNROLL
+#define MSL_HALF _Float16
+#define MSL_HAS_SWIZZLES 1
+#define MSL_SWIZZLES_2(T)                                                               \
+    swz<T, 2, 0, 0> xx; swz<T, 2, 0, 1> xy; swz<T, 2, 1, 0> yx; swz<T, 2, 1, 1> yy;     \
+    swz<T, 2, 0, 0, 0> xxx; swz<T, 2, 0, 0, 1> xxy; swz<T, 2, 0, 1, 0> xyx;             \
+    swz<T, 2, 0, 1, 1> xyy; swz<T, 2, 1, 0, 0> yxx; swz<T, 2, 1, 0, 1> yxy;             \
+    swz<T, 2, 1, 1, 0> yyx; swz<T, 2, 1, 1, 1> yyy; swz<T, 2, 0, 0, 0, 0> xxxx;         \
+    swz<T, 2, 1, 1, 1, 1> yyyy;
+#define MSL_SWIZZLES_3(T)                                                               \
+    swz<T, 3, 0, 0> xx; swz<T, 3, 0, 1> xy; swz<T, 3, 0, 2> xz; swz<T, 3, 1, 0> yx;     \
+    swz<T, 3, 1, 1> yy; swz<T, 3, 1, 2> yz; swz<T, 3, 2, 0> zx; swz<T, 3, 2, 1> zy;     \
+    swz<T, 3, 2, 2> zz; swz<T, 3, 0, 0, 0> xxx; swz<T, 3, 0, 0, 1> xxy;                 \
+    swz<T, 3, 0, 0, 2> xxz; swz<T, 3, 0, 1, 0> xyx; swz<T, 3, 0, 1, 1> xyy;             \
+    swz<T, 3, 0, 1, 2> xyz; swz<T, 3, 0, 2, 0> xzx; swz<T, 3, 0, 2, 1> xzy;             \
+    swz<T, 3, 0, 2, 2> xzz; swz<T, 3, 1, 0, 0> yxx; swz<T, 3, 1, 0, 1> yxy;             \
+    swz<T, 3, 1, 0, 2> yxz; swz<T, 3, 1, 1, 0> yyx; swz<T, 3, 1, 1, 1> yyy;             \
+    swz<T, 3, 1, 1, 2> yyz; swz<T, 3, 1, 2, 0> yzx; swz<T, 3, 1, 2, 1> yzy;             \
+    swz<T, 3, 1, 2, 2> yzz; swz<T, 3, 2, 0, 0> zxx; swz<T, 3, 2, 0, 1> zxy;             \
+    swz<T, 3, 2, 0, 2> zxz; swz<T, 3, 2, 1, 0> zyx; swz<T, 3, 2, 1, 1> zyy;             \
+    swz<T, 3, 2, 1, 2> zyz; swz<T, 3, 2, 2, 0> zzx; swz<T, 3, 2, 2, 1> zzy;             \
+    swz<T, 3, 2, 2, 2> zzz; swz<T, 3, 0, 0, 0, 0> xxxx; swz<T, 3, 1, 1, 1, 1> yyyy;     \
+    swz<T, 3, 2, 2, 2, 2> zzzz;
+#define MSL_SWIZZLES_4(T)                                                               \
+    swz<T, 4, 0, 0> xx; swz<T, 4, 0, 1> xy; swz<T, 4, 0, 2> xz; swz<T, 4, 0, 3> xw;     \
+    swz<T, 4, 1, 0> yx; swz<T, 4, 1, 1> yy; swz<T, 4, 1, 2> yz; swz<T, 4, 1, 3> yw;     \
+    swz<T, 4, 2, 0> zx; swz<T, 4, 2, 1> zy; swz<T, 4, 2, 2> zz; swz<T, 4, 2, 3> zw;     \
+    swz<T, 4, 3, 0> wx; swz<T, 4, 3, 1> wy; swz<T, 4, 3, 2> wz; swz<T, 4, 3, 3> ww;     \
+    swz<T, 4, 0, 0, 0> xxx; swz<T, 4, 0, 1, 2> xyz; swz<T, 4, 0, 1, 3> xyw;             \
+    swz<T, 4, 0, 2, 1> xzy; swz<T, 4, 0, 2, 3> xzw; swz<T, 4, 0, 3, 1> xwy;             \
+    swz<T, 4, 0, 3, 2> xwz; swz<T, 4, 1, 0, 2> yxz; swz<T, 4, 1, 0, 3> yxw;             \
+    swz<T, 4, 1, 1, 1> yyy; swz<T, 4, 1, 2, 0> yzx; swz<T, 4, 1, 2, 3> yzw;             \
+    swz<T, 4, 1, 3, 0> ywx; swz<T, 4, 1, 3, 2> ywz; swz<T, 4, 2, 0, 1> zxy;             \
+    swz<T, 4, 2, 0, 3> zxw; swz<T, 4, 2, 1, 0> zyx; swz<T, 4, 2, 1, 3> zyw;             \
+    swz<T, 4, 2, 2, 2> zzz; swz<T, 4, 2, 3, 0> zwx; swz<T, 4, 2, 3, 1> zwy;             \
+    swz<T, 4, 3, 0, 1> wxy; swz<T, 4, 3, 0, 2> wxz; swz<T, 4, 3, 1, 0> wyx;             \
+    swz<T, 4, 3, 1, 2> wyz; swz<T, 4, 3, 2, 0> wzx; swz<T, 4, 3, 2, 1> wzy;             \
+    swz<T, 4, 3, 3, 3> www; swz<T, 4, 0, 0, 0, 0> xxxx; swz<T, 4, 0, 1, 2, 3> xyzw;     \
+    swz<T, 4, 1, 1, 1, 1> yyyy; swz<T, 4, 2, 2, 2, 2> zzzz;                             \
+    swz<T, 4, 3, 2, 1, 0> wzyx; swz<T, 4, 3, 3, 3, 3> wwww;
+#include "../msl_types.h"
 
-template <class T>
-struct vstore<T, 2> {
-    union {
-        T v[2];
-        struct {
-            T x, y;
-        };
-        swz<T, 2, 0, 0> xx; swz<T, 2, 0, 1> xy; swz<T, 2, 1, 0> yx; swz<T, 2, 1, 1> yy;
-        swz<T, 2, 0, 0, 0> xxx; swz<T, 2, 0, 0, 1> xxy; swz<T, 2, 0, 1, 0> xyx;
-        swz<T, 2, 0, 1, 1> xyy; swz<T, 2, 1, 0, 0> yxx; swz<T, 2, 1, 0, 1> yxy;
-        swz<T, 2, 1, 1, 0> yyx; swz<T, 2, 1, 1, 1> yyy; swz<T, 2, 0, 0, 0, 0> xxxx;
-        swz<T, 2, 1, 1, 1, 1> yyyy;
-    };
-};
-
-template <class T>
-struct vstore<T, 3> {
-    union {
-        T v[4];
-        struct {
-            T x, y, z;
-        };
-        swz<T, 3, 0, 0> xx; swz<T, 3, 0, 1> xy; swz<T, 3, 0, 2> xz; swz<T, 3, 1, 0> yx;
-        swz<T, 3, 1, 1> yy; swz<T, 3, 1, 2> yz; swz<T, 3, 2, 0> zx; swz<T, 3, 2, 1> zy;
-        swz<T, 3, 2, 2> zz; swz<T, 3, 0, 0, 0> xxx; swz<T, 3, 0, 0, 1> xxy; swz<T, 3, 0, 0, 2> xxz;
-        swz<T, 3, 0, 1, 0> xyx; swz<T, 3, 0, 1, 1> xyy; swz<T, 3, 0, 1, 2> xyz;
-        swz<T, 3, 0, 2, 0> xzx; swz<T, 3, 0, 2, 1> xzy; swz<T, 3, 0, 2, 2> xzz;
-        swz<T, 3, 1, 0, 0> yxx; swz<T, 3, 1, 0, 1> yxy; swz<T, 3, 1, 0, 2> yxz;
-        swz<T, 3, 1, 1, 0> yyx; swz<T, 3, 1, 1, 1> yyy; swz<T, 3, 1, 1, 2> yyz;
-        swz<T, 3, 1, 2, 0> yzx; swz<T, 3, 1, 2, 1> yzy; swz<T, 3, 1, 2, 2> yzz;
-        swz<T, 3, 2, 0, 0> zxx; swz<T, 3, 2, 0, 1> zxy; swz<T, 3, 2, 0, 2> zxz;
-        swz<T, 3, 2, 1, 0> zyx; swz<T, 3, 2, 1, 1> zyy; swz<T, 3, 2, 1, 2> zyz;
-        swz<T, 3, 2, 2, 0> zzx; swz<T, 3, 2, 2, 1> zzy; swz<T, 3, 2, 2, 2> zzz;
-        swz<T, 3, 0, 0, 0, 0> xxxx; swz<T, 3, 1, 1, 1, 1> yyyy; swz<T, 3, 2, 2, 2, 2> zzzz;
-    };
-};
-
-template <class T>
-struct vstore<T, 4> {
-    union {
-        T v[4];
-        struct {
-            T x, y, z, w;
-        };
-        swz<T, 4, 0, 0> xx; swz<T, 4, 0, 1> xy; swz<T, 4, 0, 2> xz; swz<T, 4, 0, 3> xw;
-        swz<T, 4, 1, 0> yx; swz<T, 4, 1, 1> yy; swz<T, 4, 1, 2> yz; swz<T, 4, 1, 3> yw;
-        swz<T, 4, 2, 0> zx; swz<T, 4, 2, 1> zy; swz<T, 4, 2, 2> zz; swz<T, 4, 2, 3> zw;
-        swz<T, 4, 3, 0> wx; swz<T, 4, 3, 1> wy; swz<T, 4, 3, 2> wz; swz<T, 4, 3, 3> ww;
-        swz<T, 4, 0, 0, 0> xxx; swz<T, 4, 0, 1, 2> xyz; swz<T, 4, 0, 1, 3> xyw;
-        swz<T, 4, 0, 2, 1> xzy; swz<T, 4, 0, 2, 3> xzw; swz<T, 4, 0, 3, 1> xwy;
-        swz<T, 4, 0, 3, 2> xwz; swz<T, 4, 1, 0, 2> yxz; swz<T, 4, 1, 0, 3> yxw;
-        swz<T, 4, 1, 1, 1> yyy; swz<T, 4, 1, 2, 0> yzx; swz<T, 4, 1, 2, 3> yzw;
-        swz<T, 4, 1, 3, 0> ywx; swz<T, 4, 1, 3, 2> ywz; swz<T, 4, 2, 0, 1> zxy;
-        swz<T, 4, 2, 0, 3> zxw; swz<T, 4, 2, 1, 0> zyx; swz<T, 4, 2, 1, 3> zyw;
-        swz<T, 4, 2, 2, 2> zzz; swz<T, 4, 2, 3, 0> zwx; swz<T, 4, 2, 3, 1> zwy;
-        swz<T, 4, 3, 0, 1> wxy; swz<T, 4, 3, 0, 2> wxz; swz<T, 4, 3, 1, 0> wyx;
-        swz<T, 4, 3, 1, 2> wyz; swz<T, 4, 3, 2, 0> wzx; swz<T, 4, 3, 2, 1> wzy;
-        swz<T, 4, 3, 3, 3> www; swz<T, 4, 0, 0, 0, 0> xxxx; swz<T, 4, 0, 1, 2, 3> xyzw;
-        swz<T, 4, 1, 1, 1, 1> yyyy; swz<T, 4, 2, 2, 2, 2> zzzz; swz<T, 4, 3, 2, 1, 0> wzyx;
-        swz<T, 4, 3, 3, 3, 3> wwww;
-    };
-};
-
-template <class X>
-struct vtraits {
-    static constexpr bool is_vec = false;
-    static constexpr int n = 1;
-    using elem = X;
-};
-template <class T, int N>
-struct vtraits<vec<T, N>> {
-    static constexpr bool is_vec = true;
-    static constexpr int n = N;
-    using elem = T;
-};
 template <class T, int N, int... I>
 struct vtraits<swz<T, N, I...>> {
     static constexpr bool is_vec = true;
     static constexpr int n = sizeof...(I);
     using elem = T;
 };
-
-template <class X>
-inline constexpr bool is_vec = vtraits<std::remove_cv_t<std::remove_reference_t<X>>>::is_vec;
-
-/* Number of scalar components X contributes to a vector constructor. */
-template <class X>
-inline constexpr int ncomp = vtraits<std::remove_cv_t<X>>::n;
-
-template <class T, int N>
-constexpr size_t valign() {
-    return sizeof(T) * (N == 3 ? 4 : N);
-}
-
-template <class T, int N>
-struct alignas(valign<T, N>()) vec : vstore<T, N> {
-    using vstore<T, N>::v;
-    vec() = default;
-    vec(const vec &) = default;
-    vec &operator=(const vec &o) {
-        __builtin_memcpy((void *)this, (const void *)&o, sizeof(vec));
-        return *this;
-    }
-    template <class S, std::enable_if_t<is_num<S>, int> = 0>
-    vec(S s) {
-        for (int i = 0; i < N; ++i) v[i] = T(s);
-    }
-    template <class U>
-    explicit vec(const vec<U, N> &o) {
-        for (int i = 0; i < N; ++i) v[i] = T(o.v[i]);
-    }
-    template <class A, class B, class... R,
-              std::enable_if_t<ncomp<A> + ncomp<B> + (0 + ... + ncomp<R>) == N, int> = 0>
-    vec(const A &a, const B &b, const R &...r) {
-        int k = 0;
-        put(k, a);
-        put(k, b);
-        (put(k, r), ...);
-    }
-    T &operator[](int i) { return v[i]; }
-    const T &operator[](int i) const { return v[i]; }
-
-    template <class B>
-    vec &operator+=(const B &b) { return *this = *this + b; }
-    template <class B>
-    vec &operator-=(const B &b) { return *this = *this - b; }
-    template <class B>
-    vec &operator*=(const B &b) { return *this = *this * b; }
-    template <class B>
-    vec &operator/=(const B &b) { return *this = *this / b; }
-    template <class B>
-    vec &operator%=(const B &b) { return *this = *this % b; }
-    template <class B>
-    vec &operator&=(const B &b) { return *this = *this & b; }
-    template <class B>
-    vec &operator|=(const B &b) { return *this = *this | b; }
-    template <class B>
-    vec &operator^=(const B &b) { return *this = *this ^ b; }
-    template <class B>
-    vec &operator<<=(const B &b) { return *this = *this << b; }
-    template <class B>
-    vec &operator>>=(const B &b) { return *this = *this >> b; }
-
-    vec operator-() const {
-        vec r;
-        for (int i = 0; i < N; ++i) r.v[i] = T(-v[i]);
-        return r;
-    }
-    vec operator+() const { return *this; }
-    vec operator~() const {
-        vec r;
-        for (int i = 0; i < N; ++i) r.v[i] = T(~v[i]);
-        return r;
-    }
-    vec<bool, N> operator!() const {
-        vec<bool, N> r;
-        for (int i = 0; i < N; ++i) r.v[i] = !v[i];
-        return r;
-    }
-
-  private:
-    template <class X>
-    void put(int &k, const X &x) {
-        if constexpr (is_vec<X>) {
-            constexpr int M = vtraits<X>::n;
-            vec<typename vtraits<X>::elem, M> t = x;
-            for (int i = 0; i < M; ++i) v[k++] = T(t.v[i]);
-        } else {
-            v[k++] = T(x);
-        }
-    }
-};
-
-/* A vector for reading components: swizzles become vectors, scalars stay scalars. */
-template <class X>
-inline auto as_vec(const X &x) {
-    if constexpr (is_vec<X>) {
-        return vec<typename vtraits<X>::elem, vtraits<X>::n>(x);
-    } else {
-        return x;
-    }
-}
-
-template <class X>
-inline auto get(const X &x, int i) {
-    if constexpr (is_vec<X>) {
-        return x.v[i];
-    } else {
-        return x;
-    }
-}
-
-template <class A, class B>
-inline constexpr bool bin_ok =
-    (is_vec<A> && (is_vec<B> || is_num<B>)) || (is_num<A> && is_vec<B>);
-
-template <class A, class B>
-struct bin_info {
-    using VA = vtraits<A>;
-    using VB = vtraits<B>;
-    static_assert(!(VA::is_vec && VB::is_vec) || VA::n == VB::n,
-                  "vector operands of different lengths");
-    static constexpr int n = VA::is_vec ? VA::n : VB::n;
-    using elem = std::conditional_t<VA::is_vec, typename VA::elem, typename VB::elem>;
-};
-
-#define EMU_VEC_BINOP(OP)                                                              \
-    template <class A, class B, std::enable_if_t<bin_ok<A, B>, int> = 0>               \
-    inline auto operator OP(const A &a, const B &b) {                                  \
-        using I = bin_info<A, B>;                                                      \
-        using T = typename I::elem;                                                    \
-        auto x = as_vec(a);                                                            \
-        auto y = as_vec(b);                                                            \
-        vec<T, I::n> r;                                                                \
-        for (int i = 0; i < I::n; ++i) r.v[i] = T(get(x, i) OP get(y, i));            \
-        return r;                                                                      \
-    }
-EMU_VEC_BINOP(+)
-EMU_VEC_BINOP(-)
-EMU_VEC_BINOP(*)
-EMU_VEC_BINOP(/)
-EMU_VEC_BINOP(%)
-EMU_VEC_BINOP(&)
-EMU_VEC_BINOP(|)
-EMU_VEC_BINOP(^)
-EMU_VEC_BINOP(<<)
-EMU_VEC_BINOP(>>)
-#undef EMU_VEC_BINOP
-
-#define EMU_VEC_CMPOP(OP)                                                              \
-    template <class A, class B, std::enable_if_t<bin_ok<A, B>, int> = 0>               \
-    inline auto operator OP(const A &a, const B &b) {                                  \
-        using I = bin_info<A, B>;                                                      \
-        auto x = as_vec(a);                                                            \
-        auto y = as_vec(b);                                                            \
-        vec<bool, I::n> r;                                                             \
-        for (int i = 0; i < I::n; ++i) r.v[i] = get(x, i) OP get(y, i);               \
-        return r;                                                                      \
-    }
-EMU_VEC_CMPOP(==)
-EMU_VEC_CMPOP(!=)
-EMU_VEC_CMPOP(<)
-EMU_VEC_CMPOP(<=)
-EMU_VEC_CMPOP(>)
-EMU_VEC_CMPOP(>=)
-EMU_VEC_CMPOP(&&)
-EMU_VEC_CMPOP(||)
-#undef EMU_VEC_CMPOP
-
-/* Component-wise application of a scalar function to one, two or three operands, any of
- * which may be a scalar that is broadcast (MSL allows e.g. max(float4, float)). */
-template <class A, class F>
-inline auto map1(const A &a, F f) {
-    constexpr int N = vtraits<A>::n;
-    using T = typename vtraits<A>::elem;
-    auto x = as_vec(a);
-    vec<decltype(f(T())), N> r;
-    for (int i = 0; i < N; ++i) r.v[i] = f(x.v[i]);
-    return r;
-}
-
-template <class A, class B, class F>
-inline auto map2(const A &a, const B &b, F f) {
-    using I = bin_info<A, B>;
-    using T = typename I::elem;
-    auto x = as_vec(a);
-    auto y = as_vec(b);
-    using R = decltype(f(T(), T()));
-    vec<R, I::n> r;
-    for (int i = 0; i < I::n; ++i) r.v[i] = f(T(get(x, i)), T(get(y, i)));
-    return r;
-}
-
-template <class A, class B, class C, class F>
-inline auto map3(const A &a, const B &b, const C &c, F f) {
-    constexpr int N = is_vec<A> ? vtraits<A>::n : (is_vec<B> ? vtraits<B>::n : vtraits<C>::n);
-    using T = std::conditional_t<is_vec<A>, typename vtraits<A>::elem,
-                                 std::conditional_t<is_vec<B>, typename vtraits<B>::elem,
-                                                    typename vtraits<C>::elem>>;
-    auto x = as_vec(a);
-    auto y = as_vec(b);
-    auto z = as_vec(c);
-    using R = decltype(f(T(), T(), T()));
-    vec<R, N> r;
-    for (int i = 0; i < N; ++i) r.v[i] = f(T(get(x, i)), T(get(y, i)), T(get(z, i)));
-    return r;
-}
-
-template <class A, class B, class C>
-inline constexpr bool any_vec3 = is_vec<A> || is_vec<B> || is_vec<C>;
 
 /* A vector stored without padding (packed_float3 is 12 bytes, 4-byte aligned). */
 template <class T, int N>
@@ -411,14 +165,6 @@ struct vtraits<packed_vec<T, N>> {
     using elem = T;
 };
 
-template <class To, class From>
-inline To bit_cast(const From &f) {
-    static_assert(sizeof(To) == sizeof(From), "as_type needs types of the same size");
-    To t;
-    __builtin_memcpy((void *)&t, (const void *)&f, sizeof(To));
-    return t;
-}
-
 }  // namespace emu
 
 #define EMU_VEC_TYPES(T, NAME)                                                         \
@@ -428,25 +174,10 @@ inline To bit_cast(const From &f) {
     typedef emu::packed_vec<T, 2> packed_##NAME##2;                                    \
     typedef emu::packed_vec<T, 3> packed_##NAME##3;                                    \
     typedef emu::packed_vec<T, 4> packed_##NAME##4;
-EMU_VEC_TYPES(float, float)
-EMU_VEC_TYPES(half, half)
-EMU_VEC_TYPES(int, int)
-EMU_VEC_TYPES(uint, uint)
-EMU_VEC_TYPES(short, short)
-EMU_VEC_TYPES(ushort, ushort)
-EMU_VEC_TYPES(char, char)
-EMU_VEC_TYPES(uchar, uchar)
-EMU_VEC_TYPES(long, long)
-EMU_VEC_TYPES(ulong, ulong)
-EMU_VEC_TYPES(bool, bool)
+MSL_VECTOR_TYPES(EMU_VEC_TYPES, half)
 #undef EMU_VEC_TYPES
 
-static_assert(sizeof(float2) == 8 && alignof(float2) == 8, "float2 layout");
-static_assert(sizeof(float3) == 16 && alignof(float3) == 16, "float3 layout");
-static_assert(sizeof(float4) == 16 && alignof(float4) == 16, "float4 layout");
-static_assert(sizeof(half3) == 8 && sizeof(half4) == 8, "half vector layout");
 static_assert(sizeof(packed_float3) == 12 && alignof(packed_float3) == 4, "packed_float3");
-static_assert(sizeof(int3) == 16 && sizeof(uint2) == 8, "int vector layout");
 
 #define FLT_MAX 0x1.fffffep127f
 #define FLT_MIN 0x1p-126f
@@ -728,17 +459,8 @@ EMU_MATH_NAMES(EMU_USING)
 
 /* ---- synchronisation ---- */
 
-enum class mem_flags : uint32_t {
-    mem_none = 0,
-    mem_device = 1,
-    mem_threadgroup = 2,
-    mem_texture = 4,
-    mem_threadgroup_imageblock = 8,
-    mem_object_data = 16,
-};
-inline constexpr mem_flags operator|(mem_flags a, mem_flags b) {
-    return mem_flags(uint32_t(a) | uint32_t(b));
-}
+#define MSL_SYNC_FN inline
+#include "../msl_sync.h"
 
 inline void threadgroup_barrier(mem_flags, const char *file = __builtin_FILE(),
                                 int line = __builtin_LINE()) {
@@ -747,23 +469,7 @@ inline void threadgroup_barrier(mem_flags, const char *file = __builtin_FILE(),
 
 /* ---- atomics (relaxed; device and threadgroup alike) ---- */
 
-enum memory_order {
-    memory_order_relaxed = 0,
-    memory_order_acquire = 2,
-    memory_order_release = 3,
-    memory_order_acq_rel = 4,
-    memory_order_seq_cst = 5,
-};
 inline void atomic_thread_fence(mem_flags, memory_order) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-
-template <class T>
-struct atomic {
-    T value_;
-};
-typedef atomic<int> atomic_int;
-typedef atomic<uint> atomic_uint;
-typedef atomic<float> atomic_float;
-typedef atomic<bool> atomic_bool;
 
 template <class T>
 inline T atomic_load_explicit(const volatile atomic<T> *a, memory_order) {

@@ -19,7 +19,8 @@ EMU_DIR = ROOT / "shim" / "emu"
 TOOL = EMU_DIR / "metal2cpp.py"
 KERNELS = pathlib.Path(__file__).resolve().parent / "kernels"
 RUNTIME_SOURCES = [EMU_DIR / "emu_runtime.cpp", EMU_DIR / "fiber.cpp"]
-HEADERS = [EMU_DIR / n for n in ("emu.h", "emu_abi.h", "fiber.h", "metal_emu.h")]
+HEADERS = [*(EMU_DIR / n for n in ("emu.h", "emu_abi.h", "fiber.h", "metal_emu.h")),
+           *(ROOT / "shim" / n for n in ("msl_types.h", "msl_sync.h", "msl_glue.h"))]
 
 CXX = os.environ.get("CXX", "g++")
 BASE_FLAGS = ["-std=c++17", "-fPIC", "-g", "-Wall", "-Wno-unused-function"]
