@@ -46,13 +46,15 @@ class LoaderSource:
 @dataclass
 class TrainingSetup:
     """A run ready to start: ``dataset``, ``net``, ``loader``, ``run_`` (the
-    ``TrainingRun``), and where the parameters came from (``started_from``)."""
+    ``TrainingRun``), where the parameters came from (``started_from``), and why the
+    loader uses threads where processes would be faster (``loader_note``)."""
 
     dataset: Any
     net: Any
     loader: Any
     run_: TrainingRun
     started_from: list[str]
+    loader_note: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainingSetup:
@@ -82,6 +84,7 @@ class TrainingSetup:
         import darknet_metal as dm
         from darknet_metal.datasets import check_dataset, load_dataset
         from darknet_metal.training.loading import Loader, random_size, settings_from_cfg
+        from darknet_metal.training.loading.processes import spawn_blocker
 
         dataset = load_dataset(data)
         report = check_dataset(dataset, progress=False)
@@ -162,12 +165,17 @@ class TrainingSetup:
                 f"{net.config.net.values['subdivisions']} in all)")
         # The workers write each batch where the trainer's device reads it.
         processes = loader_processes(net.device)
+        loader_note = None
+        if processes and (blocker := spawn_blocker()) is not None:
+            processes = False
+            loader_note = (f"the loader uses threads: {blocker}; put the training under "
+                           "that guard for loader processes (faster on a GPU)")
         workers = default_workers(collective, processes) if workers is None else workers
         loader = Loader(dataset.train, settings, boxes=dataset.read_boxes, seed=seed,
                         workers=workers, processes=processes, start_iteration=start,
                         slots=rows, allocate=Trainer.of(net).batch_array)
         run_.source = LoaderSource(loader)
-        return cls(dataset, net, loader, run_, started_from)
+        return cls(dataset, net, loader, run_, started_from, loader_note)
 
     def device_description(self) -> str:
         """The device this process trains on, in words: the CPU, or the GPU's name (on
@@ -226,10 +234,10 @@ class TrainingSetup:
 
     def warnings(self) -> list[str]:
         """What the command should say before it starts: a learning rate that stays too low
-        for most of the run (``schedule.slow_start``)."""
+        for most of the run (``schedule.slow_start``), a loader that had to use threads."""
         slow = slow_start(self.net.config.net.values, self.net.iteration + 1,
                           self.run_.schedule.max_batches)
-        return [] if slow is None else [slow]
+        return [note for note in (slow, self.loader_note) if note is not None]
 
     def run(self, progress: bool = True) -> RunResult:
         """Train to max_batches (or Ctrl-C); the loader is closed in every case."""

@@ -298,3 +298,28 @@ def test_darknets_recipe_on_a_cpu_is_projected_in_days_with_the_way_out(tmp_path
     assert re.search(r"for the 6000 iterations left on cpu .*times 64/2", said), said
     assert re.search(r"\d+(\.\d)? (hours|days) for", said), said
     assert "--device metal" in said
+
+
+def test_the_loader_falls_back_to_threads_where_processes_cannot_start(tmp_path, shapes,
+                                                                      monkeypatch):
+    # A GPU run's loader is processes; from a script without a main guard they would run
+    # the script again, so the run uses threads and says why.
+    from darknet_metal.training import run as run_module
+
+    monkeypatch.setattr(run_module, "loader_processes", lambda device: True)
+    cfg = _cfg(tmp_path, 3)
+    for blocker, processes in (("x.py runs its training outside the guard", False),
+                               (None, True)):
+        monkeypatch.setattr("darknet_metal.training.loading.processes.spawn_blocker",
+                            lambda b=blocker: b)
+        setup = run_module.TrainingSetup.create(shapes, cfg, backup=tmp_path / "b",
+                                                chart=False, workers=2)
+        try:
+            assert setup.loader.processes is processes
+            notes = [w for w in setup.warnings() if "the loader uses threads" in w]
+            assert len(notes) == (0 if processes else 1)
+            if not processes:
+                assert "x.py runs its training outside the guard" in notes[0]
+            setup.loader.next()
+        finally:
+            setup.loader.close()

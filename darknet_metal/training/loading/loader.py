@@ -139,8 +139,8 @@ class Loader:
         self._pool: Executor | None = None
         if self.processes:
             check_picklable(self.source, settings)
-            self._shared = SharedBatches()
             self._pool = start_processes(workers, self.source, settings)
+            self._shared = SharedBatches()
         elif workers:
             self._pool = ThreadPoolExecutor(max_workers=workers,
                                             thread_name_prefix=THREAD_NAME_PREFIX)

@@ -10,9 +10,12 @@ hold the samples from their start: a task names only the rows to make.
 
 from __future__ import annotations
 
+import ast
 import multiprocessing
+import os
 import pickle
 import signal
+import sys
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -24,7 +27,7 @@ from .batch import SampleSource, load_slot
 from .settings import LoaderSettings
 from .shared_batches import map_batch
 
-__all__ = ["RowTask", "check_picklable", "row_tasks", "start_processes"]
+__all__ = ["RowTask", "check_picklable", "row_tasks", "spawn_blocker", "start_processes"]
 
 #: Rows of a batch per task, in tasks per worker: a few, so that a slow image (a mosaic of
 #: four large files) does not hold the batch back behind one worker.
@@ -46,6 +49,43 @@ def _start_worker(source: SampleSource, settings: LoaderSettings) -> None:
     _source, _settings = source, settings
 
 
+def _guarded(path: str) -> bool:
+    """Whether the script at ``path`` tests ``__name__ == "__main__"`` at its top level."""
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+            texts = {n.value for n in ast.walk(node.test) if isinstance(n, ast.Constant)}
+            if "__name__" in names and "__main__" in texts:
+                return True
+    return False
+
+
+def spawn_blocker() -> str | None:
+    """Why loader processes cannot start from this program, or None when they can.
+
+    A spawned process imports the program's main module again (Python's rule): a script
+    whose training code is not under ``if __name__ == "__main__":`` would run again in each
+    process. ``python -m package`` (a ``__main__`` module), console scripts and interactive
+    sessions are fine; a script is read (not run) to find the guard."""
+    main = sys.modules.get("__main__")
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    if spec_name is not None and (spec_name == "__main__" or spec_name.endswith(".__main__")):
+        return None
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return None  # interactive: nothing is imported again
+    if _guarded(os.path.abspath(path)):
+        return None
+    return (f"{path} runs its training outside `if __name__ == \"__main__\":`, and loader "
+            "processes import the program's main module again (Python's spawned processes "
+            "do)")
+
+
 def check_picklable(source: SampleSource, settings: LoaderSettings) -> None:
     """Raises ArgumentError when the samples or the boxes callable cannot go to another
     process (a lambda, a local function)."""
@@ -60,7 +100,12 @@ def check_picklable(source: SampleSource, settings: LoaderSettings) -> None:
 
 def start_processes(workers: int, source: SampleSource,
                     settings: LoaderSettings) -> ProcessPoolExecutor:
-    """``workers`` spawned processes holding ``source`` and ``settings``."""
+    """``workers`` spawned processes holding ``source`` and ``settings``; ArgumentError when
+    this program cannot spawn them (``spawn_blocker``)."""
+    blocker = spawn_blocker()
+    if blocker is not None:
+        raise ArgumentError(f"loader processes cannot start: {blocker}; put the training "
+                            "under that guard, or use threads (processes=False)")
     return ProcessPoolExecutor(max_workers=workers,
                                mp_context=multiprocessing.get_context("spawn"),
                                initializer=_start_worker, initargs=(source, settings))

@@ -168,9 +168,34 @@ def subprocess_pid_that_ended():
     return p.pid
 
 
-def test_a_script_without_a_main_guard_gets_told_why(tmp_path):
-    # Spawned processes run such a script again, and fail before they load anything: the
-    # trainer's process says so instead of hanging.
+def _spawn_blocker_of(tmp_path, text, *args):
+    import subprocess
+    import sys
+
+    script = tmp_path / "program.py"
+    script.write_text(text)
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+ASK = "from darknet_metal.training.loading.processes import spawn_blocker\n"
+
+
+def test_which_programs_can_start_loader_processes(tmp_path):
+    guarded = (ASK + "def main():\n    print(spawn_blocker())\n"
+               "if __name__ == '__main__':\n    main()\n")
+    unguarded = ASK + "print(spawn_blocker())\n"
+    assert _spawn_blocker_of(tmp_path, guarded, "program.py") == "None"
+    said = _spawn_blocker_of(tmp_path, unguarded, "program.py")
+    assert "program.py runs its training outside `if __name__ == \"__main__\":`" in said
+    assert _spawn_blocker_of(tmp_path, unguarded, "-m", "program").endswith(
+        "import the program's main module again (Python's spawned processes do)")
+    assert _spawn_blocker_of(tmp_path, "", "-c", unguarded) == "None"  # nothing to import
+
+
+def test_a_script_without_a_main_guard_is_told_why_before_anything_starts(tmp_path):
     import subprocess
     import sys
 
@@ -181,11 +206,10 @@ import numpy as np
 from darknet_metal.training.loading import Loader, LoaderSettings
 loader = Loader([({path!r}, np.array({boxes.tolist()!r}, np.float32))],
                 LoaderSettings(width=32, height=32, batch=2), workers=2, processes=True)
-loader.next()
 """)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert "DarknetMetalError: a loader process ended unexpectedly" in last, done.stderr[-2000:]
-    assert '__name__ == "__main__"' in last
+    assert "ArgumentError: loader processes cannot start:" in last, done.stderr[-2000:]
+    assert '__name__ == "__main__"' in last and "processes=False" in last
