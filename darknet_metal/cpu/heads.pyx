@@ -1,9 +1,8 @@
 # cython: language_level=3
-"""Output heads: the CPU reference for ``[softmax]``, ``[cost]`` and ``[yolo]``.
+"""Output heads: the CPU reference for ``[softmax]`` and ``[cost]`` (``[yolo]`` is ``yolo``).
 
 ``softmax_forward`` is Darknet's softmax_cpu as forward_softmax_layer calls it (no
-hierarchical ``tree=`` softmax). ``yolo_forward`` produces Darknet's ``[yolo]``
-``layer.output`` (forward_yolo_layer at inference): box decoding and NMS are separate.
+hierarchical ``tree=`` softmax).
 
 Training: the loss layers compute their delta in the forward pass, with Darknet's sign
 (``delta = truth - prediction``, the NEGATIVE gradient): ``softmax_cross_entropy_step``
@@ -25,8 +24,7 @@ from cython cimport floating
 from libc.float cimport FLT_MAX
 from libc.math cimport exp
 
-from darknet_metal.cpu.fmath cimport flog, logistic
-from darknet_metal.cpu.kernels cimport DM_ACT_LOGISTIC, dm_act_f32
+from darknet_metal.cpu.fmath cimport flog
 from darknet_metal.cpu.step cimport NativeStep, StepData, new_step
 
 import numpy as np
@@ -239,93 +237,3 @@ def cost_backward_step(delta, x_grad, double scale=1.0) -> NativeStep:
 def cost_backward(delta, x_grad, double scale=1.0) -> None:
     """``cost_backward_step(delta, x_grad, scale)`` run once."""
     cost_backward_step(delta, x_grad, scale).run()
-
-
-# ----------------------------------------------------------------------------------------
-# yolo
-
-cdef enum:  # buffer roles
-    YOLO_X, YOLO_OUT
-
-cdef struct YoloParams:
-    Py_ssize_t tasks    # batch * anchors
-    Py_ssize_t entries  # 5 + classes
-    Py_ssize_t spatial  # H * W
-    double alpha        # scale_x_y
-    double beta         # -0.5 * (scale_x_y - 1), rounded as the dtype computes it
-    bint new_coords
-    bint exact          # Darknet's scalar logistic; else kernels.h's vectorised one (float32)
-
-
-@cython.cdivision(True)
-cdef void _yolo(const floating* src, floating* dst, const YoloParams* p) noexcept nogil:
-    cdef Py_ssize_t spatial = p.spatial, entries = p.entries, task, i, base
-    cdef floating alpha = <floating>p.alpha, beta = <floating>p.beta
-    for task in range(p.tasks):
-        # Anchor a of sample b owns channels [a*entries, (a+1)*entries) of that sample.
-        base = task * entries * spatial
-        for i in range(entries * spatial):
-            dst[base + i] = src[base + i]
-        if not p.new_coords:
-            if floating is float and not p.exact:
-                dm_act_f32(dst + base, 2 * spatial, DM_ACT_LOGISTIC)
-                dm_act_f32(dst + base + 4 * spatial, (entries - 4) * spatial, DM_ACT_LOGISTIC)
-            else:
-                for i in range(2 * spatial):
-                    dst[base + i] = logistic(dst[base + i])
-                for i in range(4 * spatial, entries * spatial):
-                    dst[base + i] = logistic(dst[base + i])
-        for i in range(2 * spatial):
-            dst[base + i] = dst[base + i] * alpha + beta
-
-
-cdef void _yolo_step(const StepData* d) noexcept nogil:
-    cdef const YoloParams* p = <const YoloParams*>d.params
-    if d.f32:
-        _yolo(<const float*>d.buf[YOLO_X], <float*>d.buf[YOLO_OUT], p)
-    else:
-        _yolo(<const double*>d.buf[YOLO_X], <double*>d.buf[YOLO_OUT], p)
-
-
-def yolo_step(x, out, int n, int classes, double scale_x_y=1.0,
-              bint new_coords=False, bint exact=True) -> NativeStep:
-    """Darknet ``[yolo]`` forward: the layer's ``output`` as forward_yolo_layer leaves it.
-
-    x: (N, n*(5+classes), H, W), the preceding convolution's output; out: same shape and
-    dtype (may be x). n is the number of anchors in ``mask``. Per anchor the channels are
-    x, y, w, h, objectness, classes. Unless new_coords, the logistic ``1/(1+exp(-v))`` is
-    applied to x, y, objectness and the classes (w, h are left raw); then, always,
-    ``x, y = v*scale_x_y - 0.5*(scale_x_y - 1)`` (computed in float32 for float32 input,
-    as Darknet's scal_add_cpu does). ``exact``: the logistic is Darknet's scalar
-    ``1/(1+expf(-v))`` (training: the loss sees Darknet's bits); False: for float32, the
-    vectorised logistic of the convolution epilogues (``kernels.h``, within a few ulp of it,
-    about 4x faster).
-    """
-    check_input("x", x)
-    check_out(out, x, x.shape)
-    if n < 1 or classes < 0:
-        raise ArgumentError(f"yolo needs n >= 1 anchors and classes >= 0, got n={n} "
-                         f"classes={classes}")
-    if x.shape[1] != n * (5 + classes):
-        raise ArgumentError(f"yolo with n={n} anchors and classes={classes} needs "
-                         f"{n * (5 + classes)} input channels, got {x.shape[1]}")
-    f32 = x.dtype == np.float32
-    cdef NativeStep step = new_step(_yolo_step, "yolo", (x, out), f32, sizeof(YoloParams))
-    cdef YoloParams* p = <YoloParams*>step.data.params
-    p.tasks = x.shape[0] * n
-    p.entries = 5 + classes
-    p.spatial = x.shape[2] * x.shape[3]
-    if f32:
-        p.alpha = np.float32(scale_x_y)
-        p.beta = np.float32(-0.5) * (np.float32(scale_x_y) - np.float32(1))
-    else:
-        p.alpha = scale_x_y
-        p.beta = -0.5 * (scale_x_y - 1.0)
-    p.new_coords = new_coords
-    p.exact = exact
-    return step
-
-
-def yolo_forward(x, out, int n, int classes, double scale_x_y=1.0, bint new_coords=False) -> None:
-    """``yolo_step(x, out, n, classes, scale_x_y, new_coords)`` run once."""
-    yolo_step(x, out, n, classes, scale_x_y, new_coords).run()

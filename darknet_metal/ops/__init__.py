@@ -17,7 +17,7 @@ from __future__ import annotations
 from darknet_metal.ops.base import Op, Params, Shape
 from darknet_metal.ops.combine import SamOp, ScaleChannelsOp, ShortcutOp
 from darknet_metal.ops.conv import ConnectedOp, ConvolutionalOp
-from darknet_metal.ops.heads import SoftmaxOp, YoloOp
+from darknet_metal.ops.heads import SoftmaxOp
 from darknet_metal.ops.identity import CostOp, DropoutOp
 from darknet_metal.ops.layers import (
     OPS,
@@ -30,6 +30,7 @@ from darknet_metal.ops.layers import (
 from darknet_metal.ops.pooling import AvgpoolOp, MaxpoolOp
 from darknet_metal.ops.resample import Reorg3dOp, ReorgOp, UpsampleOp
 from darknet_metal.ops.route import RouteOp
+from darknet_metal.ops.yolo import YoloOp
 
 __all__ = ["LAYER_KINDS", "OPS", "Op", "Params", "Shape", "build_layer", "build_layers",
            "init_params", "op_class", "register"]

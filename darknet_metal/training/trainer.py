@@ -24,7 +24,7 @@ import numpy as np
 
 from darknet_metal.cpu import update as cpu_update
 from darknet_metal.cpu.fill import copy_finite
-from darknet_metal.cpu.yolo_loss import YOLO_STAT_NAMES, check_truths
+from darknet_metal.cpu.yolo import YOLO_STAT_NAMES, check_truths
 from darknet_metal.errors import ArgumentError, MemoryLimitError, NonFiniteError
 from darknet_metal.model.cfg import NetConfig
 from darknet_metal.model.weights import Params, WeightsHeader
@@ -79,7 +79,7 @@ class TrainableNetwork(Protocol):
 @dataclass
 class HeadReport:
     """One ``[yolo]`` layer's statistics over an iteration's mini-batches (see
-    ``cpu.yolo_loss``): Darknet V5's verbose line (avg_iou, count, class_loss, iou_loss,
+    ``cpu.yolo``): Darknet V5's verbose line (avg_iou, count, class_loss, iou_loss,
     total_loss, per image of the last mini-batch) and the classic ones (avg_obj, avg_noobj,
     avg_class_prob, recall50, recall75)."""
 

@@ -29,6 +29,7 @@ from reference import (
 from shared_paths import SHARED
 
 from darknet_metal.cpu import combine, executor, heads, pooling, resample
+from darknet_metal.cpu import yolo as cpu_yolo
 from darknet_metal.errors import ArgumentError, CfgError
 from darknet_metal.model.cfg import parse_cfg_text
 from darknet_metal.ops import build_layers
@@ -417,7 +418,7 @@ def test_softmax_matches_opencv(tmp_path):
 def test_yolo(n, classes, scale_x_y, new_coords, hw, dtype, exact):
     x = _rand((2, n * (5 + classes), *hw), n + classes, dtype, scale=3.0)
     out = np.empty_like(x)
-    heads.yolo_step(x, out, n, classes, scale_x_y, new_coords, exact=exact).run()
+    cpu_yolo.yolo_step(x, out, n, classes, scale_x_y, new_coords, exact=exact).run()
     rtol = 1e-6 if dtype == np.float32 else 1e-14
     np.testing.assert_allclose(
         out, np_yolo(x, n, classes, scale_x_y, new_coords), rtol=rtol, atol=rtol
@@ -443,7 +444,7 @@ def test_yolo_matches_opencv_detections(tmp_path):
     net.setInput(x)
     rows = net.forward(opencv_layer_names(net)[1]).reshape(2, h, w, n, 5 + classes)
     out = np.empty_like(x)
-    heads.yolo_forward(x, out, n, classes, sxy)
+    cpu_yolo.yolo_forward(x, out, n, classes, sxy)
     v = out.reshape(2, n, 5 + classes, h, w).transpose(0, 3, 4, 1, 2)  # (N, y, x, anchor, k)
     ys, xs = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
     ours = np.concatenate(
@@ -468,7 +469,7 @@ def test_yolo_matches_darknet_golden(stem, conv, yolo, hw, exact):
     expected = np.fromfile(GOLDEN / f"{stem}_layer{yolo}.bin", "<f4").reshape(1, 255, hw, hw)
     out = np.empty_like(x)
     # yolov3-tiny: mask of 3 anchors, 80 classes.
-    heads.yolo_step(x, out, 3, 80, exact=exact).run()
+    cpu_yolo.yolo_step(x, out, 3, 80, exact=exact).run()
     # w and h are copied untouched; the logistic channels differ by a few ulps at most
     # because the golden binary was built with fast-math, whose vectorised expf rounds
     # differently from the scalar expf used here.
@@ -488,7 +489,7 @@ def test_batch_items_are_independent():
         (x, lambda a, o: pooling.maxpool_forward(a, o, 3, 2, 2, 2), (8, 3, 2)),
         (x, lambda a, o: resample.reorg_forward(a, o, 2), (32, 3, 2)),
         (x, lambda a, o: heads.softmax_forward(a, o, 2, 1.0), (8, 6, 4)),
-        (_rand((2, 12, 3, 5), 3), lambda a, o: heads.yolo_forward(a, o, 2, 1, 1.1), (12, 3, 5)),
+        (_rand((2, 12, 3, 5), 3), lambda a, o: cpu_yolo.yolo_forward(a, o, 2, 1, 1.1), (12, 3, 5)),
     ]
     for inp, fn, shape in cases:
         both = np.empty((2, *shape), np.float32)
@@ -536,7 +537,7 @@ GUARD_CASES = [
     ((2, 8, 6, 4), (2, 32, 3, 2), lambda x, o: resample.reorg_forward(x, o, 2)),
     ((2, 8, 3, 2), (2, 2, 6, 4), lambda x, o: resample.reorg_forward(x, o, 2, True)),
     ((2, 6, 1, 1), (2, 6, 1, 1), lambda x, o: heads.softmax_forward(x, o, 3)),
-    ((2, 12, 3, 5), (2, 12, 3, 5), lambda x, o: heads.yolo_forward(x, o, 2, 1, 1.1)),
+    ((2, 12, 3, 5), (2, 12, 3, 5), lambda x, o: cpu_yolo.yolo_forward(x, o, 2, 1, 1.1)),
     ((2, 3, 5, 7), (2, 3, 5, 7), lambda x, o: combine.sam_forward(x, x, o)),
 ]
 
@@ -605,7 +606,7 @@ def test_bad_shapes_raise_value_errors_naming_the_expectation():
     with pytest.raises(ValueError, match="temperature"):
         heads.softmax_forward(np.zeros((2, 7), np.float32), np.zeros((2, 7), np.float32), 1, 0.0)
     with pytest.raises(ValueError, match="needs 255 input channels"):
-        heads.yolo_forward(x, np.empty_like(x), 3, 80)
+        cpu_yolo.yolo_forward(x, np.empty_like(x), 3, 80)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tests of the ``[yolo]`` training loss (``darknet_metal.cpu.yolo_loss``).
+"""Tests of the ``[yolo]`` training loss (``darknet_metal.cpu.yolo``).
 
 References: the real Darknet V5's ``[yolo]`` deltas, costs and verbose statistics in
 ../shared/golden/darknet-v5-train (CIoU, DIoU, MSE and GIoU heads), and a float64 NumPy
@@ -18,8 +18,7 @@ import pytest
 from reference import NpYoloLoss
 from training_golden import YOLO_CASES, yolo_passes
 
-from darknet_metal.cpu import heads
-from darknet_metal.cpu import yolo_loss as yl
+from darknet_metal.cpu import yolo as yl
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 
 STATS = len(yl.YOLO_STAT_NAMES)
@@ -55,7 +54,7 @@ def random_case(seed, *, n_img=2, h=5, w=7, classes=3, mask=(1, 3, 4), net=(64, 
     n, e = len(mask), 5 + classes
     x = rng.normal(0, 1.0, (n_img, n * e, h, w))
     out = np.empty_like(x)
-    heads.yolo_forward(x, out, n, classes, scale_x_y, new_coords)
+    yl.yolo_forward(x, out, n, classes, scale_x_y, new_coords)
     if new_coords:
         out.reshape(n_img, n, e, h, w)[:, :, :] = rng.uniform(0.05, 0.95, (n_img, n, e, h, w))
     truths = np.zeros((n_img, 7, 5))
@@ -245,13 +244,13 @@ def test_runs_in_a_step_list_after_the_forward():
     rng = np.random.default_rng(13)
     logits = rng.normal(size=output.shape).astype(np.float32)
     delta, stats = np.zeros_like(output), np.zeros(STATS)
-    steps = StepList([heads.yolo_step(logits, output, 3, 3, 1.05),
+    steps = StepList([yl.yolo_step(logits, output, 3, 3, 1.05),
                       yl.yolo_loss_step(output, delta, truths, stats, **options)],
                      input_array=logits)
     other = rng.normal(size=output.shape).astype(np.float32)
     steps.run(other)
     expected = np.empty_like(output)
-    heads.yolo_forward(other, expected, 3, 3, 1.05)
+    yl.yolo_forward(other, expected, 3, 3, 1.05)
     np.testing.assert_array_equal(output, expected)
     np.testing.assert_array_equal(delta, run_loss(expected, truths, **options)[0])
 
@@ -298,7 +297,7 @@ def test_huge_logits_give_finite_delta_and_cost(iou_loss, dtype):
     rng = np.random.default_rng(10)
     output, truths, options = random_case(10, dtype=dtype)
     x = (rng.choice([-1e4, 1e4], output.shape)).astype(dtype)
-    heads.yolo_forward(x, output, 3, 3, 1.05, False)
+    yl.yolo_forward(x, output, 3, 3, 1.05, False)
     delta, stats = run_loss(output, truths, **options, iou_loss=iou_loss, iou_thresh=0.2,
                             iou_normalizer=0.07)
     assert np.isfinite(delta).all()

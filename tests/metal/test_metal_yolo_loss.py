@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from training_golden import YOLO_CASES, yolo_passes
 
-from darknet_metal.cpu import heads
-from darknet_metal.cpu import yolo_loss as yl
+from darknet_metal.cpu import yolo as yl
 from darknet_metal.diagnostics.kernel_cases import case
 from darknet_metal.diagnostics.kernel_cases.yolo import (
     LOSSES,
@@ -68,7 +67,7 @@ def test_huge_logits_give_finite_delta_and_stats(any_math_device, iou_loss):
     head = YoloHead()
     output, truths = head.draw(np.random.default_rng(10))
     x = np.random.default_rng(10).choice([-1e4, 1e4], output.shape).astype(np.float32)
-    heads.yolo_forward(x, output, 3, 3, 1.05, False)
+    yl.yolo_forward(x, output, 3, 3, 1.05, False)
     result = run_case(any_math_device, _loss_case("huge_logits", output, truths,
                                                   _extreme_options(head, iou_loss)))
     for name in ("delta", "stats"):

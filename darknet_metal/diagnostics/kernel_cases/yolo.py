@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from darknet_metal.cpu import heads
-from darknet_metal.cpu import yolo_loss as yl
+from darknet_metal.cpu import yolo as yl
 from darknet_metal.diagnostics.kernel_cases.half import near_half
 from darknet_metal.diagnostics.kernel_parity import (
     CaseData,
@@ -34,7 +33,7 @@ STATS = len(yl.YOLO_STAT_NAMES)
 FLT_MAX = float(np.finfo(np.float32).max)
 ANCHORS9 = ((6, 7), (10, 14), (16, 12), (22, 26), (34, 30), (48, 52), (60, 45), (80, 90),
             (110, 100))
-#: The loss keywords of ``yolo_loss.yolo_loss`` besides the head's own, with Darknet's
+#: The loss keywords of ``cpu.yolo.yolo_loss`` besides the head's own, with Darknet's
 #: defaults.
 LOSS_DEFAULTS: dict[str, Any] = dict(
     ignore_thresh=0.5, truth_thresh=1.0, iou_thresh=1.0, iou_thresh_kind="iou",
@@ -53,7 +52,7 @@ def _yolo(shape: tuple[int, int, int, int], anchors: int, classes: int, scale_x_
     def make(rng: np.random.Generator) -> CaseData:
         x = normal(rng, shape, 3.0)
         want = np.empty_like(x)
-        heads.yolo_forward(x, want, anchors, classes, scale_x_y, new_coords)
+        yl.yolo_forward(x, want, anchors, classes, scale_x_y, new_coords)
         return CaseData({"x": x, "y": nan_filled(shape)}, (Check("y", want, Close(1e-6, 1e-7)),))
 
     return KernelCase(
@@ -117,7 +116,7 @@ class YoloHead:
         return (self.n_img, len(self.mask) * (5 + self.classes), self.h, self.w)
 
     def options(self, **loss: Any) -> dict[str, Any]:
-        """The keywords of ``yolo_loss.yolo_loss`` for this head, with ``loss``'s."""
+        """The keywords of ``cpu.yolo.yolo_loss`` for this head, with ``loss``'s."""
         return dict(anchors=list(self.anchors), mask=list(self.mask), classes=self.classes,
                     net_w=self.net[0], net_h=self.net[1], new_coords=self.new_coords, **loss)
 
@@ -127,7 +126,7 @@ class YoloHead:
         net, mask, anchors = self.net, self.mask, self.anchors
         x = rng.normal(0, 1.0, (self.n_img, n * e, self.h, self.w)).astype(np.float32)
         out = np.empty_like(x)
-        heads.yolo_forward(x, out, n, self.classes, 1.05, self.new_coords)
+        yl.yolo_forward(x, out, n, self.classes, 1.05, self.new_coords)
         o = out.reshape(self.n_img, n, e, self.h, self.w)
         if self.new_coords:
             o[:] = rng.uniform(0.05, 0.95, o.shape)
