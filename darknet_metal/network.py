@@ -4,7 +4,7 @@ The network is the model (config, layers, parameters, ``seen``) and the executor
 passes on a device. What other parts need of it is public: ``executor`` (built on first use),
 ``exclusive()`` (one pass or training step at a time), ``params_changed()`` (the parameters
 were changed in place). Detection (``inference.Detector``, ``DetectionStream``) and training
-(``training.Trainer``) are built around a network; ``detect``, ``stream``, ``train_step`` and
+(``trainer.Trainer``) are built around a network; ``detect``, ``stream``, ``train_step`` and
 the other training calls here are conveniences that hold no state of their own.
 """
 
@@ -25,7 +25,6 @@ from darknet_metal.errors import (
     ArgumentTypeError,
     CfgError,
     DeviceError,
-    MemoryLimitError,
 )
 from darknet_metal.inference.boxes import Detection, YoloHead
 from darknet_metal.inference.detector import Detector, ImageSource
@@ -44,16 +43,17 @@ from darknet_metal.ops import Op, build_layers, init_params
 from darknet_metal.runtime.backend import Backend
 from darknet_metal.runtime.memory import (
     PassMemory,
+    check_load_memory,
+    check_pass_memory,
     format_bytes,
-    physical_memory,
     plan_pass_memory,
 )
 from darknet_metal.runtime.network_profile import profile_network
 from darknet_metal.runtime.pass_ring import PassRing
 from darknet_metal.runtime.profile import DevicePeaks, Profile
 from darknet_metal.runtime.program import STORAGE, stored_itemsize
-from darknet_metal.training.schedule import learning_rate
-from darknet_metal.training.trainer import Gradients, StepReport, Trainer
+from darknet_metal.trainer.schedule import learning_rate
+from darknet_metal.trainer.trainer import Gradients, StepReport, Trainer
 
 #: Devices ``load`` accepts: the CPU reference, the Apple GPU, the CPU emulator of the
 #: Metal compute model (the same kernels as "metal"), and "cuda": the same kernels translated
@@ -180,7 +180,7 @@ class Network:
     def check_memory(self, batch: int) -> None:
         """Raise ``MemoryLimitError`` if a pass at ``batch`` needs more memory than the
         machine has (checked before anything is allocated)."""
-        _check_pass_memory(self.config, batch, self.memory_bytes(batch), self.parameter_bytes)
+        check_pass_memory(self.config, batch, self.memory_bytes(batch), self.parameter_bytes)
 
     def to(self, device: str) -> Network:
         """Moves the network to ``device`` ("cpu", "metal", "emu", "cuda") and returns it.
@@ -359,7 +359,7 @@ class Network:
         with self._lock:
             write_weights(path, self.layers, self.params, self.header)
 
-    # -- training: conveniences over ``training.Trainer.of(self)`` ---------------------------
+    # -- training: conveniences over ``trainer.Trainer.of(self)`` ---------------------------
 
     def export_onnx(self, path: str | os.PathLike[str], *, batch: int | str = 1,
                     outputs: str = "raw", fp16: bool = False, opset: int | None = None) -> None:
@@ -376,7 +376,7 @@ class Network:
                    reduce: Callable[[float], tuple[int, float]] | None = None,
                    carry_momentum: bool = True) -> StepReport:
         """One Darknet training iteration: ``Trainer.of(self).step`` (see
-        ``darknet_metal.training.Trainer.step`` for ``x``, ``truths``, ``reduce``,
+        ``darknet_metal.trainer.Trainer.step`` for ``x``, ``truths``, ``reduce``,
         ``carry_momentum`` and the errors)."""
         return Trainer.of(self).step(x, truths, reduce, carry_momentum=carry_momentum)
 
@@ -542,51 +542,6 @@ def _make_backend(device: str, specs: list[Op], params: dict[int, Params],
     return GpuBackend(specs, params, dtype, device=device, precision=precision)
 
 
-def _check_pass_memory(config: NetConfig, batch: int, needed: int,
-                       parameter_bytes: int) -> None:
-    """MemoryLimitError when a pass at ``batch`` (``needed`` bytes with the parameters)
-    needs more memory than this machine has."""
-    available = physical_memory()
-    if available is None or needed <= available:
-        return
-    c, h, w = input_shape(config)
-    raise MemoryLimitError(
-        f"{config.path}: the network needs about {format_bytes(needed)} for a batch "
-        f"of {batch} at {w}x{h} ({format_bytes(needed - parameter_bytes)} of layer "
-        f"outputs and workspaces, {format_bytes(parameter_bytes)} of parameters), "
-        f"more than this machine's {format_bytes(available)}: lower width and height in "
-        "[net] (or pass input_size=(W, H) to load) or use a smaller batch",
-        needed=needed, available=available,
-    )
-
-
-def _check_load_memory(config: NetConfig, layers: Sequence[Op], batch: int,
-                       itemsize: int) -> PassMemory | None:
-    """Before any parameter is allocated: MemoryLimitError when the float32 parameters alone
-    (a cfg asking for billions of filters; naming the layer holding the most), or they with
-    a pass at ``batch`` (``Network.memory_bytes``' estimate), need more memory than this
-    machine has. Returns the pass's planned memory (None where the machine's is unknown)."""
-    sizes = [(spec, 4 * sum(int(np.prod(shape, dtype=object)) for shape in
-                            spec.param_shapes.values())) for spec in layers]
-    parameters = sum(size for _, size in sizes)
-    available = physical_memory()
-    if available is None:
-        return None
-    if parameters > available:
-        largest, most = max(sizes, key=lambda pair: pair[1])
-        raise MemoryLimitError(
-            f"{config.path}: the parameters need about {format_bytes(parameters)}, more than "
-            f"this machine's {format_bytes(available)}; layer {largest.index} "
-            f"[{largest.kind}] alone holds {format_bytes(most)}",
-            needed=parameters, available=available,
-        )
-    c, h, w = input_shape(config)
-    planned = plan_pass_memory(layers, itemsize)
-    needed = planned.at(batch) + batch * c * h * w * itemsize + parameters
-    _check_pass_memory(config, batch, needed, parameters)
-    return planned
-
-
 def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None, *,
          names: str | os.PathLike[str] | Sequence[str] | None = None, device: str = "cpu",
          batch: int | None = None, subdivisions: int | None = None, seed: int | None = None,
@@ -635,7 +590,7 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     if subdivisions is not None:
         config.net.values["subdivisions"] = subdivisions
     layers = build_layers(config)
-    planned = _check_load_memory(config, layers, batch or 1,
+    planned = check_load_memory(config, layers, batch or 1,
                                  stored_itemsize(precision, np.dtype(dtype)))
     params = init_params(layers, seed)
     header = WeightsHeader()

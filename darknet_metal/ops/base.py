@@ -57,7 +57,7 @@ class Op:
     output_is_input: ClassVar[bool] = False
     #: In training, the layer's delta is its input's (its backward works on it in place).
     delta_is_input_delta: ClassVar[bool] = False
-    #: What training does with the kind's own keys (``darknet_metal.training.keys``): key ->
+    #: What training does with the kind's own keys (``darknet_metal.trainer.keys``): key ->
     #: IMPLEMENTED, DATA, NO_EFFECT, INFERENCE_ONLY, or the reason a non-default value is
     #: refused. Keys not listed shape the network and train as they infer.
     training_keys: ClassVar[Mapping[str, str]] = {}

@@ -1,7 +1,7 @@
 """The words an op uses for what training does with each of its kind's cfg keys.
 
 Each op lists its kind's keys in ``training_keys`` (key -> one of these, or the reason a
-non-default value is refused); ``darknet_metal.training.keys`` tables the ``[net]`` keys and
+non-default value is refused); ``darknet_metal.trainer.keys`` tables the ``[net]`` keys and
 those every layer takes, and checks a cfg against both when training starts.
 
 - ``IMPLEMENTED``: training does what Darknet does with it;

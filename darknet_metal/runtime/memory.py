@@ -15,6 +15,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from darknet_metal.errors import MemoryLimitError
+from darknet_metal.model.cfg import NetConfig, input_shape
 from darknet_metal.runtime.program import Program, Tensor
 
 if TYPE_CHECKING:
@@ -133,3 +137,48 @@ def format_bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+def check_pass_memory(config: NetConfig, batch: int, needed: int,
+                       parameter_bytes: int) -> None:
+    """MemoryLimitError when a pass at ``batch`` (``needed`` bytes with the parameters)
+    needs more memory than this machine has."""
+    available = physical_memory()
+    if available is None or needed <= available:
+        return
+    c, h, w = input_shape(config)
+    raise MemoryLimitError(
+        f"{config.path}: the network needs about {format_bytes(needed)} for a batch "
+        f"of {batch} at {w}x{h} ({format_bytes(needed - parameter_bytes)} of layer "
+        f"outputs and workspaces, {format_bytes(parameter_bytes)} of parameters), "
+        f"more than this machine's {format_bytes(available)}: lower width and height in "
+        "[net] (or pass input_size=(W, H) to load) or use a smaller batch",
+        needed=needed, available=available,
+    )
+
+
+def check_load_memory(config: NetConfig, layers: Sequence[Layer], batch: int,
+                       itemsize: int) -> PassMemory | None:
+    """Before any parameter is allocated: MemoryLimitError when the float32 parameters alone
+    (a cfg asking for billions of filters; naming the layer holding the most), or they with
+    a pass at ``batch`` (the estimate of a network's ``memory_bytes``), need more memory than this
+    machine has. Returns the pass's planned memory (None where the machine's is unknown)."""
+    sizes = [(spec, 4 * sum(int(np.prod(shape, dtype=object)) for shape in
+                            spec.param_shapes.values())) for spec in layers]
+    parameters = sum(size for _, size in sizes)
+    available = physical_memory()
+    if available is None:
+        return None
+    if parameters > available:
+        largest, most = max(sizes, key=lambda pair: pair[1])
+        raise MemoryLimitError(
+            f"{config.path}: the parameters need about {format_bytes(parameters)}, more than "
+            f"this machine's {format_bytes(available)}; layer {largest.index} "
+            f"[{largest.kind}] alone holds {format_bytes(most)}",
+            needed=parameters, available=available,
+        )
+    c, h, w = input_shape(config)
+    planned = plan_pass_memory(layers, itemsize)
+    needed = planned.at(batch) + batch * c * h * w * itemsize + parameters
+    check_pass_memory(config, batch, needed, parameters)
+    return planned

@@ -1,15 +1,9 @@
-"""Training: ``Trainer`` (one iteration of a network: mini-batches forward and backward, then
-the update), Darknet's learning-rate schedule (``schedule``), what training does with each
-cfg key (``keys``), the data loader (``loading``), checkpoints, the training run and its
-command (``session``, ``run``, ``cli``) and training across processes (``distributed``).
+"""Training runs: the data loader (``loading``), checkpoints, the training run and its command
+(``session``, ``run``, ``cli``, ``from_model``, ``cfg_command``), its progress output
+(``progress``) and training across processes (``distributed``). One iteration of a network
+is ``darknet_metal.trainer``'s, below the network.
 
-Owns: everything that changes a network's parameters. May import: ``errors``, ``files``,
+Owns: a run that trains a network over a dataset. May import: ``errors``, ``files``,
 ``arguments``, ``model``, ``ops``, ``runtime``, ``cpu``, ``inference`` (images and boxes),
-``datasets``, ``evaluation``, and ``network`` (to load the network a run trains; the trainer
-reaches a network only through ``trainer.TrainableNetwork``).
+``datasets``, ``evaluation``, ``trainer``, and ``network`` (to load the network a run trains).
 """
-
-from darknet_metal.training.schedule import learning_rate
-from darknet_metal.training.trainer import Gradients, StepReport, Trainer
-
-__all__ = ["Gradients", "StepReport", "Trainer", "learning_rate"]

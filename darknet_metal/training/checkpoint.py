@@ -41,7 +41,7 @@ import numpy as np
 
 from darknet_metal.errors import CheckpointError
 from darknet_metal.model.weights import weights_bytes
-from darknet_metal.training.trainer import Trainer
+from darknet_metal.trainer.trainer import Trainer
 
 if TYPE_CHECKING:
     from darknet_metal.network import Network

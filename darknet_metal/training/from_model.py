@@ -91,7 +91,7 @@ def prepare(args: argparse.Namespace, say: Any) -> Prepared:
 def _fitting(args: argparse.Namespace, derived: Any, say: Any) -> Any:
     """The derived cfg with the fewest subdivisions whose training pass fits this machine's
     memory (the trainer's own check, on the device the run uses)."""
-    from darknet_metal.training.trainer import Trainer
+    from darknet_metal.trainer.trainer import Trainer
 
     batch = args.batch
     tried = []

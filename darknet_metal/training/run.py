@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from darknet_metal.errors import ArgumentError, DatasetError
+from darknet_metal.trainer.schedule import slow_start
+from darknet_metal.trainer.trainer import Trainer
 from darknet_metal.training.checkpoint import Checkpoint, find_checkpoint
 from darknet_metal.training.distributed import Collective
-from darknet_metal.training.schedule import slow_start
 from darknet_metal.training.session import RunResult, Schedule, TrainingRun
-from darknet_metal.training.trainer import Trainer
 
 
 class LoaderSource:

@@ -19,7 +19,7 @@ from shared_paths import CFG_DIR
 import darknet_metal as dm
 from darknet_metal.runtime.memory import plan_memory
 from darknet_metal.runtime.program import INPUT
-from darknet_metal.training.trainer import Trainer
+from darknet_metal.trainer.trainer import Trainer
 
 BATCH = 16
 NETWORKS = [("yolov3-tiny", 224), ("yolov3-tiny", 416), ("yolov4-tiny", 224),

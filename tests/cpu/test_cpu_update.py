@@ -17,7 +17,7 @@ from training_golden import CASES, TRAIN, cfg_net_values, read_golden
 from darknet_metal.cpu import executor, update
 from darknet_metal.errors import ArgumentError, ArgumentTypeError
 from darknet_metal.fp32 import fma32
-from darknet_metal.training import learning_rate
+from darknet_metal.trainer import learning_rate
 
 DTYPES = [np.float32, np.float64]
 # Darknet's accumulator names per parameter kind; decay applies to weights only.

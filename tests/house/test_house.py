@@ -48,11 +48,12 @@ def test_every_import_runs_down_the_floors() -> None:
 def test_a_planted_upward_import_and_an_unplaced_module_are_found() -> None:
     graph = {"darknet_metal.model.cfg": {"darknet_metal.ops.base"},
              "darknet_metal.ops.base": {"darknet_metal.model.cfg"},
-             "darknet_metal.network": {"darknet_metal.training.trainer"},
-             "darknet_metal.training.trainer": set(),
+             "darknet_metal.network": {"darknet_metal.trainer.trainer"},
+             "darknet_metal.trainer.trainer": {"darknet_metal.network"},
              "darknet_metal.somewhere.new": {"darknet_metal.errors"}}
     assert upward_imports(graph) == ["darknet_metal.model.cfg -> darknet_metal.ops.base",
-                                     "unplaced: darknet_metal.somewhere.new"]
+                                     "unplaced: darknet_metal.somewhere.new",
+                                     "darknet_metal.trainer.trainer -> darknet_metal.network"]
 
 
 def test_cython_imports_are_read() -> None:

@@ -181,10 +181,10 @@ def test_parameters_larger_than_memory_are_refused_before_allocation(tmp_path):
 
 
 def test_a_larger_batch_is_checked_at_forward(net, x, monkeypatch):
-    import darknet_metal.network as network
+    import darknet_metal.runtime.memory as memory
 
     needed = net.memory_bytes(4)
-    monkeypatch.setattr(network, "physical_memory", lambda: needed - 1)
+    monkeypatch.setattr(memory, "physical_memory", lambda: needed - 1)
     net.forward(x)  # batch 1 fits
     with pytest.raises(MemoryLimitError, match="batch of 4"):
         net.forward(np.repeat(x, 4, axis=0))

@@ -9,7 +9,7 @@ from training_golden import TRAIN
 
 import darknet_metal as dm
 from darknet_metal.errors import ArgumentError, NonFiniteError
-from darknet_metal.training.trainer import Trainer
+from darknet_metal.trainer.trainer import Trainer
 
 CASE = TRAIN / "micro-v4-sgd"
 
@@ -144,7 +144,7 @@ def test_bad_input(tmp_path):
 
 def test_a_training_pass_too_large_for_the_machine_names_subdivisions_that_fit(
         tmp_path, monkeypatch):
-    from darknet_metal.training import trainer
+    from darknet_metal.trainer import trainer
 
     net = _net(tmp_path, subdivisions=1)
     x, truths = _batch(net)
@@ -188,7 +188,7 @@ def test_a_resize_that_does_not_fit_changes_nothing(tmp_path, device, monkeypatc
     # The refused size's sizing programs must not replace the arrays the kept programs
     # were built with (a loss layer's truths): later steps equal those of a network that
     # never tried.
-    from darknet_metal.training import trainer
+    from darknet_metal.trainer import trainer
 
     nets = [_net(tmp_path, burn_in=0, device=device, name=f"n{i}") for i in range(2)]
     x, truths = _batch(nets[0])

@@ -14,7 +14,7 @@ from float64_judge import judge
 from training_golden import TRAIN, read_golden
 
 import darknet_metal as dm
-from darknet_metal.training.trainer import Trainer
+from darknet_metal.trainer.trainer import Trainer
 
 GOLDEN = read_golden()
 

@@ -8,7 +8,7 @@ from darknet_metal.errors import CfgError
 from darknet_metal.model.cfg import parse_cfg_text
 from darknet_metal.model.cfg_schema import SCHEMA
 from darknet_metal.ops import OPS
-from darknet_metal.training.keys import (
+from darknet_metal.trainer.keys import (
     REFUSED,
     TRAINING_KEYS,
     check_training_keys,

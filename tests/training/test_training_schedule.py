@@ -17,8 +17,8 @@ from training_golden import CASES, TRAIN, cfg_net_values, net_values
 
 from darknet_metal.errors import ArgumentError, ArgumentTypeError, CfgError
 from darknet_metal.model.cfg_schema import POLICIES
-from darknet_metal.training import learning_rate
-from darknet_metal.training.schedule import slow_start
+from darknet_metal.trainer import learning_rate
+from darknet_metal.trainer.schedule import slow_start
 
 with open(TRAIN / "lr_schedule.json") as _f:
     SCHEDULES = json.load(_f)["schedules"]

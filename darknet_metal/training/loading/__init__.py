@@ -7,7 +7,7 @@
 - :func:`random_size`: ``random=1``'s input size for an iteration.
 
 Owns: turning dataset samples into training batches. May import: ``errors``, ``model``,
-``ops`` (which keys an op leaves to the loader), ``training.keys``, ``datasets`` and
+``ops`` (which keys an op leaves to the loader), ``trainer.keys``, ``datasets`` and
 ``inference``; nothing of networks or their executors.
 """
 

@@ -168,7 +168,7 @@ def settings_from_cfg(config: NetConfig, **overrides: Any) -> LoaderSettings:
     # The detection head whose keys Darknet reads: the last layer whose op leaves its
     # jitter to the data loader (the [yolo] layers).
     from darknet_metal.ops import op_class
-    from darknet_metal.training.keys import DATA
+    from darknet_metal.trainer.keys import DATA
 
     heads = [s for s in config.layers if op_class(s.kind).training_keys.get("jitter") == DATA]
     last: Section | None = heads[-1] if heads else None

@@ -22,7 +22,7 @@ from float64_judge import judge
 import darknet_metal as dm
 from darknet_metal.model.bundled import get_spec
 from darknet_metal.runtime import staging
-from darknet_metal.training.trainer import Trainer
+from darknet_metal.trainer.trainer import Trainer
 
 SIZE = 64
 

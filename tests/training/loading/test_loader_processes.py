@@ -67,7 +67,7 @@ def test_processes_make_the_batches_threads_make(tmp_path):
 
 def test_a_trainer_reads_the_shared_arrays_in_place(tmp_path):
     from darknet_metal.model.derive import derive_cfg
-    from darknet_metal.training.trainer import Trainer
+    from darknet_metal.trainer.trainer import Trainer
 
     cfg = tmp_path / "tiny.cfg"
     cfg.write_text(derive_cfg("yolov3-tiny", 12, max_batches=10).text)

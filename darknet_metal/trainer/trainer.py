@@ -33,8 +33,8 @@ from darknet_metal.runtime.backend import Backend, BoundProgram, StepGuard, Upda
 from darknet_metal.runtime.memory import format_bytes, physical_memory, plan_memory
 from darknet_metal.runtime.program import INPUT, Program, Tensor
 from darknet_metal.runtime.train_state import ArrayUpdate, Optimizer, TrainState
-from darknet_metal.training.keys import check_training_keys
-from darknet_metal.training.schedule import learning_rate
+from darknet_metal.trainer.keys import check_training_keys
+from darknet_metal.trainer.schedule import learning_rate
 
 
 def _one_at_a_time(method: Callable[..., Any]) -> Callable[..., Any]:
