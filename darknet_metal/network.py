@@ -109,10 +109,12 @@ class Network:
         self._params_stale = False
         # A network's executor reuses its memory from pass to pass: one pass at a time.
         self._lock = threading.RLock()
-        # What a pass plans (load's memory check has planned it already).
+        # What a pass plans, and the check that a pass at ``batch`` fits (``load`` has
+        # planned and checked it already, to the byte this check counts).
         self._pass_memory = pass_memory or plan_pass_memory(
             layers, stored_itemsize(self.precision, self.dtype))
-        self.check_memory(batch)
+        if pass_memory is None:
+            self.check_memory(batch)
         # Batch sizes already found to fit: forward checks each new one once.
         self._fitting_batches = {batch}
 
@@ -591,7 +593,8 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
         config.net.values["subdivisions"] = subdivisions
     layers = build_layers(config)
     planned = check_load_memory(config, layers, batch or 1,
-                                 stored_itemsize(precision, np.dtype(dtype)))
+                                stored_itemsize(precision, np.dtype(dtype)),
+                                np.dtype(dtype).itemsize)
     params = init_params(layers, seed)
     header = WeightsHeader()
     coverage = None

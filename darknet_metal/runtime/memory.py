@@ -158,11 +158,12 @@ def check_pass_memory(config: NetConfig, batch: int, needed: int,
 
 
 def check_load_memory(config: NetConfig, layers: Sequence[Layer], batch: int,
-                       itemsize: int) -> PassMemory | None:
+                      itemsize: int, input_itemsize: int) -> PassMemory | None:
     """Before any parameter is allocated: MemoryLimitError when the float32 parameters alone
     (a cfg asking for billions of filters; naming the layer holding the most), or they with
-    a pass at ``batch`` (the estimate of a network's ``memory_bytes``), need more memory than this
-    machine has. Returns the pass's planned memory (None where the machine's is unknown)."""
+    a pass at ``batch`` (a network's ``memory_bytes``: tensors stored at ``itemsize`` bytes,
+    the input at ``input_itemsize``), need more memory than this machine has. Returns the
+    pass's planned memory (None where the machine's is unknown)."""
     sizes = [(spec, 4 * sum(int(np.prod(shape, dtype=object)) for shape in
                             spec.param_shapes.values())) for spec in layers]
     parameters = sum(size for _, size in sizes)
@@ -179,6 +180,6 @@ def check_load_memory(config: NetConfig, layers: Sequence[Layer], batch: int,
         )
     c, h, w = input_shape(config)
     planned = plan_pass_memory(layers, itemsize)
-    needed = planned.at(batch) + batch * c * h * w * itemsize + parameters
+    needed = planned.at(batch) + batch * c * h * w * input_itemsize + parameters
     check_pass_memory(config, batch, needed, parameters)
     return planned

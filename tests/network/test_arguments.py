@@ -190,6 +190,23 @@ def test_a_larger_batch_is_checked_at_forward(net, x, monkeypatch):
         net.forward(np.repeat(x, 4, axis=0))
 
 
+@pytest.mark.parametrize("device, precision", [("cpu", "fp32"), ("emu", "fp16")])
+def test_load_checks_the_bytes_the_network_counts(device, precision, monkeypatch):
+    # load checks memory before allocating, and the network then trusts that check: both
+    # must count the same bytes, to the byte (fp16 stores tensors in 2 bytes, the input in 4).
+    import darknet_metal.runtime.memory as memory
+
+    fits = dm.load(CFG, seed=0, input_size=(64, 64), batch=3, device=device,
+                   precision=precision)
+    needed = fits.memory_bytes(3)
+    monkeypatch.setattr(memory, "physical_memory", lambda: needed)
+    dm.load(CFG, seed=0, input_size=(64, 64), batch=3, device=device, precision=precision)
+    monkeypatch.setattr(memory, "physical_memory", lambda: needed - 1)
+    with pytest.raises(MemoryLimitError, match="batch of 3"):
+        dm.load(CFG, seed=0, input_size=(64, 64), batch=3, device=device,
+                precision=precision)
+
+
 def test_memory_estimate_follows_the_planned_program(net):
     one, two = net.memory_bytes(1), net.memory_bytes(2)
     assert net.parameter_bytes < one < two < 2 * one
