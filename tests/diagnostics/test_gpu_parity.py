@@ -181,11 +181,11 @@ def test_training_parity_command_line_json():
 
 
 def test_training_parity_catches_a_wrong_backward(monkeypatch):
-    from darknet_metal.ops import heads
+    from darknet_metal.ops import yolo
 
     # A [yolo] backward sending twice its delta: every layer below must fail.
-    monkeypatch.setattr(heads.YoloOp, "emit_device_backward",
-                        lambda self, e, ts: heads.emit_device_add_into_input(e, 2.0))
+    monkeypatch.setattr(yolo.YoloOp, "emit_device_backward",
+                        lambda self, e, ts: yolo.emit_device_add_into_input(e, 2.0))
     report = parity.run_training_parity(YOLOV3_TINY / "yolov3-tiny.cfg", size=(64, 64))
     assert not report["ok"]
     failed = {row["index"] for row in report["layers"]
