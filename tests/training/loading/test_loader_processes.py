@@ -150,13 +150,44 @@ def test_a_killed_runs_shared_files_are_swept_by_the_next(tmp_path):
     other.mkdir()
     assert sweep_stale(str(tmp_path)) == [str(stale)]
     assert not stale.exists() and live.exists() and other.exists()
-    shared = SharedBatches(str(tmp_path))
+    shared = SharedBatches([str(tmp_path)])
     path, array = shared.create((2, 3, 5, 7))
     assert array.shape == (2, 3, 5, 7) and not array.any()
     assert array.ctypes.data % 4096 == 0 and os.stat(path).st_mode & 0o777 == 0o600
     shared.close()
     assert not os.path.exists(shared.folder)
     array[:] = 1  # still mapped
+
+
+def test_a_full_ram_folder_sends_the_arrays_to_the_next(tmp_path, monkeypatch):
+    # A container's /dev/shm is often 64 MB: the arrays then go to the temporary folder, and
+    # when no folder has room the error names them all (and leaves no file behind).
+    import errno
+
+    from darknet_metal.training.loading import shared_batches
+
+    ram, disk = tmp_path / "ram", tmp_path / "disk"
+    ram.mkdir()
+    disk.mkdir()
+    real = shared_batches._mapped_file
+    full = {str(ram)}
+
+    def mapped(path, size):
+        if os.path.dirname(os.path.dirname(path)) in full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, size)
+
+    monkeypatch.setattr(shared_batches, "_mapped_file", mapped)
+    shared = SharedBatches([str(ram), str(disk)])
+    path, array = shared.create((2, 3, 8, 8))
+    assert path.startswith(str(disk)) and array.shape == (2, 3, 8, 8)
+    full.add(str(disk))
+    with pytest.raises(OSError, match=r"no room for a shared batch of .* in .*ram, .*disk"):
+        shared.create((2, 3, 8, 8))
+    (folder,) = os.listdir(disk)
+    assert os.listdir(disk / folder) == ["batch-0"]  # the refused array left no file
+    shared.close()
+    assert os.listdir(ram) == [] and os.listdir(disk) == []
 
 
 def subprocess_pid_that_ended():
