@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from glob import glob
 
 import Cython
-import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -97,8 +96,6 @@ def _cpu_extensions() -> list[Extension]:
             Extension(
                 module,
                 [pyx],
-                include_dirs=[numpy.get_include()],
-                define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                 extra_compile_args=opt,
                 depends=sorted(glob(os.path.join("darknet_metal", "cpu", "*.h"))),
                 extra_link_args=[] if MACOS else ["-pthread", "-ldl"],
@@ -141,7 +138,7 @@ def _shim_extension() -> Extension:
         SHIM_MODULE,
         [os.path.join("darknet_metal", "metal", "_shim.pyx")],
         language="c++",
-        include_dirs=["shim", os.path.join("shim", "emu"), "shaders", numpy.get_include()],
+        include_dirs=["shim", os.path.join("shim", "emu"), "shaders"],
         define_macros=macros,
         extra_compile_args=OPT + LANGUAGE_FLAGS[".cpp"],
         extra_link_args=link_args,

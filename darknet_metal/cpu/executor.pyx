@@ -11,18 +11,15 @@ A ``StepList`` runs one pass at a time (its callers hold the network's lock); pa
 different lists may run concurrently.
 """
 
-cimport numpy as cnp
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int64_t
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
-from darknet_metal.cpu.step cimport STEP_BUFFERS, NativeStep, StepData, StepFn
+from darknet_metal.cpu.step cimport STEP_BUFFERS, NativeStep, StepData, StepFn, data_pointer
 
 import numpy as np
 
 from darknet_metal.errors import ArgumentError, MemoryLimitError
-
-cnp.import_array()
 
 
 cdef struct InputRef:
@@ -81,7 +78,7 @@ cdef class StepList:
         if input_array is not None:
             if not isinstance(input_array, np.ndarray) or not input_array.flags.c_contiguous:
                 raise ArgumentError("input_array must be a C-contiguous ndarray")
-            base = <char*>cnp.PyArray_DATA(input_array)
+            base = data_pointer(input_array)
             self.input_nbytes = input_array.nbytes
             self.input_shape = input_array.shape
             self.input_dtype = input_array.dtype
@@ -131,7 +128,7 @@ cdef class StepList:
                     f"the input must be a C-contiguous {self.input_dtype} array of shape "
                     f"{self.input_shape}, not "
                     + (f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else repr(x)))
-            base = <char*>cnp.PyArray_DATA(x)
+            base = data_pointer(x)
             for i in range(self.input_ref_count):
                 ref = &self.input_refs[i]
                 self.datas[ref.step].buf[ref.role] = base + ref.offset

@@ -10,8 +10,6 @@ so frames resize in parallel in a stream's worker threads.
 
 import numpy as np
 
-cimport numpy as cnp
-
 
 cdef inline float _fma32(float a, float b, float c) noexcept nogil:
     return <float>(<double>a * <double>b + <double>c)
@@ -33,7 +31,7 @@ cdef void _axis(Py_ssize_t src, Py_ssize_t dst, Py_ssize_t* idx, float* frac) no
         frac[d] = pos - <float>i
 
 
-def resize_bilinear(cnp.ndarray src_array, Py_ssize_t width, Py_ssize_t height):
+def resize_bilinear(src_array, Py_ssize_t width, Py_ssize_t height):
     """(C, H, W) float32 C-contiguous -> new float32 (C, height, width) array; sizes of
     at least 1 (checked by the caller)."""
     cdef float[:, :, ::1] src = src_array

@@ -22,3 +22,7 @@ cdef class NativeStep:
     cdef readonly tuple arrays  # what buf points into, kept alive with the step
 
 cdef NativeStep new_step(StepFn fn, str kind, tuple arrays, bint f32, Py_ssize_t params_size)
+
+# The address of an array's first element (any array with the buffer protocol: NumPy's,
+# strided or read-only too); the caller keeps the array alive while it uses the address.
+cdef char* data_pointer(object array) except? NULL

@@ -12,14 +12,22 @@ A step holds references to its arrays, so they outlive it; it does not lock them
 caller must not resize or free them, and must not run two steps writing one array at once.
 """
 
-cimport numpy as cnp
+from cpython.buffer cimport PyBUF_RECORDS_RO, PyBuffer_Release, PyObject_GetBuffer
 from libc.string cimport memset
 
 import numpy as np
 
 from darknet_metal.errors import ArgumentError
 
-cnp.import_array()
+
+cdef char* data_pointer(object array) except? NULL:
+    # The buffer protocol's address is NumPy's data pointer (PyArray_DATA), without building
+    # against NumPy's headers; strides and a format are accepted, so any array qualifies.
+    cdef Py_buffer view
+    PyObject_GetBuffer(array, &view, PyBUF_RECORDS_RO)
+    cdef char* address = <char*>view.buf
+    PyBuffer_Release(&view)
+    return address
 
 
 cdef class NativeStep:
@@ -55,11 +63,11 @@ cdef NativeStep new_step(StepFn fn, str kind, tuple arrays, bint f32, Py_ssize_t
     step.arrays = arrays
     step.data.f32 = f32
     cdef Py_ssize_t i
-    cdef cnp.ndarray a
     for i, obj in enumerate(arrays):
         if obj is None:
             continue
-        a = obj
-        step.data.buf[i] = <char*>cnp.PyArray_DATA(a)
+        if not isinstance(obj, np.ndarray):
+            raise ArgumentError(f"{kind}: buffer {i} is a {type(obj).__name__}, not an ndarray")
+        step.data.buf[i] = data_pointer(obj)
     return step
 
