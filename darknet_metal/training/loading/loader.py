@@ -137,6 +137,8 @@ class Loader:
         self._closed = False
         self._shared: SharedBatches | None = None
         self._pool: Executor | None = None
+        # With processes, the rows of every batch split into tasks (the same each batch).
+        self._tasks = row_tasks(slots, workers) if self.processes else []
         if self.processes:
             check_picklable(self.source, settings)
             self._pool = start_processes(workers, self.source, settings)
@@ -258,8 +260,7 @@ class Loader:
             s = self.settings
             path, x = self._batch_array(width, height)
             if path is not None:
-                futures = submit_rows(self._pool, path, x.shape,
-                                      row_tasks(self.slots, self.workers), self.seed,
+                futures = submit_rows(self._pool, path, x.shape, self._tasks, self.seed,
                                       next_iteration, self.sampling)
             else:
                 futures = [self._pool.submit(_load_row, self.source, s, self.seed,

@@ -11,6 +11,7 @@ hold the samples from their start: a task names only the rows to make.
 from __future__ import annotations
 
 import ast
+import functools
 import multiprocessing
 import os
 import pickle
@@ -65,13 +66,14 @@ def _guarded(path: str) -> bool:
     return False
 
 
+@functools.cache
 def spawn_blocker() -> str | None:
     """Why loader processes cannot start from this program, or None when they can.
 
     A spawned process imports the program's main module again (Python's rule): a script
     whose training code is not under ``if __name__ == "__main__":`` would run again in each
     process. ``python -m package`` (a ``__main__`` module), console scripts and interactive
-    sessions are fine; a script is read (not run) to find the guard."""
+    sessions are fine; a script is read (not run) to find the guard, once a process."""
     main = sys.modules.get("__main__")
     spec_name = getattr(getattr(main, "__spec__", None), "name", None)
     if spec_name is not None and (spec_name == "__main__" or spec_name.endswith(".__main__")):
