@@ -285,10 +285,10 @@ class Network:
         ``progress(line)``: told what runs next (a profile on the emulator takes minutes).
 
         Times are the device's on ``cuda`` and ``metal``, host times on ``emu`` (labelled:
-        the emulator is the CPU) and per layer on ``cpu``. A training profile runs real steps
-        on a copy of this network: its own weights are left as they were. Raises
-        ArgumentError for a training profile on ``cpu`` (whose steps are not timed one by
-        one) or a bad input."""
+        the emulator is the CPU) and per layer on ``cpu`` (a training step's per layer and
+        phase: forward, backward, update). A training profile runs real steps on a copy of
+        this network: its own weights are left as they were. Raises ArgumentError for a bad
+        input."""
         return profile_network(self, self._twin, x, train=train, truths=truths,
                                repeats=repeats, peaks=peaks, progress=progress)
 

@@ -71,11 +71,19 @@ class CpuBoundProgram:
         native = []
         #: Per layer: the index in ``steps`` after its last native step.
         self.layer_ends: list[int] = []
+        #: Per native step: (its layer, "forward" or "backward"), for a profile.
+        self.step_labels: list[tuple[int, str]] = []
+        # A training program's last layer_ends entry is the end of its backward.
+        forward_end = program.layer_ends[-2] if program.mode == "train" else len(program.steps)
         first = 0
         for end in program.layer_ends:
-            for step in program.steps[first:end]:
-                native.extend(step.bind([self.views[t] for t in step.reads],
-                                        [self.views[t] for t in step.writes]))
+            for index in range(first, end):
+                step = program.steps[index]
+                bound = step.bind([self.views[t] for t in step.reads],
+                                  [self.views[t] for t in step.writes])
+                native.extend(bound)
+                phase = "forward" if index < forward_end else "backward"
+                self.step_labels.extend([(step.layer, phase)] * len(bound))
             self.layer_ends.append(len(native))
             first = end
         self.steps = StepList(native, self.input_standin)
@@ -142,6 +150,8 @@ class CpuBackend:
         #: finished (without per-layer timings, one GIL-free loop in between).
         self.last_pass_ns: tuple[int, int] = (0, 0)
         self._training_programs: TrainingPrograms[Program] = TrainingPrograms()
+        #: The last training program and update made: what ``training_step_seconds`` reads.
+        self._timed: list[CpuBoundProgram | HostUpdate | None] = [None, None]
         self.events = ExecutorEvents()
         #: Where the host's time of a call goes (enabled by ``Network.profile``).
         self.phases = PhaseClock()
@@ -233,14 +243,17 @@ class CpuBackend:
                          keep_all: bool = False) -> CpuBoundProgram:
         """``build_training_program`` bound to ``state``'s arrays and to planned memory
         (``views[Tensor(i, "delta")]`` reads a kept delta after a run)."""
-        return CpuBoundProgram(self.build_training_program(
+        bound = CpuBoundProgram(self.build_training_program(
             state, batch, first_backward=first_backward, keep_all=keep_all), self.dtype)
+        self._timed[0] = bound
+        return bound
 
     def update_program(self, state: TrainState, updates: Sequence[ArrayUpdate],
                        optimizer: Optimizer, lr: np.ndarray, t: np.ndarray) -> HostUpdate:
         """The native steps of one update of ``state`` (``lr``, ``t``: (1,) arrays read when
         they run: the learning rate and Darknet's batch number)."""
         native = []
+        labels = []
         o = optimizer
         for u in updates:
             layer = state.layer(u.layer)
@@ -260,7 +273,23 @@ class CpuBackend:
                     u.lr_scale))
             if u.clear and not u.held:
                 native.append(fill_step(grad))
-        return HostUpdate(StepList(native))
+            labels.extend([(u.layer, "update")] * (len(native) - len(labels)))
+        update = HostUpdate(StepList(native), labels)
+        self._timed[1] = update
+        return update
+
+    def training_step_seconds(self) -> dict[tuple[int, str], float]:
+        """Seconds per (layer, "forward" | "backward" | "update") of the native steps of the
+        last training program and update this backend made, run since the last call (the
+        sums start again at 0). Empty before any training program."""
+        out: dict[tuple[int, str], float] = {}
+        for timed in self._timed:
+            if timed is None:
+                continue
+            for label, seconds in zip(timed.step_labels, timed.steps.take_step_seconds(),
+                                      strict=True):
+                out[label] = out.get(label, 0.0) + seconds
+        return out
 
     def close(self) -> None:
         """Frees the planned memory."""
@@ -272,8 +301,10 @@ class HostUpdate:
     """An update's native steps (``backend.UpdateSteps``): run in the caller's thread,
     without the GIL; a host guard checks after it, on the host."""
 
-    def __init__(self, steps: StepList) -> None:
+    def __init__(self, steps: StepList, step_labels: list[tuple[int, str]]) -> None:
         self.steps = steps
+        #: Per native step: (its layer, "update").
+        self.step_labels = step_labels
 
     def run(self, guard: Any = None) -> None:
         self.steps.run()

@@ -7,19 +7,20 @@ The network is seen through ``ProfiledNetwork``: what a profile reads of it and 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from darknet_metal import arguments
-from darknet_metal.errors import ArgumentError
 from darknet_metal.model.cfg import NetConfig
 from darknet_metal.runtime.backend import Backend
 from darknet_metal.runtime.profile import (
     CLOCKS,
     DevicePeaks,
+    DispatchTime,
     Profile,
     cpu_profile,
     device_peaks,
@@ -61,6 +62,12 @@ class ProfiledNetwork(Protocol):
     def to(self, device: str) -> Any: ...
 
 
+class TimedTraining(Protocol):
+    """A backend that times its training steps (``CpuBackend``)."""
+
+    def training_step_seconds(self) -> dict[tuple[int, str], float]: ...
+
+
 def profile_network(net: ProfiledNetwork, twin: Callable[[], ProfiledNetwork],
                     x: np.ndarray | None = None, *, train: bool = False,
                     truths: Sequence[Any] | None = None, repeats: int = 3,
@@ -74,10 +81,6 @@ def profile_network(net: ProfiledNetwork, twin: Callable[[], ProfiledNetwork],
     c, h, w = net.input_shape
     rng = np.random.default_rng(0)
     if train:
-        if net.device == "cpu":
-            raise ArgumentError("profile(train=True) needs a Metal device (metal, emu or "
-                                "cuda): the CPU path's training steps are not timed one "
-                                "by one")
         batch = int(net.config.net.values["batch"])
     else:
         batch = net.batch
@@ -86,6 +89,10 @@ def profile_network(net: ProfiledNetwork, twin: Callable[[], ProfiledNetwork],
     x = np.ascontiguousarray(x, np.float32)
     kinds = {op.index: op.kind for op in net.layers}
     size = f"{w}x{h} batch {x.shape[0]}"
+    if net.device == "cpu" and train:
+        if truths is None:
+            truths = _synthetic_truths(net, x.shape[0], rng)
+        return _cpu_training_profile(net, twin, x, truths, repeats, say)
     if net.device == "cpu":
         ms = _layer_milliseconds(net, x, repeats)
         return cpu_profile(f"inference {size}", ms, list(kinds.values()),
@@ -128,6 +135,50 @@ def profile_network(net: ProfiledNetwork, twin: Callable[[], ProfiledNetwork],
     return Profile(what=what, device=net.device, device_name=str(device.name),
                    clock=CLOCKS[net.device], dispatches=dispatches, host_copies=copies,
                    wall_seconds=wall, peaks=peaks or None, repeats=repeats, host=host)
+
+
+def _cpu_training_profile(net: ProfiledNetwork, twin: Callable[[], ProfiledNetwork],
+                          x: np.ndarray, truths: Sequence[Any], repeats: int,
+                          say: Callable[[str], None]) -> Profile:
+    """A CPU training step's profile: per layer the wall time of its forward, backward and
+    update steps (medians over ``repeats`` steps of a copy of ``net``), with the forward's
+    floating-point operations, and a convolution's backward counted as its two products
+    (the weights' gradient, and the input's where a layer below takes it)."""
+    trained = twin()
+    backend = cast(TimedTraining, trained.executor)
+    say("a warm-up step")
+    trained.train_step(x, truths)
+    runs: list[dict[tuple[int, str], float]] = []
+    walls: list[float] = []
+    backend.training_step_seconds()
+    for run in range(repeats):
+        say(f"step {run + 1} of {repeats}")
+        started = time.perf_counter()
+        trained.train_step(x, truths)
+        walls.append(time.perf_counter() - started)
+        runs.append(backend.training_step_seconds())
+    layers = {op.index: op for op in net.layers}
+    first_delta = min((i for (i, phase) in runs[0] if phase == "backward"), default=0)
+    dispatches = []
+    for label in sorted(runs[0]):
+        index, phase = label
+        op = layers.get(index)
+        kind = op.kind if op is not None else ""
+        flops = 0
+        if op is not None and phase == "forward":
+            flops = x.shape[0] * op.flops
+        elif op is not None and phase == "backward" and kind == "convolutional":
+            flops = x.shape[0] * op.flops * (1 if index == first_delta else 2)
+        dispatches.append(DispatchTime(
+            kernel=f"cpu:{kind} {phase}", layer=index, kind=kind,
+            seconds=float(np.median([r.get(label, 0.0) for r in runs])), flops=int(flops),
+            bytes=0))
+    subdivisions = int(net.config.net.values["subdivisions"])
+    c, h, w = net.input_shape
+    return Profile(what=f"training step {w}x{h} batch {x.shape[0]} (subdivisions "
+                   f"{subdivisions})", device="cpu", device_name="CPU", clock=CLOCKS["cpu"],
+                   dispatches=dispatches, wall_seconds=float(np.median(walls)),
+                   repeats=repeats)
 
 
 def _layer_milliseconds(net: ProfiledNetwork, x: np.ndarray, repeats: int) -> list[float]:

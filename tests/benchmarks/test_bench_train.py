@@ -1,10 +1,10 @@
 """CPU training throughput: ``train_step`` on a prepared batch of 16 (subdivisions 1), for
 yolov3-tiny and yolov4-tiny with 3 classes at 224 and 416, random initial weights.
 
-There is no peer in the same run: the real Darknet's CPU build (OpenBLAS, numerically fixed)
-was measured on this 2-core machine class at 3.0 images/s (yolov3-tiny 416), 9.4-9.9 (224),
-2.7 (yolov4-tiny 416) and 8.9-9.2 (224). Each benchmark records images/s and the planner's
-memory for one mini-batch next to what Darknet keeps in ``extra_info``. The cfgs' burn_in
+There is no peer in this run: the real Darknet's CPU trainer is timed beside ours, on the same
+machine, by ``tools/cpu_train_against_darknet.py`` (docs/performance.md, "CPU training").
+Each benchmark records images/s and the planner's memory for one mini-batch next to what
+Darknet keeps in ``extra_info``. The cfgs' burn_in
 (1000 iterations) keeps the learning rate negligible over the few measured steps.
 """
 

@@ -14,7 +14,6 @@ from devices import require
 
 import darknet_metal as dm
 from darknet_metal.cli import main
-from darknet_metal.errors import ArgumentError
 from darknet_metal.metal.dispatch import gemm_args
 from darknet_metal.metal.work import NO_LAYER, dispatch_tag, work_of_tag
 from darknet_metal.runtime.phases import PHASES, PhaseClock
@@ -213,8 +212,34 @@ def test_cpu_profile_is_per_layer(cfg):
     assert sum(d.flops for d in profile.dispatches if d.kind == "convolutional") == \
         _conv_flops(net, 1)
     assert profile.dispatches[0].kernel == "cpu:convolutional"
-    with pytest.raises(ArgumentError, match="needs a Metal device"):
-        net.profile(train=True)
+
+
+def test_cpu_training_profile_times_each_layer_and_phase(cfg):
+    net = dm.load(cfg, device="cpu", batch=2, subdivisions=1)
+    before = {i: {k: a.copy() for k, a in p.items()} for i, p in net.params.items()}
+    profile = net.profile(train=True, repeats=2)
+    assert profile.what.startswith("training step") and profile.device == "cpu"
+    phases = {(d.layer, d.kernel.rsplit(" ", 1)[1]) for d in profile.dispatches}
+    # Every layer runs forward; every layer with parameters is updated; the convolutions
+    # (all but none) send their gradient back.
+    assert {i for i, phase in phases if phase == "forward"} == {op.index for op in net.layers}
+    assert {i for i, phase in phases if phase == "update"} == set(net.params)
+    convs = [op.index for op in net.layers if op.kind == "convolutional"]
+    assert {i for i, phase in phases if phase == "backward"} >= set(convs)
+    assert all(d.seconds >= 0 for d in profile.dispatches)
+    # The steps run within the step's call.
+    assert 0 < profile.seconds <= profile.wall_seconds
+    # Forward FLOPs as in inference (two images); a convolution's backward is its two
+    # products, one for the first (whose input takes no gradient).
+    forward = {d.layer: d.flops for d in profile.dispatches if d.kernel.endswith("forward")}
+    backward = {d.layer: d.flops for d in profile.dispatches
+                if d.kernel.endswith("backward") and d.kind == "convolutional"}
+    assert sum(forward[i] for i in convs) == _conv_flops(net, 2)
+    assert backward[convs[0]] == forward[convs[0]]
+    assert all(backward[i] == 2 * forward[i] for i in convs[1:])
+    # The profile trained a copy.
+    assert all(np.array_equal(a, net.params[i][k]) for i, p in before.items()
+               for k, a in p.items())
 
 
 def test_profile_command(cfg, tmp_path, capsys):
