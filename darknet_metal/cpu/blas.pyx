@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""Row-major GEMM for the CPU layers, over SciPy's BLAS (``scipy.linalg.cython_blas``, bound
-at import through its Cython API capsules, so building needs no SciPy).
+"""Row-major GEMM for the CPU layers, over OpenBLAS as the ``scipy-openblas32`` package ships
+it (the build SciPy and NumPy use, with its symbols prefixed ``scipy_``), loaded at import:
+building needs no BLAS.
 
 The only place the CPU reference calls BLAS; other modules ``cimport`` from ``blas.pxd``.
 
@@ -22,12 +23,14 @@ smaller GEMMs are one call. Every output element is still the sum over the same 
 computed by the same single-threaded BLAS kernel, so the cut never changes a result.
 """
 
-from cpython.pycapsule cimport PyCapsule_GetName, PyCapsule_GetPointer
 from cython cimport floating
 
 from darknet_metal.cpu.kernels cimport dm_fma_level
 
-from scipy.linalg import cython_blas as _scipy_blas
+import ctypes
+import os
+
+import scipy_openblas32
 
 ctypedef void (*sgemm_fn)(char *transa, char *transb, int *m, int *n, int *k, float *alpha,
                           float *a, int *lda, float *b, int *ldb, float *beta, float *c,
@@ -37,15 +40,23 @@ ctypedef void (*dgemm_fn)(char *transa, char *transb, int *m, int *n, int *k, do
                           int *ldc) noexcept nogil
 
 
-cdef void* _scipy_blas_function(str name) except NULL:
-    """SciPy's BLAS function ``name``, from the capsule of its Cython API: what a ``cimport``
-    of ``scipy.linalg.cython_blas`` would bind, without SciPy's .pxd files at build time."""
-    capsule = _scipy_blas.__pyx_capi__[name]
-    return PyCapsule_GetPointer(capsule, PyCapsule_GetName(capsule))
+#: The OpenBLAS library, loaded once; it stays loaded while this module lives.
+_openblas = ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(),
+                                     scipy_openblas32.get_library(fullname=True)))
 
 
-cdef sgemm_fn sgemm = <sgemm_fn>_scipy_blas_function("sgemm")
-cdef dgemm_fn dgemm = <dgemm_fn>_scipy_blas_function("dgemm")
+cdef void* _openblas_function(str name) except NULL:
+    """The address of OpenBLAS's Fortran-interface function ``name`` (``scipy_<name>_``)."""
+    try:
+        function = getattr(_openblas, f"scipy_{name}_")
+    except AttributeError:
+        raise ImportError(f"{_openblas._name} has no function scipy_{name}_: is "
+                          "scipy-openblas32 installed whole?") from None
+    return <void*><size_t>ctypes.cast(function, ctypes.c_void_p).value
+
+
+cdef sgemm_fn sgemm = <sgemm_fn>_openblas_function("sgemm")
+cdef dgemm_fn dgemm = <dgemm_fn>_openblas_function("dgemm")
 
 
 cdef extern from "gemm_threads.h" nogil:

@@ -11,6 +11,7 @@ pass allocates and checks nothing: it is one GIL-free loop over the steps
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -150,8 +151,9 @@ class CpuBackend:
         #: finished (without per-layer timings, one GIL-free loop in between).
         self.last_pass_ns: tuple[int, int] = (0, 0)
         self._training_programs: TrainingPrograms[Program] = TrainingPrograms()
-        #: The last training program and update made: what ``training_step_seconds`` reads.
-        self._timed: list[CpuBoundProgram | HostUpdate | None] = [None, None]
+        #: The last training program and update made, while their user keeps them: what
+        #: ``training_step_seconds`` reads.
+        self._timed: list[weakref.ref[Any] | None] = [None, None]
         self.events = ExecutorEvents()
         #: Where the host's time of a call goes (enabled by ``Network.profile``).
         self.phases = PhaseClock()
@@ -245,7 +247,7 @@ class CpuBackend:
         (``views[Tensor(i, "delta")]`` reads a kept delta after a run)."""
         bound = CpuBoundProgram(self.build_training_program(
             state, batch, first_backward=first_backward, keep_all=keep_all), self.dtype)
-        self._timed[0] = bound
+        self._timed[0] = weakref.ref(bound)
         return bound
 
     def update_program(self, state: TrainState, updates: Sequence[ArrayUpdate],
@@ -275,7 +277,7 @@ class CpuBackend:
                 native.append(fill_step(grad))
             labels.extend([(u.layer, "update")] * (len(native) - len(labels)))
         update = HostUpdate(StepList(native), labels)
-        self._timed[1] = update
+        self._timed[1] = weakref.ref(update)
         return update
 
     def training_step_seconds(self) -> dict[tuple[int, str], float]:
@@ -283,7 +285,8 @@ class CpuBackend:
         last training program and update this backend made, run since the last call (the
         sums start again at 0). Empty before any training program."""
         out: dict[tuple[int, str], float] = {}
-        for timed in self._timed:
+        for ref in self._timed:
+            timed = None if ref is None else ref()
             if timed is None:
                 continue
             for label, seconds in zip(timed.step_labels, timed.steps.take_step_seconds(),

@@ -142,8 +142,8 @@ def _cpu_training_profile(net: ProfiledNetwork, twin: Callable[[], ProfiledNetwo
                           say: Callable[[str], None]) -> Profile:
     """A CPU training step's profile: per layer the wall time of its forward, backward and
     update steps (medians over ``repeats`` steps of a copy of ``net``), with the forward's
-    floating-point operations, and a convolution's backward counted as its two products
-    (the weights' gradient, and the input's where a layer below takes it)."""
+    floating-point operations, and the backward of a layer with parameters counted as its
+    products twice (the parameters' gradient, and the input's where a layer below takes it)."""
     trained = twin()
     backend = cast(TimedTraining, trained.executor)
     say("a warm-up step")
@@ -167,7 +167,9 @@ def _cpu_training_profile(net: ProfiledNetwork, twin: Callable[[], ProfiledNetwo
         flops = 0
         if op is not None and phase == "forward":
             flops = x.shape[0] * op.flops
-        elif op is not None and phase == "backward" and kind == "convolutional":
+        elif op is not None and phase == "backward" and (index, "update") in runs[0]:
+            # A layer with parameters: its products again for the parameters' gradient,
+            # and again for its input's where a layer below takes one.
             flops = x.shape[0] * op.flops * (1 if index == first_delta else 2)
         dispatches.append(DispatchTime(
             kernel=f"cpu:{kind} {phase}", layer=index, kind=kind,
