@@ -18,7 +18,7 @@ loss steps of ``heads`` fix.
 The cdef kernels other modules call are declared in ``.pxd`` files, all ``noexcept nogil``
 and generic over float32/float64 through Cython's ``floating`` fused type:
 
-- ``blas.pxd``: ``gemm_rowmajor``, the only way into SciPy's BLAS.
+- ``blas.pxd``: ``gemm_rowmajor``, the only way into BLAS (OpenBLAS).
 - ``im2col.pxd``: ``im2col``, the unfolding of convolution windows.
 - ``activation.pxd``: the ``ACT_*`` ids and the in-place activation/gradient kernels.
 - ``kernels.pxd``: declarations of ``kernels.h``, the float32 loops written in C.

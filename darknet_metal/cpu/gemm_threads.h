@@ -29,7 +29,7 @@
  * While our GEMMs run, the BLAS library's own thread count is held at one (each part is one
  * single-threaded BLAS call), and the previous count is restored when the last of our GEMMs
  * in flight returns, so other users of that BLAS in the process keep their setting. The
- * set/get functions are looked up once in the library that provides sgemm (SciPy's bundled
+ * set/get functions are looked up once in the library that provides sgemm (scipy-openblas32's
  * OpenBLAS: scipy_openblas_*, or a plain OpenBLAS: openblas_*); a BLAS without them is
  * left alone.
  */
@@ -213,7 +213,7 @@ static void dm_pool_init(void) {
             *(void **)&dm_blas_set_threads = set;
             *(void **)&dm_blas_get_threads = get;
         }
-        /* The library stays loaded (SciPy holds it); dropping our reference is safe. */
+        /* The library stays loaded (blas.pyx holds it); dropping our reference is safe. */
         dlclose(lib);
     }
 }
