@@ -78,13 +78,14 @@ class Network:
     """A Darknet network: layers from a cfg, parameters, and a compute backend.
 
     Build one with ``darknet_metal.load``. ``layers`` lists the ``Op`` of each cfg
-    layer (``type``, ``in_shape``, ``out_shape`` as (C, H, W), ``bflops``).
+    layer (``type``, ``in_shape``, ``out_shape`` as (C, H, W), ``bflops``);
+    ``pass_memory``: what a pass plans at each batch (``runtime.memory.check_load_memory``).
     """
 
     def __init__(self, config: NetConfig, layers: list[Op], params: dict[int, Params], *,
                  header: WeightsHeader, names: list[str] | None, device: str, batch: int,
-                 dtype: np.dtype | type = np.float32, precision: str = "fp32",
-                 pass_memory: PassMemory | None = None) -> None:
+                 pass_memory: PassMemory, dtype: np.dtype | type = np.float32,
+                 precision: str = "fp32") -> None:
         self.config = config
         self.layers = layers
         self._head_indices = _head_indices(layers)
@@ -109,12 +110,8 @@ class Network:
         self._params_stale = False
         # A network's executor reuses its memory from pass to pass: one pass at a time.
         self._lock = threading.RLock()
-        # What a pass plans, and the check that a pass at ``batch`` fits (``load`` has
-        # planned and checked it already, to the byte this check counts).
-        self._pass_memory = pass_memory or plan_pass_memory(
-            layers, stored_itemsize(self.precision, self.dtype))
-        if pass_memory is None:
-            self.check_memory(batch)
+        # What a pass plans (``load`` planned it, and checked that a pass at ``batch`` fits).
+        self._pass_memory = pass_memory
         # Batch sizes already found to fit: forward checks each new one once.
         self._fitting_batches = {batch}
 

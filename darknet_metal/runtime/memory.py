@@ -158,19 +158,17 @@ def check_pass_memory(config: NetConfig, batch: int, needed: int,
 
 
 def check_load_memory(config: NetConfig, layers: Sequence[Layer], batch: int,
-                      itemsize: int, input_itemsize: int) -> PassMemory | None:
+                      itemsize: int, input_itemsize: int) -> PassMemory:
     """Before any parameter is allocated: MemoryLimitError when the float32 parameters alone
     (a cfg asking for billions of filters; naming the layer holding the most), or they with
     a pass at ``batch`` (a network's ``memory_bytes``: tensors stored at ``itemsize`` bytes,
     the input at ``input_itemsize``), need more memory than this machine has. Returns the
-    pass's planned memory (None where the machine's is unknown)."""
+    pass's planned memory (checked only where the machine's memory is known)."""
     sizes = [(spec, 4 * sum(int(np.prod(shape, dtype=object)) for shape in
                             spec.param_shapes.values())) for spec in layers]
     parameters = sum(size for _, size in sizes)
     available = physical_memory()
-    if available is None:
-        return None
-    if parameters > available:
+    if available is not None and parameters > available:
         largest, most = max(sizes, key=lambda pair: pair[1])
         raise MemoryLimitError(
             f"{config.path}: the parameters need about {format_bytes(parameters)}, more than "
@@ -178,8 +176,9 @@ def check_load_memory(config: NetConfig, layers: Sequence[Layer], batch: int,
             f"[{largest.kind}] alone holds {format_bytes(most)}",
             needed=parameters, available=available,
         )
-    c, h, w = input_shape(config)
     planned = plan_pass_memory(layers, itemsize)
-    needed = planned.at(batch) + batch * c * h * w * input_itemsize + parameters
-    check_pass_memory(config, batch, needed, parameters)
+    if available is not None:
+        c, h, w = input_shape(config)
+        needed = planned.at(batch) + batch * c * h * w * input_itemsize + parameters
+        check_pass_memory(config, batch, needed, parameters)
     return planned

@@ -11,6 +11,7 @@ from darknet_metal.errors import DeviceError
 from darknet_metal.network import Network
 from darknet_metal.ops.conv import forward_splits, gemm_tiles
 from darknet_metal.runtime.gpu_backend import GpuBackend
+from darknet_metal.runtime.memory import plan_pass_memory
 
 SIZE = (64, 64)
 
@@ -52,7 +53,7 @@ def networks():
 def _on_emu(cpu_net, device="emu"):
     return Network(
         cpu_net.config, cpu_net.layers, cpu_net.params, header=cpu_net.header, names=None,
-        device=device, batch=1,
+        device=device, batch=1, pass_memory=plan_pass_memory(cpu_net.layers),
     )
 
 
