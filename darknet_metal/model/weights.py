@@ -9,6 +9,7 @@ in the order each layer's op gives (``Op.stored_params``). When major or minor e
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
@@ -240,19 +241,27 @@ def write_weights(path: str | os.PathLike[str], specs: list[StoredLayer],
 
 def weights_bytes(specs: list[StoredLayer], params: dict[int, Params],
                   header: WeightsHeader | None = None, *,
-                  upto: int | None = None) -> list[bytes]:
-    """The contents of the ``.weights`` file ``write_weights`` writes, in pieces."""
+                  upto: int | None = None) -> Iterator[bytes]:
+    """The contents of the ``.weights`` file ``write_weights`` writes, in pieces: every
+    shape is checked first (ArgumentError), then each piece is made as it is taken, so a
+    writer holds one array's bytes at a time."""
     if upto is not None and not 1 <= upto <= len(specs):
         raise ArgumentError(f"the layer count must be in [1, {len(specs)}] (the cfg has "
                             f"{len(specs)} layers), not {upto}")
     header = WeightsHeader(0, 2, 0, header.seen if header else 0)
-    chunks = [np.array([header.major, header.minor, header.revision], "<i4").tobytes(),
-              np.array([header.seen], "<u8").tobytes()]
+    arrays = []
     for spec in specs[:upto]:
         for name, shape in stored_params(spec, reading=False):
-            array = np.asarray(params[spec.index][name], dtype="<f4")
+            array = np.asarray(params[spec.index][name])
             if array.shape != shape:
                 raise ArgumentError(f"layer {spec.index} '{name}' has shape {array.shape}, "
                                     f"the cfg needs {shape}")
-            chunks.append(np.ascontiguousarray(array).tobytes())
-    return chunks
+            arrays.append(array)
+    return _weights_pieces(header, arrays)
+
+
+def _weights_pieces(header: WeightsHeader, arrays: list[np.ndarray]) -> Iterator[bytes]:
+    yield np.array([header.major, header.minor, header.revision], "<i4").tobytes()
+    yield np.array([header.seen], "<u8").tobytes()
+    for array in arrays:
+        yield np.ascontiguousarray(array, dtype="<f4").tobytes()

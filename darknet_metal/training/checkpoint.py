@@ -25,9 +25,9 @@ kills saves at each step, also several in a row.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
-import io
 import json
 import os
 import secrets
@@ -35,7 +35,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -93,12 +93,19 @@ def save_checkpoint(net: Network, weights: str | os.PathLike[str],
     tmp_weights = folder / f".{weights.name}.{tag}.tmp"
     tmp_state = folder / f".{state.name}.{tag}.tmp"
     try:
-        with net.exclusive():  # the weights and the state of one moment
-            data = b"".join(weights_bytes(net.layers, net.params, net.header))
-            state_data = _state_bytes(net, hashlib.sha256(data).hexdigest(),
-                                      {**info, "iteration": net.iteration})
-        _write_new(tmp_weights, data)
-        _write_new(tmp_state, state_data)
+        # The weights and the state of one moment, written as they are read: a save holds
+        # one array's bytes at a time, not copies of every parameter and momentum.
+        with net.exclusive():
+            digest = hashlib.sha256()
+            with _new_file(tmp_weights) as f:
+                for piece in weights_bytes(net.layers, net.params, net.header):
+                    digest.update(piece)
+                    f.write(piece)
+            header = {"version": STATE_VERSION, "weights_sha256": digest.hexdigest(),
+                      "info": {**info, "iteration": net.iteration}}
+            with _new_file(tmp_state) as f:
+                np.savez(f, info=np.frombuffer(json.dumps(header).encode(), np.uint8),
+                         **_state_arrays(net))
         # Until the new state is renamed in, the pair on disk is what a kill falls back on:
         # the files of it under NAME go to the .prev names, those already there stay.
         kept = _pair_on_disk(weights, state)
@@ -212,14 +219,6 @@ def _state_arrays(net: Network, *, write: bool = False) -> dict[str, np.ndarray]
     return arrays
 
 
-def _state_bytes(net: Network, digest: str, info: dict[str, Any]) -> bytes:
-    header = {"version": STATE_VERSION, "weights_sha256": digest, "info": info}
-    buffer = io.BytesIO()
-    np.savez(buffer, info=np.frombuffer(json.dumps(header).encode(), np.uint8),
-             **_state_arrays(net))
-    return buffer.getvalue()
-
-
 def _read_info(path: Path) -> tuple[dict[str, Any], str]:
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -292,10 +291,12 @@ def _megabytes(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
 
-def _write_new(path: Path, data: bytes) -> None:
+@contextlib.contextmanager
+def _new_file(path: Path) -> Iterator[BinaryIO]:
+    """A file created for writing (never an existing one), on disk when the block ends."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
+        yield f
         f.flush()
         os.fsync(f.fileno())
 
