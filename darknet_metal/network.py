@@ -179,7 +179,8 @@ class Network:
     def check_memory(self, batch: int) -> None:
         """Raise ``MemoryLimitError`` if a pass at ``batch`` needs more memory than the
         machine has (checked before anything is allocated)."""
-        check_pass_memory(self.config, batch, self.memory_bytes(batch), self.parameter_bytes)
+        check_pass_memory(self.config.path, self.input_shape, batch, self.memory_bytes(batch),
+                          self.parameter_bytes)
 
     def to(self, device: str) -> Network:
         """Moves the network to ``device`` ("cpu", "metal", "emu", "cuda") and returns it.
@@ -589,7 +590,7 @@ def load(cfg: str | os.PathLike[str], weights: str | os.PathLike[str] | None = N
     if subdivisions is not None:
         config.net.values["subdivisions"] = subdivisions
     layers = build_layers(config)
-    planned = check_load_memory(config, layers, batch or 1,
+    planned = check_load_memory(config.path, layers, batch or 1,
                                 stored_itemsize(precision, np.dtype(dtype)),
                                 np.dtype(dtype).itemsize)
     params = init_params(layers, seed)

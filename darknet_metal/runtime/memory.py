@@ -10,6 +10,7 @@ bookkeeping: executors allocate one buffer (device memory or a NumPy array) per 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -18,8 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from darknet_metal.errors import MemoryLimitError
-from darknet_metal.model.cfg import NetConfig, input_shape
-from darknet_metal.runtime.program import Program, Tensor
+from darknet_metal.runtime.program import INPUT, Program, Tensor, build_program
 
 if TYPE_CHECKING:
     from darknet_metal.runtime.layer import Layer
@@ -111,8 +111,6 @@ class PassMemory:
 def plan_pass_memory(specs: Sequence[Layer], itemsize: int = 4) -> PassMemory:
     """The ``PassMemory`` of ``specs`` with ``itemsize``-byte activations: plans the programs
     of batch 1 and 2; allocates nothing."""
-    from darknet_metal.runtime.program import INPUT, build_program
-
     keep = [s.index for s in specs if s.detection_head is not None] or [specs[-1].index]
 
     def planned(batch: int) -> int:
@@ -139,16 +137,17 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def check_pass_memory(config: NetConfig, batch: int, needed: int,
-                       parameter_bytes: int) -> None:
-    """MemoryLimitError when a pass at ``batch`` (``needed`` bytes with the parameters)
-    needs more memory than this machine has."""
+def check_pass_memory(source: str, input_shape: tuple[int, int, int], batch: int,
+                      needed: int, parameter_bytes: int) -> None:
+    """MemoryLimitError naming ``source`` (the cfg) when a pass at ``batch`` images of
+    ``input_shape`` (C, H, W) (``needed`` bytes with the parameters) needs more memory than
+    this machine has."""
     available = physical_memory()
     if available is None or needed <= available:
         return
-    c, h, w = input_shape(config)
+    c, h, w = input_shape
     raise MemoryLimitError(
-        f"{config.path}: the network needs about {format_bytes(needed)} for a batch "
+        f"{source}: the network needs about {format_bytes(needed)} for a batch "
         f"of {batch} at {w}x{h} ({format_bytes(needed - parameter_bytes)} of layer "
         f"outputs and workspaces, {format_bytes(parameter_bytes)} of parameters), "
         f"more than this machine's {format_bytes(available)}: lower width and height in "
@@ -157,13 +156,14 @@ def check_pass_memory(config: NetConfig, batch: int, needed: int,
     )
 
 
-def check_load_memory(config: NetConfig, layers: Sequence[Layer], batch: int,
+def check_load_memory(source: str, layers: Sequence[Layer], batch: int,
                       itemsize: int, input_itemsize: int) -> PassMemory:
-    """Before any parameter is allocated: MemoryLimitError when the float32 parameters alone
-    (a cfg asking for billions of filters; naming the layer holding the most), or they with
-    a pass at ``batch`` (a network's ``memory_bytes``: tensors stored at ``itemsize`` bytes,
-    the input at ``input_itemsize``), need more memory than this machine has. Returns the
-    pass's planned memory (checked only where the machine's memory is known)."""
+    """Before any parameter is allocated: MemoryLimitError naming ``source`` (the cfg) when
+    the float32 parameters alone (a cfg asking for billions of filters; naming the layer
+    holding the most), or they with a pass at ``batch`` (a network's ``memory_bytes``:
+    tensors stored at ``itemsize`` bytes, the input at ``input_itemsize``), need more memory
+    than this machine has. Returns the pass's planned memory (checked only where the
+    machine's memory is known)."""
     sizes = [(spec, 4 * sum(int(np.prod(shape, dtype=object)) for shape in
                             spec.param_shapes.values())) for spec in layers]
     parameters = sum(size for _, size in sizes)
@@ -171,14 +171,15 @@ def check_load_memory(config: NetConfig, layers: Sequence[Layer], batch: int,
     if available is not None and parameters > available:
         largest, most = max(sizes, key=lambda pair: pair[1])
         raise MemoryLimitError(
-            f"{config.path}: the parameters need about {format_bytes(parameters)}, more than "
+            f"{source}: the parameters need about {format_bytes(parameters)}, more than "
             f"this machine's {format_bytes(available)}; layer {largest.index} "
             f"[{largest.kind}] alone holds {format_bytes(most)}",
             needed=parameters, available=available,
         )
     planned = plan_pass_memory(layers, itemsize)
     if available is not None:
-        c, h, w = input_shape(config)
-        needed = planned.at(batch) + batch * c * h * w * input_itemsize + parameters
-        check_pass_memory(config, batch, needed, parameters)
+        # The first layer reads the network input.
+        shape = layers[0].in_shape
+        needed = planned.at(batch) + math.prod(shape) * batch * input_itemsize + parameters
+        check_pass_memory(source, shape, batch, needed, parameters)
     return planned

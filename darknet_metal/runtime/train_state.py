@@ -167,9 +167,9 @@ class TrainState:
             for name, array in layer.items():
                 if arena is not None:
                     values[name] = grouped[("value", spec.index, name)]
-                elif zeros is None and self.dtype == np.float32 and \
-                        array.dtype == np.float32 and array.flags.c_contiguous and \
-                        array.flags.writeable:
+                elif (zeros is None and self.dtype == np.float32
+                        and array.dtype == np.float32 and array.flags.c_contiguous
+                        and array.flags.writeable):
                     values[name] = array
                     continue
                 else:

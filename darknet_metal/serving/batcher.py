@@ -125,8 +125,8 @@ class DynamicBatcher:
                     if (sum(r.x.shape[0] for r in fitting) >= self.max_batch_size
                             or len(fitting) < len(self._queue)):
                         break  # full, or the next request would not fit: run what fits
-                    remaining = self._queue[0].arrival_ns + self.queue_delay_ns \
-                        - time.monotonic_ns()
+                    remaining = (self._queue[0].arrival_ns + self.queue_delay_ns
+                                 - time.monotonic_ns())
                     if remaining <= 0:
                         break
                     self._ready.wait(remaining / 1e9)

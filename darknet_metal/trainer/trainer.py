@@ -422,9 +422,9 @@ class Trainer:
         if memory is None:
             array = (executor.training_zeros or np.zeros)(tuple(shape), self.state.dtype)
         else:
-            if not isinstance(memory, np.ndarray) or memory.shape != tuple(shape) or \
-                    memory.dtype != self.state.dtype or not memory.flags.c_contiguous or \
-                    not memory.flags.writeable:
+            if (not isinstance(memory, np.ndarray) or memory.shape != tuple(shape)
+                    or memory.dtype != self.state.dtype or not memory.flags.c_contiguous
+                    or not memory.flags.writeable):
                 raise ArgumentError(
                     f"memory must be a writable C-contiguous {self.state.dtype} array of shape "
                     f"{tuple(shape)}, not {getattr(memory, 'dtype', type(memory).__name__)} "
@@ -563,9 +563,9 @@ class Trainer:
                 float(spec.values.get("learning_rate", 1.0)) if spec.learning_rate_scaled
                 else 1.0, clear)
                 for spec in self.specs for name in self.state.layer(spec.index).grads]
-            steps = self._updates[(images, held, clear)] = \
-                self._executor_in_use().update_program(
-                    self.state, updates, Optimizer.of(self.values, images), self.lr, self.t)
+            steps = self._executor_in_use().update_program(
+                self.state, updates, Optimizer.of(self.values, images), self.lr, self.t)
+            self._updates[(images, held, clear)] = steps
         return steps
 
     @_one_at_a_time

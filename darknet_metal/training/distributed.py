@@ -231,8 +231,8 @@ class Collective:
         except BaseException as exc:
             if isinstance(exc, SystemExit) and not exc.code:
                 raise
-            what = str(exc) if isinstance(exc, DarknetMetalError | OSError) else \
-                "".join(traceback.format_exception(exc)).rstrip()
+            what = (str(exc) if isinstance(exc, DarknetMetalError | OSError)
+                    else "".join(traceback.format_exception(exc)).rstrip())
             print(f"darknet-metal train: rank {self.rank} of {self.size} failed: {what}; "
                   "stopping every rank", file=sys.stderr, flush=True)
             self.comm.Abort(1)

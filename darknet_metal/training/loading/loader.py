@@ -110,8 +110,8 @@ class Loader:
         if sampling not in SAMPLINGS:
             raise ArgumentError(f"sampling must be one of {', '.join(SAMPLINGS)}, not {sampling!r}")
         slots = range(settings.batch) if slots is None else slots
-        if not isinstance(slots, range) or len(slots) == 0 or slots.step != 1 or \
-                slots.start < 0 or slots.stop > settings.batch:
+        if (not isinstance(slots, range) or len(slots) == 0 or slots.step != 1
+                or slots.start < 0 or slots.stop > settings.batch):
             raise ArgumentError(f"slots must be a non-empty range within the batch's "
                                 f"{settings.batch} rows, not {slots!r}")
         self.slots = slots
