@@ -31,8 +31,7 @@ from darknet_metal.inference.boxes import Detection
 from darknet_metal.inference.decoded import postprocess
 from darknet_metal.inference.image import preprocess
 from darknet_metal.network import Network, load, load_model
-
-__version__ = "0.1.0"
+from darknet_metal.version import __version__
 
 __all__ = [
     "ArgumentError",

@@ -33,7 +33,7 @@ from darknet_metal.evaluation import cli as evaluation_cli
 from darknet_metal.export import cli as export_cli
 from darknet_metal.inference.boxes import shown
 from darknet_metal.model.bundled import SAMPLE_IMAGE, model_files, model_names
-from darknet_metal.network import DEVICES
+from darknet_metal.network import DEVICES, load
 from darknet_metal.serving import server as serving_cli
 from darknet_metal.training import cli as training_cli
 
@@ -226,7 +226,7 @@ def _parser() -> argparse.ArgumentParser:
     training_cli.add_commands(commands)
     serving_cli.add_commands(commands)
     profile_cli.add_commands(commands)
-    export_cli.add_commands(commands)
+    export_cli.add_commands(commands, load)
     return parser
 
 

@@ -171,8 +171,8 @@ def run_doctor(
     """Run every check on ``device`` (default: "metal" when available, else "emu"), writing
     the report line by line through ``out`` (default: stdout, flushed after each line); True
     when everything passed."""
-    from darknet_metal import __version__
     from darknet_metal.metal import is_available
+    from darknet_metal.version import __version__
 
     if device is None:
         device = "metal" if is_available("metal") else "emu"

@@ -4,12 +4,14 @@ file."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from darknet_metal.cli_args import positive_int
-from darknet_metal.export.onnx_model import DEFAULT_OPSET
+from darknet_metal.export.onnx_model import DEFAULT_OPSET, ExportableNetwork, export_onnx
 from darknet_metal.model.bundled import model_files, model_names
 
 __all__ = ["add_commands"]
@@ -25,8 +27,10 @@ def _batch(text: str) -> int | str:
             f"invalid batch {text!r}: a positive integer or 'dynamic'") from None
 
 
-def add_commands(commands: Any) -> None:
-    """Adds ``export`` to the ``darknet-metal`` subcommands."""
+def add_commands(commands: Any, load: Callable[..., ExportableNetwork]) -> None:
+    """Adds ``export`` to the ``darknet-metal`` subcommands; the command reads its network
+    with ``load`` (``darknet_metal.load``, handed down by the command line: the network
+    stands above the exporter)."""
     p = commands.add_parser(
         "export",
         help="write a network as an ONNX model",
@@ -56,7 +60,7 @@ def add_commands(commands: Any) -> None:
                    help="weights, input and outputs as float16")
     p.add_argument("--opset", type=positive_int, default=None, metavar="N",
                    help=f"ONNX operator set (default: {DEFAULT_OPSET})")
-    p.set_defaults(run=_run_export, check=_check_args, parser=p)
+    p.set_defaults(run=functools.partial(_run_export, load=load), check=_check_args, parser=p)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -65,9 +69,7 @@ def _check_args(args: argparse.Namespace) -> None:
         args.parser.error("give CFG WEIGHTS OUT.onnx, or --model NAME OUT.onnx")
 
 
-def _run_export(args: argparse.Namespace) -> int:
-    import darknet_metal
-
+def _run_export(args: argparse.Namespace, load: Callable[..., ExportableNetwork]) -> int:
     if args.model is not None:
         files = model_files(args.model)
         cfg, weights, names = files.cfg, files.weights, files.names
@@ -77,8 +79,8 @@ def _run_export(args: argparse.Namespace) -> int:
     if args.names is not None:
         names = args.names
     out = args.paths[-1]
-    net = darknet_metal.load(cfg, weights, names=names, device="cpu")
-    net.export_onnx(out, batch=args.batch, outputs="boxes" if args.boxes else "raw",
-                    fp16=args.fp16, opset=args.opset)
+    net = load(cfg, weights, names=names, device="cpu")
+    export_onnx(net, out, batch=args.batch, outputs="boxes" if args.boxes else "raw",
+                fp16=args.fp16, opset=args.opset)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
     return 0

@@ -22,19 +22,35 @@ from darknet_metal.errors import ArgumentError, DependencyError, ExportError
 from darknet_metal.export.graph import INPUT, OnnxGraph
 from darknet_metal.files import atomic_write
 
-__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "ExportableNetwork", "build_model", "export_onnx"]
+__all__ = ["DEFAULT_OPSET", "MIN_OPSET", "ExportableLayer", "ExportableNetwork", "build_model",
+           "export_onnx"]
 
 if TYPE_CHECKING:
     from darknet_metal.model.cfg import NetConfig
     from darknet_metal.model.weights import Params
-    from darknet_metal.ops.base import Op
+
+
+class ExportableLayer(Protocol):
+    """What an export reads of a layer (each op of ``darknet_metal.ops`` is one): ``values``
+    its cfg keys, ``out_shape`` (C, H, W) of one image, ``detection_head`` the decoder's
+    ``YoloHead`` or None, and ``emit_onnx`` writing the layer into a graph."""
+
+    index: int
+    kind: str
+    values: dict[str, Any]
+    out_shape: tuple[int, int, int]
+
+    @property
+    def detection_head(self) -> Any: ...
+
+    def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str: ...
 
 
 class ExportableNetwork(Protocol):
     """What an export reads of a network (``darknet_metal.Network`` is one)."""
 
     config: NetConfig
-    layers: Sequence[Op]
+    layers: Sequence[ExportableLayer]
     params: Mapping[int, Params]
     names: Sequence[str] | None
 
@@ -76,12 +92,12 @@ def _check_options(batch: int | str, outputs: str, fp16: bool, opset: int | None
     return batch, opset
 
 
-def _raw_name(op: Op) -> str:
+def _raw_name(op: ExportableLayer) -> str:
     """The output holding a [yolo] layer's output."""
     return f"yolo_{op.index}"
 
 
-def _head_metadata(op: Op) -> dict[str, Any]:
+def _head_metadata(op: ExportableLayer) -> dict[str, Any]:
     v = op.values
     return {"layer": op.index, "output": _raw_name(op), "classes": v["classes"],
             "anchors": np.reshape(v["anchors"], (-1, 2)).tolist(), "mask": list(v["mask"]),
@@ -89,7 +105,7 @@ def _head_metadata(op: Op) -> dict[str, Any]:
             "grid": list(op.out_shape[1:])}
 
 
-def _decode(g: OnnxGraph, heads: list[Op], input_shape: tuple[int, int, int]
+def _decode(g: OnnxGraph, heads: list[ExportableLayer], input_shape: tuple[int, int, int]
             ) -> tuple[str, str, str]:
     """Every head's boxes (N, K, 4: centre x, centre y, width, height relative to the
     network input), confidences (N, K, classes: objectness x class probability) and
@@ -204,7 +220,8 @@ def _version() -> str:
         return "(not installed)"
 
 
-def _metadata(net: ExportableNetwork, heads: list[Op], outputs: str, fp16: bool) -> dict[str, str]:
+def _metadata(net: ExportableNetwork, heads: list[ExportableLayer], outputs: str,
+              fp16: bool) -> dict[str, str]:
     c, h, w = net.input_shape
     letterbox = bool(net.config.net.values.get("letter_box"))
     return {
@@ -234,7 +251,8 @@ def _metadata(net: ExportableNetwork, heads: list[Op], outputs: str, fp16: bool)
     }
 
 
-def _postprocess_settings(net: ExportableNetwork, heads: list[Op]) -> dict[str, Any]:
+def _postprocess_settings(net: ExportableNetwork,
+                          heads: list[ExportableLayer]) -> dict[str, Any]:
     """The keyword arguments of ``darknet_metal.postprocess`` that this network fixes: what
     ``detect`` takes from its cfg (the last ``[yolo]`` layer chooses the NMS, as in
     Darknet)."""

@@ -44,6 +44,7 @@ from pathlib import Path
 from darknet_metal.errors import DeviceError
 from darknet_metal.metal import sources
 from darknet_metal.metal.sources import kernel_sources
+from darknet_metal.version import __version__
 
 __all__ = [
     "EMU_LIBRARY",
@@ -198,8 +199,6 @@ def _cuda_inputs(root: str) -> list[str]:
 
 
 def _key(kind: str, compiler: str, flags: str, root: str, inputs: list[str]) -> str:
-    from darknet_metal import __version__
-
     digest = hashlib.sha256()
     for part in (kind, __version__, compiler, flags):
         digest.update(part.encode() + b"\0")

@@ -216,8 +216,6 @@ class Op:
         kernels). Raises ``Unsupported`` (before emitting anything) where there are none."""
         raise Unsupported(f"no backward kernels for [{self.kind}] yet")
 
-    # -- presentation ----------------------------------------------------------------------
-
     # -- export ----------------------------------------------------------------------------
 
     def emit_onnx(self, g: OnnxGraph, params: Params | None) -> str:
@@ -226,6 +224,8 @@ class Op:
         as ``forward`` gives it. Raises ``ExportError`` (``g.refuse``) for what ONNX cannot
         express here."""
         raise g.refuse("this layer kind has no ONNX form")
+
+    # -- presentation ----------------------------------------------------------------------
 
     def describe(self) -> str:
         """The parameters column of the summary table."""

@@ -98,11 +98,11 @@ def serve(repository: str | os.PathLike[str], *, host: str = "127.0.0.1", port: 
         import uvicorn
     except ImportError as exc:
         raise DependencyError(f"serve needs starlette and uvicorn: {_INSTALL}") from exc
-    from darknet_metal import __version__
     from darknet_metal.serving.app import ServerLimits, create_app
     from darknet_metal.serving.metrics import ServingStats
     from darknet_metal.serving.repository import read_repository
     from darknet_metal.serving.served import load_models
+    from darknet_metal.version import __version__
 
     if max_body_bytes < 1 or max_image_pixels < 1:
         raise ArgumentError("max_body_bytes and max_image_pixels must be positive")

@@ -195,14 +195,15 @@ FLOORS: dict[str, int] = {
     "darknet_metal.cli": 8, "darknet_metal.__main__": 8, "darknet_metal.serving": 8,
     "darknet_metal.diagnostics": 8,
     "darknet_metal.training": 7, "darknet_metal.evaluation": 7,
-    "darknet_metal.network": 6, "darknet_metal.export": 6,
-    "darknet_metal.trainer": 5,
+    "darknet_metal.network": 6,
+    "darknet_metal.trainer": 5, "darknet_metal.export": 5,
     "darknet_metal.ops": 4, "darknet_metal.datasets": 4,
     "darknet_metal.inference": 3, "darknet_metal.export.graph": 3,
     "darknet_metal.runtime": 2, "darknet_metal.metal": 2, "darknet_metal.cpu": 2,
     "darknet_metal.model": 1,
     "darknet_metal.errors": 0, "darknet_metal.files": 0, "darknet_metal.fp32": 0,
     "darknet_metal.arguments": 0, "darknet_metal.cli_args": 0, "darknet_metal.image_errors": 0,
+    "darknet_metal.version": 0,
 }
 
 
