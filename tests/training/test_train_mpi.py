@@ -44,6 +44,12 @@ def _mpirun(n: int, *command: str) -> list[str]:
     return [*_launcher(), "-n", str(n), *command]
 
 
+def _cuda_gpu_count() -> int:
+    """The NVIDIA GPUs ``nvidia-smi`` lists (the CUDA driver's count, as the ranks see it)."""
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=True)
+    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
 def _train_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "darknet_metal", "train", *args]
 
@@ -132,9 +138,12 @@ def test_two_ranks_train_as_one_process_with_the_combined_batch(tmp_path, shapes
         assert 0 < r["allreduce_seconds"] < 60
     darknet_lines = (tmp_path / "two" / "tiny.log").read_text()
     assert "all-reduce " in darknet_lines and " MB in " in darknet_lines
-    # Every rank names where it trains.
+    # Every rank names where it trains: on cuda, the GPU of its local rank (one each where
+    # the machine has two).
+    gpus = _cuda_gpu_count() if device == "cuda" else 0
     for rank in (0, 1):
-        assert re.search(rf"rank {rank} of 2 on \S+: device {device}", two.stderr), \
+        where = rf", [^\n]*\(CUDA device {rank % gpus}\b" if gpus else ""
+        assert re.search(rf"rank {rank} of 2 on \S+: device {device}{where}", two.stderr), \
             two.stderr[-3000:]
     singles = [json.loads(line) for line in
                (tmp_path / "single" / "tiny.jsonl").read_text().splitlines()]
