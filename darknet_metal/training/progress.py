@@ -61,8 +61,9 @@ class IterationRecord:
 
     def to_json(self) -> str:
         """One line of the JSON-lines log: every field, ``schema`` and ``time`` (Unix
-        seconds) added; non-finite losses as null."""
-        record: dict[str, Any] = {"schema": JSONL_SCHEMA, "time": round(time.time(), 3),
+        seconds, to the microsecond: the gap between two lines times an iteration) added;
+        non-finite losses as null."""
+        record: dict[str, Any] = {"schema": JSONL_SCHEMA, "time": round(time.time(), 6),
                                   **asdict(self)}
         record["heads"] = {str(k): v for k, v in self.heads.items()}
         return json.dumps(_finite(record), allow_nan=False)

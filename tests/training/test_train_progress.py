@@ -57,6 +57,13 @@ def test_json_record_round_trips_and_has_no_nan():
     assert format_map(None) == "none" and format_map(0.5) == "50.00%"
 
 
+def test_json_record_time_is_to_the_microsecond(monkeypatch):
+    # An iteration of a fast GPU takes tens of milliseconds: whole milliseconds would move
+    # an iteration's time by a few percent.
+    monkeypatch.setattr("darknet_metal.training.progress.time.time", lambda: 1796000000.1234567)
+    assert json.loads(_record().to_json())["time"] == pytest.approx(1796000000.123457, abs=1e-7)
+
+
 def test_chart_is_written_whole_and_not_too_often(tmp_path):
     path = tmp_path / "chart.png"
     chart = LossChart(path, max_batches=100, title="micro", every_seconds=3600)
