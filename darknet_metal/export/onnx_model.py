@@ -37,8 +37,10 @@ class ExportableLayer(Protocol):
 
     index: int
     kind: str
-    values: dict[str, Any]
     out_shape: tuple[int, int, int]
+
+    @property
+    def values(self) -> dict[str, Any]: ...
 
     @property
     def detection_head(self) -> Any: ...
