@@ -172,9 +172,8 @@ class Network:
     def memory_bytes(self, batch: int) -> int:
         """About how many bytes a forward pass at ``batch`` needs: the layer outputs and
         workspaces the executor plans (with reuse), the input and the parameters."""
-        c, h, w = self.input_shape
-        return (self._pass_memory.at(batch) + batch * c * h * w * self.dtype.itemsize
-                + self.parameter_bytes)
+        return self._pass_memory.with_input(batch, self.input_shape, self.dtype.itemsize,
+                                            self.parameter_bytes)
 
     def check_memory(self, batch: int) -> None:
         """Raise ``MemoryLimitError`` if a pass at ``batch`` needs more memory than the

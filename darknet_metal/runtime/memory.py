@@ -107,6 +107,14 @@ class PassMemory:
         """About the bytes of a pass at ``batch`` images."""
         return self.one + (self.two - self.one) * (batch - 1)
 
+    def with_input(self, batch: int, input_shape: tuple[int, int, int], input_itemsize: int,
+                   parameter_bytes: int) -> int:
+        """About the bytes a pass at ``batch`` images of ``input_shape`` (C, H, W, stored at
+        ``input_itemsize`` bytes) needs with the input and ``parameter_bytes`` of
+        parameters: what the memory checks compare with the machine's."""
+        return (self.at(batch) + math.prod(input_shape) * batch * input_itemsize
+                + parameter_bytes)
+
 
 def plan_pass_memory(specs: Sequence[Layer], itemsize: int = 4) -> PassMemory:
     """The ``PassMemory`` of ``specs`` with ``itemsize``-byte activations: plans the programs
@@ -180,6 +188,7 @@ def check_load_memory(source: str, layers: Sequence[Layer], batch: int,
     if available is not None:
         # The first layer reads the network input.
         shape = layers[0].in_shape
-        needed = planned.at(batch) + math.prod(shape) * batch * input_itemsize + parameters
-        check_pass_memory(source, shape, batch, needed, parameters)
+        check_pass_memory(source, shape, batch,
+                          planned.with_input(batch, shape, input_itemsize, parameters),
+                          parameters)
     return planned
